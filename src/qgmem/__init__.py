@@ -1,0 +1,2 @@
+"""QGMem graph-token training."""
+__version__ = "0.1.0"

