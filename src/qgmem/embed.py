@@ -40,7 +40,8 @@ class SentenceEncoder:
         self.model = SentenceTransformer(path, device=device, local_files_only=local)
         self.model.eval()
         self.batch_size = batch_size
-        self.dim = int(self.model.get_sentence_embedding_dimension())
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
         self._memo: dict[str, np.ndarray] = {}
         self._max_cache_entries = max_cache_entries
         self.calls = 0  # texts actually sent through the model (memo misses)

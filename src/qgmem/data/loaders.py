@@ -1,0 +1,39 @@
+"""One entry point for every data set: ``load_cases("convomem" | "locomo" | "longmemeval", path)``.
+
+Later stages call only this, so adding a data set means adding a module and a line in ``LOADERS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from qgmem.data._common import LoadedData
+from qgmem.data.convomem import load_convomem
+from qgmem.data.locomo import load_locomo
+from qgmem.data.longmemeval import load_longmemeval
+
+__all__ = ["DATASETS", "LOADERS", "LoadedData", "load_cases"]
+
+LOADERS: dict[str, Callable[..., LoadedData]] = {
+    "convomem": load_convomem,
+    "locomo": load_locomo,
+    "longmemeval": load_longmemeval,
+}
+DATASETS = tuple(LOADERS)
+
+
+def load_cases(dataset: str, path: str | Path, *, strict: bool = True, **options: Any) -> LoadedData:
+    """Load ``dataset`` from ``path`` into cases plus a report of what was read, skipped and mapped.
+
+    ``strict`` (default) raises :class:`~qgmem.data.errors.DataFormatError` on the first bad record;
+    ``strict=False`` skips bad records and lists each in ``report["skip_reasons"]``. ``options`` are
+    the data set's own (ConvoMem: ``distractor_conversations``, ``seed``, ``fuzzy_threshold``; LoCoMo:
+    ``adversarial_gold``); an unknown option is a ``TypeError``.
+    """
+    try:
+        loader = LOADERS[dataset]
+    except KeyError:
+        raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}") from None
+    return loader(path, strict=strict, **options)

@@ -1,0 +1,148 @@
+"""LoCoMo (``locomo10.json`` form) → :class:`Case` records, one case per conversation sample.
+
+A sample is ``{qa, conversation, event_summary, observation, session_summary, sample_id}``;
+``conversation`` holds ``speaker_a``/``speaker_b``, ``session_N_date_time`` ("1:56 pm on 8 May, 2023")
+and ``session_N`` = ``[{speaker, dia_id: "D1:3", text, img_url?, blip_caption?, query?}]``.
+
+Turn ids are the ``dia_id`` s, so gold evidence ids need no mapping beyond normalising the malformed
+ones. Session dates become ISO utterance times on every turn of the session. An image caption is part
+of what was said, so it is appended to the turn text. The summaries and observations are generated
+annotations, not conversation, and are not loaded (they would leak answers into memory).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from qgmem.data._common import LoadContext, LoadedData, need, read_json
+from qgmem.data.dates import to_iso
+from qgmem.data.errors import DataFormatError
+from qgmem.data.evidence import normalize_dia_ids
+from qgmem.data.records import QA, Case, Dialogue, Session, Turn
+
+#: LoCoMo's integer categories and their names (the number is kept in ``QA.meta["category_id"]``)
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+#: the reference answer of an unanswerable (adversarial) question in LoCoMo's own evaluation
+ABSTAIN_ANSWER = "Not mentioned in the conversation"
+_SESSION = re.compile(r"^session_(\d+)$")
+
+
+def load_locomo(path: str | Path, *, strict: bool = True, adversarial_gold: str = "adversarial_answer") -> LoadedData:
+    """Read a LoCoMo JSON file (or every ``*.json`` in a folder) into cases.
+
+    ``adversarial_gold`` chooses the answer of a category-5 question that has no ``answer``:
+    ``"adversarial_answer"`` (the field's text) or ``"abstain"`` (:data:`ABSTAIN_ANSWER`, which is what
+    LoCoMo's evaluation scores as correct). Both keep the other text in ``QA.meta``.
+    """
+    if adversarial_gold not in ("adversarial_answer", "abstain"):
+        raise ValueError(f"adversarial_gold must be 'adversarial_answer' or 'abstain', got {adversarial_gold!r}")
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"no such file or folder: {root}")
+    files = sorted(root.glob("*.json")) if root.is_dir() else [root]
+    if not files:
+        raise FileNotFoundError(f"no *.json files in {root}")
+    ctx = LoadContext("locomo", root if root.is_dir() else root.parent, strict)
+    cases: list[Case] = []
+    for file in files:
+        rel = ctx.rel(file)
+        try:
+            doc = read_json(file, rel)
+            if not isinstance(doc, list):
+                raise DataFormatError(f"expected a list of samples, got {type(doc).__name__}", file=rel,
+                                      field="<document>")
+        except DataFormatError as exc:
+            ctx.fail(exc)
+            continue
+        ctx.files_read.append(rel)
+        for i, sample in enumerate(doc):
+            ctx.items += 1
+            try:
+                cases.append(_sample(sample, rel, i, ctx, adversarial_gold))
+            except DataFormatError as exc:
+                ctx.fail(exc)
+    return LoadedData(cases=cases, report=ctx.report(cases, {"adversarial_gold": adversarial_gold}))
+
+
+def _sample(raw: Any, rel: str, i: int, ctx: LoadContext, adversarial_gold: str) -> Case:
+    sample_id = need(raw, "sample_id", (str, int), file=rel, item=i, optional=True, default=None)
+    sample_id = str(sample_id) if sample_id is not None else f"{Path(rel).stem}-{i}"
+    conv = need(raw, "conversation", dict, file=rel, item=i)
+    speakers = {need(conv, k, str, file=rel, item=i, where="conversation"): k for k in ("speaker_a", "speaker_b")}
+    numbers = sorted(int(m.group(1)) for k in conv if (m := _SESSION.match(k)))
+    if not numbers:
+        raise DataFormatError("no session_N lists", file=rel, item=i, field="conversation.session_1")
+    sessions: list[Session] = []
+    for n in numbers:
+        key = f"session_{n}"
+        turns_raw = need(conv, key, list, file=rel, item=i, where="conversation")
+        if not turns_raw:
+            raise DataFormatError("empty conversation (no turns)", file=rel, item=i, field=f"conversation.{key}")
+        date_raw = need(conv, f"{key}_date_time", str, file=rel, item=i, where="conversation")
+        try:
+            time = to_iso(date_raw)
+        except ValueError as exc:
+            raise DataFormatError(f"unparseable date {date_raw!r}", file=rel, item=i,
+                                  field=f"conversation.{key}_date_time") from exc
+        sid = f"S{n}"
+        turns = []
+        for j, t in enumerate(turns_raw):
+            w = f"conversation.{key}[{j}]"
+            speaker = need(t, "speaker", str, file=rel, item=i, where=w)
+            text = need(t, "text", str, file=rel, item=i, where=w)
+            caption = need(t, "blip_caption", str, file=rel, item=i, where=w, optional=True, nullable=True)
+            if caption:
+                text = f"{text} [shares an image: {caption}]" if text else f"[shares an image: {caption}]"
+            turns.append(Turn(id=need(t, "dia_id", str, file=rel, item=i, where=w).strip(), session_id=sid,
+                              speaker=speaker, role=speakers.get(speaker, "other"), text=text, time=time))
+        sessions.append(Session(id=sid, turns=turns, time=time, meta={"date_time": date_raw}))
+    dialogue = Dialogue(id=sample_id, sessions=sessions,
+                        meta={"speaker_a": conv["speaker_a"], "speaker_b": conv["speaker_b"]})
+    dialogue.reindex()
+    known = {t.id for t in dialogue.turns()}
+    if len(known) != dialogue.num_turns():
+        raise DataFormatError("repeated dia_id", file=rel, item=i, field="conversation.session_N[].dia_id")
+    qas = [_qa(q, rel, i, j, sample_id, known, ctx, adversarial_gold, sessions[-1].time)
+           for j, q in enumerate(need(raw, "qa", list, file=rel, item=i))]
+    return Case(id=sample_id, dialogue=dialogue, qas=qas,
+                source={"dataset": "locomo", "file": rel, "item": i, "person_id": sample_id,
+                        "speakers": [conv["speaker_a"], conv["speaker_b"]]})
+
+
+def _qa(raw: Any, rel: str, i: int, j: int, sample_id: str, known: set[str], ctx: LoadContext,
+        adversarial_gold: str, last_time: str | None) -> QA:
+    w = f"qa[{j}]"
+    question = need(raw, "question", str, file=rel, item=i, where=w)
+    cat_id = need(raw, "category", int, file=rel, item=i, where=w)
+    if cat_id not in CATEGORIES:
+        raise DataFormatError(f"unknown category {cat_id} (expected 1-5)", file=rel, item=i, field=f"{w}.category")
+    meta: dict[str, Any] = {"category_id": cat_id, "reference_time": last_time}
+    answer = need(raw, "answer", (str, int, float), file=rel, item=i, where=w, optional=True)
+    adversarial = need(raw, "adversarial_answer", (str, int, float), file=rel, item=i, where=w, optional=True)
+    if adversarial is not None:
+        meta["adversarial_answer"] = str(adversarial)
+    if answer is None:
+        if adversarial is None:
+            raise DataFormatError("missing field (neither 'answer' nor 'adversarial_answer')", file=rel,
+                                  item=i, field=f"{w}.answer")
+        answer = ABSTAIN_ANSWER if adversarial_gold == "abstain" else adversarial
+        meta["answer_source"] = adversarial_gold
+        meta["unanswerable"] = True
+    evidence_raw = need(raw, "evidence", list, file=rel, item=i, where=w, optional=True, default=[])
+    evidence: list[str] = []
+    raw_ids = []
+    for k, e in enumerate(evidence_raw):
+        if not isinstance(e, str):
+            raise DataFormatError(f"expected string, got {type(e).__name__}", file=rel, item=i,
+                                  field=f"{w}.evidence[{k}]")
+        raw_ids.append(e)
+        ids, outcome = normalize_dia_ids(e, known)
+        for _ in ids or [None]:
+            ctx.evidence.add(outcome, f"{sample_id} {w}: {e!r}")
+        evidence.extend(x for x in ids if x not in evidence)
+    if raw_ids != evidence:
+        meta["evidence_raw"] = raw_ids
+    return QA(id=f"{sample_id}#q{j}", question=question, answer=str(answer), category=CATEGORIES[cat_id],
+              evidence_turn_ids=evidence, meta=meta)

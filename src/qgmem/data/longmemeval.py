@@ -1,0 +1,119 @@
+"""LongMemEval (``longmemeval_s`` / ``longmemeval_oracle`` form) → :class:`Case` records.
+
+Each entry is one question over its own haystack: ``{question_id, question_type, question, answer,
+question_date, haystack_session_ids, haystack_dates, haystack_sessions: [[{role, content,
+has_answer?}]], answer_session_ids}``. One entry → one case with one QA. Turns flagged ``has_answer``
+are the gold evidence (no text matching needed); ``question_type`` is the category; dates become ISO.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qgmem.data._common import LoadContext, LoadedData, need, read_json
+from qgmem.data.dates import to_iso
+from qgmem.data.errors import DataFormatError
+from qgmem.data.records import QA, Case, Dialogue, Session, Turn
+
+_ROLES = ("user", "assistant")
+
+
+def load_longmemeval(path: str | Path, *, strict: bool = True) -> LoadedData:
+    """Read a LongMemEval JSON file (or every ``*.json`` in a folder) into cases."""
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"no such file or folder: {root}")
+    files = sorted(root.glob("*.json")) if root.is_dir() else [root]
+    if not files:
+        raise FileNotFoundError(f"no *.json files in {root}")
+    ctx = LoadContext("longmemeval", root if root.is_dir() else root.parent, strict)
+    cases: list[Case] = []
+    for file in files:
+        rel = ctx.rel(file)
+        try:
+            doc = read_json(file, rel)
+            if not isinstance(doc, list):
+                raise DataFormatError(f"expected a list of questions, got {type(doc).__name__}", file=rel,
+                                      field="<document>")
+        except DataFormatError as exc:
+            ctx.fail(exc)
+            continue
+        ctx.files_read.append(rel)
+        for i, entry in enumerate(doc):
+            ctx.items += 1
+            try:
+                cases.append(_entry(entry, rel, i, ctx))
+            except DataFormatError as exc:
+                ctx.fail(exc)
+    return LoadedData(cases=cases, report=ctx.report(cases, {}))
+
+
+def _iso(value: str, rel: str, i: int, field: str) -> str:
+    try:
+        return to_iso(value)
+    except ValueError as exc:
+        raise DataFormatError(f"unparseable date {value!r}", file=rel, item=i, field=field) from exc
+
+
+def _entry(raw: Any, rel: str, i: int, ctx: LoadContext) -> Case:
+    def get(key, types, **kw):
+        return need(raw, key, types, file=rel, item=i, **kw)
+
+    qid = str(get("question_id", (str, int)))
+    qtype = get("question_type", str)
+    question = get("question", str)
+    answer = get("answer", (str, int, float))
+    question_time = _iso(get("question_date", str), rel, i, "question_date")
+    ids = get("haystack_session_ids", list)
+    dates = get("haystack_dates", list)
+    sessions_raw = get("haystack_sessions", list)
+    if not (len(ids) == len(dates) == len(sessions_raw)):
+        raise DataFormatError(f"haystack_session_ids ({len(ids)}), haystack_dates ({len(dates)}) and "
+                              f"haystack_sessions ({len(sessions_raw)}) differ in length", file=rel, item=i,
+                              field="haystack_sessions")
+    answer_sessions = [str(s) for s in get("answer_session_ids", list, optional=True, default=[])]
+    seen: dict[str, int] = {}
+    sessions: list[Session] = []
+    evidence: list[str] = []
+    for k, (sid_raw, date_raw, turns_raw) in enumerate(zip(ids, dates, sessions_raw)):
+        if not isinstance(sid_raw, (str, int)):
+            raise DataFormatError(f"expected string, got {type(sid_raw).__name__}", file=rel, item=i,
+                                  field=f"haystack_session_ids[{k}]")
+        if not isinstance(date_raw, str):
+            raise DataFormatError(f"expected string, got {type(date_raw).__name__}", file=rel, item=i,
+                                  field=f"haystack_dates[{k}]")
+        if not isinstance(turns_raw, list):
+            raise DataFormatError(f"expected list, got {type(turns_raw).__name__}", file=rel, item=i,
+                                  field=f"haystack_sessions[{k}]")
+        if not turns_raw:
+            raise DataFormatError("empty conversation (no turns)", file=rel, item=i, field=f"haystack_sessions[{k}]")
+        base = str(sid_raw)
+        seen[base] = seen.get(base, 0) + 1
+        sid = base if seen[base] == 1 else f"{base}~{seen[base]}"
+        time = _iso(date_raw, rel, i, f"haystack_dates[{k}]")
+        turns = []
+        for t, turn in enumerate(turns_raw):
+            w = f"haystack_sessions[{k}][{t}]"
+            role = need(turn, "role", str, file=rel, item=i, where=w)
+            if role not in _ROLES:
+                raise DataFormatError(f"unknown role {role!r} (expected 'user' or 'assistant')", file=rel,
+                                      item=i, field=f"{w}.role")
+            content = need(turn, "content", str, file=rel, item=i, where=w)
+            tid = f"{sid}:{t}"
+            if need(turn, "has_answer", bool, file=rel, item=i, where=w, optional=True, default=False):
+                evidence.append(tid)
+                ctx.evidence.add("exact")
+            turns.append(Turn(id=tid, session_id=sid, speaker=role, role=role, text=content, time=time))
+        sessions.append(Session(id=sid, turns=turns, time=time, meta={"date": date_raw,
+                                                                      "answer_session": base in answer_sessions}))
+    if not sessions:
+        raise DataFormatError("no haystack sessions", file=rel, item=i, field="haystack_sessions")
+    dialogue = Dialogue(id=qid, sessions=sessions)
+    dialogue.reindex()
+    qa = QA(id=f"{qid}#q0", question=question, answer=str(answer), category=qtype, evidence_turn_ids=evidence,
+            question_time=question_time,
+            meta={"question_id": qid, "abstention": qid.endswith("_abs"), "answer_session_ids": answer_sessions})
+    return Case(id=qid, dialogue=dialogue, qas=[qa],
+                source={"dataset": "longmemeval", "file": rel, "item": i, "question_type": qtype,
+                        "answer_session_ids": answer_sessions})
