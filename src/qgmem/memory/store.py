@@ -1,13 +1,51 @@
-"""Per-dialogue memory store: atomic units, dynamic traces, fact embeddings and build metadata."""
+"""Per-dialogue memory store: atomic units, dynamic traces, fact embeddings and build metadata.
+
+On disk a store is one folder (no pickle anywhere)::
+
+    meta.json               {"format": "qgmem-memory-store", "format_version": 1, "dialogue_id": ...,
+                             "num_units": U, "num_traces": T, "embedding_dim": D, "extractor": ...,
+                             "encoder": ..., "llm": ..., "params": {construction settings}, "counts": {...}}
+    units.jsonl             one MemoryUnit per line (MemoryUnit.to_dict), in store order
+    traces.jsonl            one MemoryTrace per line
+    embeddings.safetensors  tensor "embeddings": float32 [U, D], row i belongs to units.jsonl line i
+
+``load(directory, expected_meta)`` compares every key given in ``expected_meta`` (recursively, e.g.
+``{"extractor": "heuristic", "params": {"window_size": 6}}``) with the stored meta and raises
+:class:`StoreMismatchError` naming each difference, or only warns with ``strict=False``.
+"""
 
 from __future__ import annotations
 
+import json
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from qgmem.memory.records import MemoryTrace, MemoryUnit
+
+STORE_FORMAT = "qgmem-memory-store"
+STORE_FORMAT_VERSION = 1
+
+
+class StoreMismatchError(ValueError):
+    """A saved store was built with other parameters than the ones expected."""
+
+
+def meta_differences(expected: dict[str, Any], actual: dict[str, Any], prefix: str = "") -> list[str]:
+    """``"key: expected X, stored Y"`` for every key of ``expected`` that ``actual`` disagrees on."""
+    diffs = []
+    for key, want in expected.items():
+        name = f"{prefix}{key}"
+        if key not in actual:
+            diffs.append(f"{name}: expected {want!r}, not recorded")
+        elif isinstance(want, dict) and isinstance(actual[key], dict):
+            diffs.extend(meta_differences(want, actual[key], prefix=f"{name}."))
+        elif actual[key] != want:
+            diffs.append(f"{name}: expected {want!r}, stored {actual[key]!r}")
+    return diffs
 
 
 @dataclass
@@ -43,3 +81,72 @@ class MemoryStore:
 
     def trace_of(self, unit: MemoryUnit) -> MemoryTrace | None:
         return self._trace_index.get(unit.trace_id) if unit.trace_id else None
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the store into ``directory`` (created); files are replaced atomically one by one."""
+        from safetensors.numpy import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        embeddings = np.ascontiguousarray(self.embeddings, dtype=np.float32)
+        if embeddings.shape[0] != len(self.units):
+            raise ValueError(f"store {self.dialogue_id!r}: {embeddings.shape[0]} embeddings for "
+                             f"{len(self.units)} units")
+        meta = {**self.meta, "format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
+                "dialogue_id": self.dialogue_id, "num_units": len(self.units), "num_traces": len(self.traces),
+                "embedding_dim": int(embeddings.shape[1]) if embeddings.ndim == 2 else 0}
+
+        def write(name: str, text: str) -> None:
+            tmp = directory / f".{name}.tmp"
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(directory / name)
+
+        write("units.jsonl", "".join(json.dumps(u.to_dict(), ensure_ascii=False) + "\n" for u in self.units))
+        write("traces.jsonl", "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in self.traces))
+        tmp = directory / ".embeddings.safetensors.tmp"
+        save_file({"embeddings": embeddings}, str(tmp), metadata={"format": STORE_FORMAT})
+        tmp.replace(directory / "embeddings.safetensors")
+        write("meta.json", json.dumps(meta, ensure_ascii=False, indent=1, sort_keys=True))  # last: marks complete
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path, expected_meta: dict[str, Any] | None = None,
+             strict: bool = True) -> MemoryStore:
+        """Read a store written by :meth:`save`; check ``expected_meta`` (see the module docstring)."""
+        from safetensors.numpy import load_file
+
+        directory = Path(directory)
+        meta_path = directory / "meta.json"
+        if not meta_path.exists():
+            raise FileNotFoundError(f"{meta_path}: not a memory store (no meta.json; was the build interrupted?)")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        if meta.get("format") != STORE_FORMAT or meta.get("format_version") != STORE_FORMAT_VERSION:
+            raise StoreMismatchError(f"{meta_path}: format {meta.get('format')!r} version "
+                                     f"{meta.get('format_version')!r}, expected {STORE_FORMAT!r} "
+                                     f"version {STORE_FORMAT_VERSION}")
+        if expected_meta:
+            diffs = meta_differences(expected_meta, meta)
+            if diffs:
+                message = f"{directory}: store was built with other parameters: " + "; ".join(diffs)
+                if strict:
+                    raise StoreMismatchError(message)
+                warnings.warn(message, stacklevel=2)
+
+        def read_jsonl(name: str, record):
+            path = directory / name
+            out = []
+            for line_no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if line.strip():
+                    try:
+                        out.append(record.from_dict(json.loads(line)))
+                    except (json.JSONDecodeError, TypeError) as e:
+                        raise ValueError(f"{path}, line {line_no}: {e}") from None
+            return out
+
+        units = read_jsonl("units.jsonl", MemoryUnit)
+        traces = read_jsonl("traces.jsonl", MemoryTrace)
+        embeddings = load_file(str(directory / "embeddings.safetensors"))["embeddings"]
+        if len(units) != meta.get("num_units", len(units)) or embeddings.shape[0] != len(units):
+            raise ValueError(f"{directory}: {len(units)} units, {embeddings.shape[0]} embeddings, meta says "
+                             f"{meta.get('num_units')}: the store is incomplete or was edited")
+        return cls(dialogue_id=meta["dialogue_id"], units=units, traces=traces, embeddings=embeddings, meta=meta)

@@ -1,0 +1,68 @@
+"""A local transformers causal LM as a chat backend: batched, left-padded, greedy at temperature 0.
+
+Loads from a folder, a hub id (with a network or warm hub cache), or ``embedded:SmolLM2-135M-Instruct``
+through :mod:`qgmem.lm`. Prompts are rendered with the tokenizer's chat template; left padding keeps
+every prompt's last token at the same position so one ``generate`` call serves the whole batch.
+"""
+
+from __future__ import annotations
+
+from qgmem.llm.base import ChatResult, Conversation, LLMBackend, LLMConfig
+
+
+class TransformersChatBackend(LLMBackend):
+    name = "transformers"
+
+    def __init__(self, config: LLMConfig, model=None, tokenizer=None):
+        super().__init__(config.model)
+        from qgmem.lm import load_causal_lm, load_tokenizer
+
+        self.config = config
+        self.chunk_size = max(1, config.batch_size)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model, padding_side="left")
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model = model if model is not None else load_causal_lm(config.model, dtype=config.dtype,
+                                                                    device=config.device)
+
+    def render(self, messages: Conversation) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _chat(self, conversations: list[Conversation], *, max_new_tokens: int,
+              temperature: float) -> list[ChatResult]:
+        results: list[ChatResult] = []
+        for start in range(0, len(conversations), self.config.batch_size):
+            batch = conversations[start:start + self.config.batch_size]
+            try:
+                results.extend(self._generate(batch, max_new_tokens, temperature))
+            except Exception as e:  # noqa: BLE001 - one failed batch must not end the build
+                results.extend(ChatResult("", 0, 0, error=f"generation failed: {type(e).__name__}: {e}")
+                               for _ in batch)
+        return results
+
+    def _generate(self, batch: list[Conversation], max_new_tokens: int, temperature: float) -> list[ChatResult]:
+        import torch
+
+        prompts = [self.render(m) for m in batch]
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        enc = {k: v.to(device) for k, v in enc.items()}
+        sampling = {"do_sample": True, "temperature": float(temperature)} if temperature > 0 else {"do_sample": False}
+        with torch.inference_mode():
+            out = self.model.generate(**enc, max_new_tokens=int(max_new_tokens),
+                                      pad_token_id=self.tokenizer.pad_token_id, **sampling)
+        prompt_len = enc["input_ids"].shape[1]
+        prompt_tokens = enc["attention_mask"].sum(dim=1).tolist()
+        results = []
+        for row, n_prompt in zip(out[:, prompt_len:], prompt_tokens):
+            ids = row.tolist()
+            n_new = len(ids)
+            eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
+            for i, tok in enumerate(ids):
+                if tok in eos:
+                    n_new = i + 1
+                    break
+            text = self.tokenizer.decode(ids[:n_new], skip_special_tokens=True)
+            results.append(ChatResult(text, int(n_prompt), n_new))
+        return results

@@ -1,0 +1,134 @@
+"""``qgmem build-memory``: build and save a memory store for every dialogue of a data set.
+
+Stores go to ``OUT/stores/<dialogue folder>/`` (see :mod:`qgmem.memory.store` for the format) with an
+``OUT/index.jsonl`` mapping dialogue ids to folders and ``OUT/summary.json`` with the build counts.
+A store already in ``OUT`` with the same construction parameters is reused, and LLM replies are kept
+in ``OUT/llm_cache.sqlite``, so an interrupted build run again finishes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+DATASETS = ("convomem", "locomo", "longmemeval")
+
+
+def dialogue_folder(dialogue_id: str) -> str:
+    """A file-system-safe, collision-free folder name for a dialogue id (ids may hold '/' or '#')."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", dialogue_id)[-60:].strip("._") or "dialogue"
+    return f"{slug}-{hashlib.sha1(dialogue_id.encode('utf-8')).hexdigest()[:8]}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", required=True, choices=DATASETS)
+    parser.add_argument("--path", required=True, help="data set file or folder")
+    parser.add_argument("--out", required=True, help="output folder for the stores")
+    parser.add_argument("--extractor", default="heuristic", choices=("heuristic", "llm"))
+    parser.add_argument("--limit", type=int, default=None, help="build only the first N dialogues")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
+    parser.add_argument("--lenient", action="store_true", help="skip (and report) bad records instead of failing")
+    parser.add_argument("--encoder", default=None, help="sentence-transformers folder (default: embedded MiniLM)")
+    parser.add_argument("--window-size", type=int, default=6)
+    parser.add_argument("--window-overlap", type=int, default=2)
+    parser.add_argument("--consolidation", default="auto", choices=("auto", "rule", "llm"))
+    parser.add_argument("--no-resume", action="store_true", help="rebuild stores that already exist")
+    llm = parser.add_argument_group("LLM (for --extractor llm or --consolidation llm)")
+    llm.add_argument("--llm-backend", default="transformers", choices=("transformers", "openai"))
+    llm.add_argument("--llm-model", default="embedded:SmolLM2-135M-Instruct", help="model folder, hub id or served name")
+    llm.add_argument("--llm-base-url", default="http://127.0.0.1:8000/v1")
+    llm.add_argument("--llm-api-key-env", default="OPENAI_API_KEY",
+                     help="NAME of the environment variable holding the API key (the key itself is never logged)")
+    llm.add_argument("--llm-concurrency", type=int, default=8)
+    llm.add_argument("--llm-batch-size", type=int, default=8)
+    llm.add_argument("--llm-device", default=None)
+    llm.add_argument("--llm-cache", default=None, help="SQLite response cache (default: OUT/llm_cache.sqlite)")
+
+
+def _summary_line(stats: dict[str, Any]) -> str:
+    return (f"dialogues {stats['dialogues']} (reused {stats['reused_dialogues']}), turns {stats['turns']}, "
+            f"windows {stats['windows']} (skipped {stats['skipped_windows']}), units {stats['units']}, "
+            f"traces {stats['traces']} (updates {stats['updates']}, supplements {stats['supplements']}), "
+            f"LLM calls {stats['llm_calls']} (cache hits {stats['llm_cache_hits']}), tokens "
+            f"{stats['prompt_tokens']} prompt + {stats['completion_tokens']} completion, "
+            f"{stats['seconds']:.1f} s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from qgmem.data.loaders import load_cases
+    from qgmem.embed import SentenceEncoder
+    from qgmem.memory.builder import BuildStats, MemoryBuilder
+    from qgmem.memory.config import ConstructionConfig
+    from qgmem.memory.store import MemoryStore, StoreMismatchError
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    config = ConstructionConfig(window_size=args.window_size, window_overlap=args.window_overlap,
+                                extractor=args.extractor, consolidation=args.consolidation)
+    loaded = load_cases(args.dataset, args.path, strict=not args.lenient)
+    dialogues, seen = [], set()
+    for case in loaded.cases:  # one store per dialogue, even when several cases share it
+        if case.dialogue.id not in seen:
+            seen.add(case.dialogue.id)
+            dialogues.append(case.dialogue)
+    if args.limit is not None:
+        dialogues = dialogues[: args.limit]
+
+    llm = None
+    if config.extractor == "llm" or config.consolidation == "llm":
+        from qgmem.llm.backends import make_backend
+        from qgmem.llm.base import LLMConfig
+
+        llm = make_backend(LLMConfig(
+            backend=args.llm_backend, model=args.llm_model, base_url=args.llm_base_url,
+            api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency,
+            batch_size=args.llm_batch_size, device=args.llm_device,
+            cache_path=args.llm_cache or str(out / "llm_cache.sqlite"),
+        ))
+    builder = MemoryBuilder(config, SentenceEncoder(args.encoder), llm=llm)
+    expected = builder.expected_meta()
+    (out / "stores").mkdir(parents=True, exist_ok=True)
+    index, reused = [], 0
+    for dialogue in tqdm(dialogues, desc="build-memory", unit="dialogue", file=sys.stderr,
+                         disable=not sys.stderr.isatty() and args.json):
+        folder = out / "stores" / dialogue_folder(dialogue.id)
+        store = None
+        if not args.no_resume and (folder / "meta.json").exists():
+            try:
+                store = MemoryStore.load(folder, expected_meta={**expected, "dialogue_id": dialogue.id})
+                reused += 1
+                counts = {k: v for k, v in store.meta.get("counts", {}).items()
+                          if k in BuildStats.__dataclass_fields__ and not k.startswith(("llm_", "prompt_", "completion_"))}
+                builder.stats.merge(BuildStats(**{**counts, "skip_reasons": Counter(counts.get("skip_reasons", {}))}))
+            except (StoreMismatchError, ValueError, FileNotFoundError):
+                store = None
+        if store is None:
+            store = builder.build(dialogue)
+            store.save(folder)
+        index.append({"dialogue_id": dialogue.id, "folder": f"stores/{folder.name}", "units": len(store.units),
+                      "traces": len(store.traces)})
+    (out / "index.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in index),
+                                     encoding="utf-8")
+    stats = builder.stats.to_dict()
+    stats.update(dialogues=len(dialogues), reused_dialogues=reused, seconds=round(time.perf_counter() - started, 3),
+                 dataset=args.dataset, extractor=config.extractor, out=str(out),
+                 load_skipped=loaded.report.get("skipped", 0))
+    if llm is not None:
+        stats["llm"] = {"backend": llm.name, "model": llm.model_id}
+        llm.close()
+    (out / "summary.json").write_text(json.dumps(stats, indent=1, ensure_ascii=False), encoding="utf-8")
+    print(_summary_line(stats))
+    if stats["skipped_examples"]:
+        print("skipped windows (first ones): " + "; ".join(stats["skipped_examples"][:5]))
+    if args.json:
+        print(json.dumps(stats, ensure_ascii=False))
+    return 0

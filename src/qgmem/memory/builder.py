@@ -1,0 +1,153 @@
+"""Offline construction for one dialogue: windows → atomic units → fact embeddings → traces → store."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qgmem.data.records import Dialogue
+from qgmem.llm.base import LLMBackend
+from qgmem.memory.config import ConstructionConfig
+from qgmem.memory.extract_heuristic import HeuristicExtractor
+from qgmem.memory.extract_llm import LLMExtractor
+from qgmem.memory.records import MemoryUnit
+from qgmem.memory.store import STORE_FORMAT_VERSION, MemoryStore
+from qgmem.memory.traces import build_traces
+from qgmem.memory.windows import make_windows
+
+
+@dataclass
+class BuildStats:
+    """Cumulative counts over every :meth:`MemoryBuilder.build` call of one builder.
+
+    ``llm_requests`` counts every prompt sent (a cache hit included); ``llm_calls`` only those that
+    reached the model, and the token counts are for those calls.
+    """
+
+    dialogues: int = 0
+    turns: int = 0
+    windows: int = 0
+    units: int = 0
+    traces: int = 0
+    updates: int = 0
+    supplements: int = 0
+    skipped_windows: int = 0
+    skip_reasons: Counter = field(default_factory=Counter)
+    retried_windows: int = 0
+    overlap_only_units: int = 0
+    consolidation_fallbacks: int = 0
+    llm_requests: int = 0
+    llm_calls: int = 0
+    llm_cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    seconds: float = 0.0
+    skipped_examples: list[str] = field(default_factory=list)  # first few "window: reason" lines
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["skip_reasons"] = dict(self.skip_reasons)
+        d["seconds"] = round(self.seconds, 3)
+        return d
+
+    def merge(self, other: BuildStats) -> None:
+        for name, value in other.__dict__.items():
+            if name == "skip_reasons":
+                self.skip_reasons.update(value)
+            elif name == "skipped_examples":
+                self.skipped_examples.extend(value[: max(0, 20 - len(self.skipped_examples))])
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
+
+def _user_name(dialogue: Dialogue) -> str:
+    for turn in dialogue.turns():
+        if turn.role.lower() != "assistant":
+            return turn.speaker
+    return "User"
+
+
+class MemoryBuilder:
+    """Builds a :class:`MemoryStore` per dialogue and accumulates :attr:`stats`.
+
+    ``llm`` is required by the LLM extractor and by LLM consolidation; pass a
+    :class:`~qgmem.llm.backends.CachedBackend` to make builds replayable and resumable.
+    """
+
+    def __init__(self, config: ConstructionConfig, encoder, llm: LLMBackend | None = None):
+        self.config = config
+        self.encoder = encoder
+        self.llm = llm
+        if config.extractor == "llm" and llm is None:
+            raise ValueError("the LLM extractor needs an LLM backend (llm=...)")
+        if config.consolidation == "llm" and llm is None:
+            raise ValueError("LLM consolidation needs an LLM backend (llm=...)")
+        self.heuristic = HeuristicExtractor(config)
+        self.llm_extractor = LLMExtractor(llm, config) if llm is not None else None
+        self.stats = BuildStats()
+
+    @property
+    def uses_llm_consolidation(self) -> bool:
+        mode = self.config.consolidation
+        return mode == "llm" or (mode == "auto" and self.config.extractor == "llm" and self.llm is not None)
+
+    def expected_meta(self) -> dict[str, Any]:
+        """What a store built by this builder records; pass it to :meth:`MemoryStore.load` to check."""
+        uses_llm = self.config.extractor == "llm" or self.uses_llm_consolidation
+        return {
+            "format_version": STORE_FORMAT_VERSION,
+            "extractor": self.config.extractor,
+            "encoder": getattr(self.encoder, "model_id", type(self.encoder).__name__),
+            "llm": self.llm.model_id if uses_llm and self.llm is not None else None,
+            "params": self.config.to_dict(),
+        }
+
+    def build(self, dialogue: Dialogue) -> MemoryStore:
+        started = time.perf_counter()
+        stats = BuildStats(dialogues=1, turns=dialogue.num_turns())
+        usage_before = self.llm.usage.to_dict() if self.llm is not None else None
+        windows = make_windows(dialogue, self.config.window_size, self.config.window_overlap)
+        stats.windows = len(windows)
+        session_times = {s.id: s.time for s in dialogue.sessions}
+        units: list[MemoryUnit] = []
+        if self.config.extractor == "heuristic":
+            user = _user_name(dialogue)
+            for window in windows:
+                units.extend(self.heuristic.extract(window, dialogue.id, user, session_times.get(window.session_id)))
+        else:
+            report = self.llm_extractor.extract_windows(windows, dialogue.id, session_times)
+            for window, outcome in zip(windows, report.outcomes):
+                units.extend(outcome.units)
+                stats.retried_windows += outcome.retried
+                stats.overlap_only_units += outcome.overlap_only
+                if outcome.skipped:
+                    stats.skipped_windows += 1
+                    if len(stats.skipped_examples) < 20:
+                        stats.skipped_examples.append(f"{dialogue.id}/{window.id}: {outcome.skipped}")
+            stats.skip_reasons.update(report.skip_reasons)
+        units.sort(key=lambda u: u.order)  # stable: extraction order within a turn is kept
+        embeddings = self.encoder.encode([u.fact for u in units]) if units else np.zeros(
+            (0, int(getattr(self.encoder, "dim", 0))), dtype=np.float32)
+        trace_report = build_traces(units, embeddings, self.encoder.encode, self.config,
+                                    llm=self.llm if self.uses_llm_consolidation else None)
+        stats.units, stats.traces = len(units), len(trace_report.traces)
+        stats.updates, stats.supplements = trace_report.updates, trace_report.supplements
+        stats.consolidation_fallbacks = trace_report.llm_fallbacks
+        if self.llm is not None:
+            after = self.llm.usage.to_dict()
+            stats.llm_requests = after["requests"] - usage_before["requests"]
+            stats.llm_calls = after["calls"] - usage_before["calls"]
+            stats.llm_cache_hits = after["cache_hits"] - usage_before["cache_hits"]
+            stats.prompt_tokens = after["prompt_tokens"] - usage_before["prompt_tokens"]
+            stats.completion_tokens = after["completion_tokens"] - usage_before["completion_tokens"]
+        stats.seconds = time.perf_counter() - started
+        meta = self.expected_meta()
+        meta.update(dialogue_id=dialogue.id, counts={k: v for k, v in stats.to_dict().items()
+                                                     if k not in ("skipped_examples", "seconds")})
+        self.stats.merge(stats)
+        return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
+                           embeddings=embeddings, meta=meta)

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qgmem.cli import main
+from qgmem.memory.build import dialogue_folder
+from qgmem.memory.store import MemoryStore
+
+from llm.helpers import StubServer, completion  # tests/llm, importable as "llm" under pytest
+from .helpers import BagOfWordsEncoder
+from .test_builder import _recorded
+
+
+@pytest.fixture()
+def fake_encoder(monkeypatch):
+    import qgmem.embed
+
+    monkeypatch.setattr(qgmem.embed, "SentenceEncoder", lambda *a, **k: BagOfWordsEncoder())
+
+
+def _last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_heuristic_build_on_convomem_sample_then_resume(tmp_path, convomem_path, capsys, fake_encoder):
+    args = ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
+            "--limit", "2", "--json"]
+    assert main(args) == 0
+    summary = _last_json(capsys)
+    assert summary["dialogues"] == 2 and summary["reused_dialogues"] == 0 and summary["units"] > 50
+    assert 0.2 <= summary["windows"] / summary["turns"] <= 0.3 and summary["llm_calls"] == 0
+    index = [json.loads(line) for line in (tmp_path / "index.jsonl").read_text().splitlines()]
+    store = MemoryStore.load(tmp_path / index[0]["folder"])
+    assert index[0]["folder"] == f"stores/{dialogue_folder(store.dialogue_id)}"
+    assert len(store.units) == index[0]["units"] and store.embeddings.shape == (len(store.units), 512)
+    assert main(args) == 0
+    again = _last_json(capsys)
+    assert again["reused_dialogues"] == 2 and again["units"] == summary["units"]
+
+
+def test_llm_build_through_a_flaky_http_server(tmp_path, convomem_path, capsys, fake_encoder):
+    seen = []
+
+    def respond(request):
+        seen.append(1)
+        if len(seen) % 7 == 3:
+            return 429, "slow down"
+        if any("Friday" in m["content"] for m in request["messages"]):  # this window never validates
+            return completion("Sorry, I can't produce JSON today.")
+        return completion(_recorded(request["messages"]), 100, 20)
+
+    with StubServer(respond) as server:
+        args = ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
+                "--limit", "1", "--extractor", "llm", "--llm-backend", "openai", "--llm-model", "stub",
+                "--llm-base-url", server.url, "--llm-concurrency", "2", "--consolidation", "rule", "--json"]
+        assert main(args) == 0
+        summary = _last_json(capsys)
+        requests_first = len(server.requests)
+        assert main([*args, "--no-resume"]) == 0
+        replay = _last_json(capsys)
+    assert summary["skipped_windows"] >= 1 and summary["skip_reasons"] == {"invalid_reply": summary["skipped_windows"]}
+    assert summary["units"] > 0 and summary["llm_requests"] == summary["windows"] + summary["retried_windows"]
+    assert summary["llm_requests"] / summary["turns"] <= 0.3 and summary["prompt_tokens"] > 0
+    # the rerun replays successes from the cache; only the invalid replies are asked again
+    assert replay["units"] == summary["units"] and replay["llm_cache_hits"] >= summary["windows"] - summary["skipped_windows"]
+    assert len(server.requests) - requests_first == replay["llm_calls"]
