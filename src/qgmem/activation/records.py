@@ -41,3 +41,4 @@ class WorkingMemory:
     traces: dict[str, MemoryTrace] = field(default_factory=dict)  # trace id -> trace, for units in one
     graph: LocalGraph = field(default_factory=LocalGraph)
     text: str = ""  # the textual working memory: "[M1] ..." entries in the same order as ``units``
+    constraints: object | None = None  # the parsed query (``qgmem.activation.query.QueryConstraints``)

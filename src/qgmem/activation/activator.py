@@ -1,0 +1,190 @@
+"""Query-aware working-memory activation over one dialogue's store (paper §III-B).
+
+question -> constraints (parser) -> lexical / semantic / attribute channels -> reciprocal-rank fusion
+into a pool of n -> superseded trace members folded into their latest state -> reranker -> top k
+-> local graph + textual working memory.
+
+Build one ``Activator`` per store and reuse it for all the store's questions: the indexes are built
+once, and a shared model reranker can be passed in so it is loaded once for many stores.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel
+from qgmem.activation.config import ActivationConfig
+from qgmem.activation.fuse import reciprocal_rank_fusion
+from qgmem.activation.graph import build_local_graph
+from qgmem.activation.query import QueryConstraints, QueryParser, make_parser
+from qgmem.activation.records import WorkingMemory
+from qgmem.activation.rerank import Candidate, Reranker, candidate_document, make_reranker
+from qgmem.activation.serialize import serialize_working_memory
+from qgmem.memory.store import MemoryStore
+
+
+def superseded_map(store: MemoryStore) -> dict[str, str]:
+    """Unit id -> its trace's latest unit id, for members overtaken by a later ``update``.
+
+    A member followed only by ``supplement`` transitions still holds (compatible additions coexist),
+    so only an update supersedes.
+    """
+    out: dict[str, str] = {}
+    for trace in store.traces:
+        for i, uid in enumerate(trace.unit_ids):
+            if uid != trace.latest_unit_id and "update" in trace.transitions[i + 1:]:
+                out[uid] = trace.latest_unit_id
+    return out
+
+
+class Activator:
+    """Hybrid retrieval, fusion, reranking and working-memory assembly for one ``MemoryStore``."""
+
+    def __init__(self, store: MemoryStore, encoder, config: ActivationConfig | None = None,
+                 reranker: Reranker | None = None, parser: QueryParser | None = None, llm=None):
+        self.store = store
+        self.encoder = encoder
+        self.config = config = config or ActivationConfig()
+        units = store.units
+        embeddings = np.asarray(store.embeddings, dtype=np.float32)
+        if units and (embeddings.ndim != 2 or embeddings.shape[0] != len(units)):
+            raise ValueError(
+                f"store {store.dialogue_id!r}: field 'embeddings' has shape {embeddings.shape}, "
+                f"expected [{len(units)}, dim] aligned with its units"
+            )
+        if units and embeddings.shape[1] != encoder.dim:
+            raise ValueError(
+                f"store {store.dialogue_id!r}: embeddings have dim {embeddings.shape[1]} but the encoder "
+                f"{getattr(encoder, 'model_id', '?')!r} gives {encoder.dim}; rebuild the store with this encoder"
+            )
+        self.embeddings = embeddings
+        channels = config.channels
+        self.lexical = (LexicalChannel.for_units(units, k1=config.bm25_k1, b=config.bm25_b)
+                        if "lexical" in channels else None)
+        self.semantic = (SemanticChannel(embeddings, config.ann_min_units, config.hnsw_m, config.hnsw_ef_search)
+                         if "semantic" in channels else None)
+        self.attribute = (AttributeChannel(units, encoder, config.attribute_threshold)
+                          if "attribute" in channels else None)
+        self.reranker = reranker if reranker is not None else make_reranker(
+            config.reranker, embeddings=embeddings, encoder=encoder, path=config.reranker_path,
+            batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens,
+            weight=config.embedding_weight,
+        )
+        self.parser = parser if parser is not None else make_parser(config.parser, llm)
+        self.superseded = superseded_map(store) if config.superseded != "keep" else {}
+        self.last_timings: dict[str, float] = {}  # milliseconds per stage of the latest activate()
+
+    # -- stages (public so benchmarks and diagnostics can time and inspect them) -----------------------
+    def parse(self, question: str, question_time: str | None = None) -> QueryConstraints:
+        return self.parser.parse(question, question_time)
+
+    def encode_query(self, question: str, constraints: QueryConstraints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Question, entity and location embeddings from a single encoder call."""
+        texts = [question, *constraints.entities, *constraints.locations]
+        vecs = self.encoder.encode(texts)
+        n_ent = len(constraints.entities)
+        return vecs[0], vecs[1:1 + n_ent], vecs[1 + n_ent:]
+
+    def channel_hits(self, question: str, constraints: QueryConstraints, query_vec: np.ndarray,
+                     entity_vecs: np.ndarray | None = None, location_vecs: np.ndarray | None = None) -> dict[str, Hits]:
+        depth = self.config.channel_depth
+        hits: dict[str, Hits] = {}
+        timings = self.last_timings
+        if self.lexical is not None:
+            t = time.perf_counter()
+            hits["lexical"] = self.lexical.search(question, depth)
+            timings["lexical"] = (time.perf_counter() - t) * 1e3
+        if self.semantic is not None:
+            t = time.perf_counter()
+            hits["semantic"] = self.semantic.search(query_vec, depth)
+            timings["semantic"] = (time.perf_counter() - t) * 1e3
+        if self.attribute is not None:
+            t = time.perf_counter()
+            hits["attribute"] = self.attribute.search(constraints, depth, entity_vecs, location_vecs)
+            timings["attribute"] = (time.perf_counter() - t) * 1e3
+        return hits
+
+    def pool(self, hits: dict[str, Hits]) -> list[Candidate]:
+        """Fuse the channels, then bring in the latest state of superseded trace members.
+
+        ``attach``: the member stays and its trace's latest unit joins the pool right after it (same
+        fused score) so the current state can always be chosen; ``fold``: the member is replaced by the
+        latest unit, which then stands for it (``via``).
+        """
+        fused = reciprocal_rank_fusion({name: [i for i, _ in h] for name, h in hits.items()},
+                                       rrf_k=self.config.rrf_k, pool_size=self.config.pool_size)
+        units = self.store.units
+        fold = self.config.superseded == "fold"
+        pool: list[Candidate] = []
+        by_index: dict[int, Candidate] = {}
+
+        def add(index: int, score: float, ranks: dict[str, int], via: int) -> None:
+            candidate = by_index.get(index)
+            if candidate is None:
+                candidate = Candidate(index=index, unit=units[index], fused=score, ranks=dict(ranks))
+                by_index[index] = candidate
+                pool.append(candidate)
+            if via not in candidate.via:
+                candidate.via.append(via)
+
+        for item in fused:
+            latest = self.superseded.get(units[item.index].id)
+            latest_index = self.store.index_of(latest) if latest is not None else None
+            if latest_index is None or not fold:
+                add(item.index, item.score, item.ranks, item.index)
+            if latest_index is not None:
+                add(latest_index, item.score, {}, item.index)
+        return pool
+
+    def document(self, candidate: Candidate) -> str:
+        unit = candidate.unit
+        return candidate_document(unit, self.store.trace_of(unit), self.store.unit)
+
+    def rerank(self, question: str, pool: list[Candidate], query_vec: np.ndarray) -> list[tuple[Candidate, float]]:
+        """Top ``k`` of the pool by reranker score (ties: fused order)."""
+        if not pool:
+            return []
+        for c in pool:
+            if not c.document:
+                c.document = self.document(c)
+        scores = np.asarray(self.reranker.score(question, pool, query_vec), dtype=np.float32)
+        if scores.shape != (len(pool),):
+            raise ValueError(f"reranker returned {scores.shape} scores for {len(pool)} candidates")
+        order = np.lexsort((np.arange(len(pool)), -scores))[: self.config.k]
+        return [(pool[i], float(scores[i])) for i in order]
+
+    # -- the whole path ----------------------------------------------------------------------------------
+    def activate(self, question: str, question_time: str | None = None) -> WorkingMemory:
+        """The working memory for ``question``: top-k units in reranked order, traces, local graph, text."""
+        self.last_timings = {}
+        t0 = time.perf_counter()
+        constraints = self.parse(question, question_time)
+        query_vec, entity_vecs, location_vecs = self.encode_query(question, constraints)
+        t1 = time.perf_counter()
+        self.last_timings["parse_encode"] = (t1 - t0) * 1e3
+        hits = self.channel_hits(question, constraints, query_vec, entity_vecs, location_vecs)
+        t2 = time.perf_counter()
+        pool = self.pool(hits)
+        chosen = self.rerank(question, pool, query_vec)
+        t3 = time.perf_counter()
+        self.last_timings["fuse_rerank"] = (t3 - t2) * 1e3
+        units = [c.unit for c, _ in chosen]
+        traces = {}
+        for unit in units:
+            trace = self.store.trace_of(unit)
+            if trace is not None:
+                traces[trace.id] = trace
+        wm = WorkingMemory(
+            question=question,
+            units=units,
+            scores=[s for _, s in chosen],
+            traces=traces,
+            graph=build_local_graph(units, reverse_edges=self.config.reverse_edges),
+            text=serialize_working_memory(units, self.store, source_chars=self.config.source_chars),
+            constraints=constraints,
+        )
+        self.last_timings["assemble"] = (time.perf_counter() - t3) * 1e3
+        self.last_timings["total"] = (time.perf_counter() - t0) * 1e3
+        return wm

@@ -1,0 +1,66 @@
+"""Settings of query-time activation (paper §III-B and appendix A-2; defaults are the paper's)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RerankerKind = Literal["embedding", "cross-encoder", "llm"]
+ParserKind = Literal["heuristic", "llm"]
+SupersededMode = Literal["attach", "fold", "keep"]
+
+
+@dataclass
+class ActivationConfig:
+    """Everything that changes which units become working memory.
+
+    ``k`` and ``pool_size`` are the paper's K = 10 and n = 100; ``rrf_k`` is the reciprocal-rank-fusion
+    constant; ``attribute_threshold`` the dense-similarity bar for entity/location matches (0.60).
+    Stores with at least ``ann_min_units`` units get an approximate (HNSW) FAISS index instead of an exact
+    flat one, because exact search grows linearly with the store.
+    """
+
+    k: int = 10
+    pool_size: int = 100
+    channel_depth: int = 100  # candidates each channel contributes before fusion
+    rrf_k: float = 60.0
+    attribute_threshold: float = 0.60
+    channels: tuple[str, ...] = ("lexical", "semantic", "attribute")
+    ann_min_units: int = 50_000
+    hnsw_m: int = 32
+    hnsw_ef_search: int = 128
+    bm25_k1: float = 1.5
+    bm25_b: float = 0.75
+    reranker: RerankerKind = "embedding"
+    reranker_path: str | None = None  # cross-encoder folder, or causal LM (path/hub id/embedded alias)
+    reranker_batch_size: int = 16
+    reranker_max_doc_tokens: int = 256
+    embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
+    # Superseded trace members (followed by a later "update"): "attach" keeps them and pulls their trace's
+    # latest state into the pool beside them; "fold" replaces them by the latest state; "keep" does neither.
+    superseded: SupersededMode = "attach"
+    reverse_edges: bool = False
+    parser: ParserKind = "heuristic"
+    source_chars: int = 0  # characters of source text per working-memory entry (0 = ids only)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.k < 1 or self.pool_size < self.k:
+            raise ValueError(f"need 1 <= k <= pool_size, got k={self.k}, pool_size={self.pool_size}")
+        if self.reranker not in ("embedding", "cross-encoder", "llm"):
+            raise ValueError(f"reranker must be embedding|cross-encoder|llm, got {self.reranker!r}")
+        if self.superseded not in ("attach", "fold", "keep"):
+            raise ValueError(f"superseded must be attach|fold|keep, got {self.superseded!r}")
+        if self.parser not in ("heuristic", "llm"):
+            raise ValueError(f"parser must be heuristic|llm, got {self.parser!r}")
+        unknown = set(self.channels) - {"lexical", "semantic", "attribute"}
+        if unknown or not self.channels:
+            raise ValueError(f"channels must be a non-empty subset of lexical/semantic/attribute, got {self.channels}")
+        if not 0.0 <= self.embedding_weight <= 1.0:
+            raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
+        self.channels = tuple(self.channels)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["channels"] = list(self.channels)
+        return d

@@ -1,0 +1,100 @@
+"""The local memory graph over the working memory, and its PyG form for the graph encoder.
+
+The graph exists only for one query: nodes are the subjects and objects of the activated units'
+triples, edges their predicates. Building it touches each unit once (O(k)), so its size is bounded by
+the working-memory budget (≤ k edges, ≤ 2k nodes before de-duplication) whatever the history length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch_geometric.data import Data
+
+from qgmem.activation.channels import normalize_name
+from qgmem.activation.records import LocalGraph
+from qgmem.memory.records import MemoryUnit
+
+INVERSE_PREFIX = "inverse: "
+
+
+def build_local_graph(units: list[MemoryUnit], *, reverse_edges: bool = False) -> LocalGraph:
+    """One directed edge ``subject -[predicate]-> object`` per unit, in working-memory order.
+
+    Nodes are de-duplicated by normalized text (the first surface form is kept). A unit with an empty
+    subject or object contributes no edge (an edge needs two ends); one with an empty predicate gets
+    the label ``related to``. ``reverse_edges`` appends ``object -[inverse: predicate]-> subject``.
+    """
+    graph = LocalGraph()
+    ids: dict[str, int] = {}
+
+    def node(text: str) -> int:
+        key = normalize_name(text)
+        if key not in ids:
+            ids[key] = len(graph.node_text)
+            graph.node_text.append(text.strip())
+        return ids[key]
+
+    for position, unit in enumerate(units):
+        if not normalize_name(unit.subject) or not normalize_name(unit.object):
+            continue
+        head, tail = node(unit.subject), node(unit.object)
+        graph.edge_index.append((head, tail))
+        graph.edge_text.append(unit.predicate.strip() or "related to")
+        graph.edge_unit.append(position)
+    return add_reverse_edges(graph) if reverse_edges else graph
+
+
+def has_reverse_edges(graph: LocalGraph) -> bool:
+    return any(t.startswith(INVERSE_PREFIX) for t in graph.edge_text)
+
+
+def add_reverse_edges(graph: LocalGraph) -> LocalGraph:
+    """A copy with one inverse edge per forward edge, labelled with the inverse-relation marker."""
+    if has_reverse_edges(graph):
+        return graph
+    forward = list(zip(graph.edge_index, graph.edge_text, graph.edge_unit))
+    return LocalGraph(
+        node_text=list(graph.node_text),
+        edge_index=[e for e, _, _ in forward] + [(t, h) for (h, t), _, _ in forward],
+        edge_text=[x for _, x, _ in forward] + [INVERSE_PREFIX + x for _, x, _ in forward],
+        edge_unit=[u for _, _, u in forward] * 2,
+    )
+
+
+def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False) -> Data:
+    """``Data(x [N, dim], edge_index [2, E], edge_attr [E, dim], edge_unit [E])`` plus ``node_text``/``edge_text``.
+
+    Node and edge features are frozen sentence embeddings of the node text and predicate text. An empty
+    working memory still yields a valid graph, one all-zero node and no edges, because the encoder pools
+    over at least one node.
+    """
+    if reverse_edges:
+        graph = add_reverse_edges(graph)
+    dim = int(encoder.dim)
+    if graph.num_nodes == 0:
+        return Data(
+            x=torch.zeros((1, dim), dtype=torch.float32),
+            edge_index=torch.zeros((2, 0), dtype=torch.long),
+            edge_attr=torch.zeros((0, dim), dtype=torch.float32),
+            edge_unit=torch.zeros(0, dtype=torch.long),
+            node_text=[""],
+            edge_text=[],
+            num_nodes=1,
+        )
+    x = torch.from_numpy(np.ascontiguousarray(encoder.encode(graph.node_text), dtype=np.float32))
+    if graph.num_edges:
+        edge_index = torch.tensor(graph.edge_index, dtype=torch.long).t().contiguous()
+        edge_attr = torch.from_numpy(np.ascontiguousarray(encoder.encode(graph.edge_text), dtype=np.float32))
+    else:
+        edge_index = torch.zeros((2, 0), dtype=torch.long)
+        edge_attr = torch.zeros((0, dim), dtype=torch.float32)
+    return Data(
+        x=x,
+        edge_index=edge_index,
+        edge_attr=edge_attr,
+        edge_unit=torch.tensor(graph.edge_unit, dtype=torch.long),
+        node_text=list(graph.node_text),
+        edge_text=list(graph.edge_text),
+        num_nodes=graph.num_nodes,
+    )

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qgmem.activation.activator import Activator, superseded_map
+from qgmem.activation.config import ActivationConfig
+from qgmem.activation.graph import graph_to_data
+from qgmem.memory.store import MemoryStore
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_working_memory_shape_and_order(small_store, hash_encoder, k):
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=k, pool_size=max(k, 10)))
+    wm = act.activate("Where did Caroline run a charity race?", None)
+    assert len(wm.units) == min(k, 8)
+    assert wm.scores == sorted(wm.scores, reverse=True)
+    assert wm.units[0].id == "u5"
+    lines = wm.text.splitlines()
+    assert len(lines) == len(wm.units) and lines[0].startswith("[M1] Caroline ran a charity race")
+    assert wm.graph.num_edges <= k and wm.graph.num_nodes <= 2 * k
+    for position, (head, _) in zip(wm.graph.edge_unit, wm.graph.edge_index):
+        assert wm.graph.node_text[head] == wm.units[position].subject
+    assert wm.constraints.entities == ["Caroline"]
+    assert set(act.last_timings) >= {"parse_encode", "lexical", "semantic", "attribute", "total"}
+
+
+QUESTION_ON_OLD_STATE = "Does Melanie work as a nurse at the city hospital?"
+
+
+def test_superseded_member_folded_into_latest(small_store, hash_encoder):
+    assert superseded_map(small_store) == {"u3": "u4"}
+    folded = Activator(small_store, hash_encoder, ActivationConfig(k=3, superseded="fold")).activate(QUESTION_ON_OLD_STATE)
+    ids = [u.id for u in folded.units]
+    assert "u3" not in ids and ids[0] == "u4"  # the latest state represents the trace
+    assert list(folded.traces) == ["tr0"] and "Trajectory: origin: Melanie works as a nurse" in folded.text
+
+
+@pytest.mark.parametrize(("mode", "expected_pool"), [("attach", ["u3", "u4"]), ("keep", ["u3"])])
+def test_superseded_member_attach_or_keep(small_store, hash_encoder, mode, expected_pool):
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=3, superseded=mode, channels=("lexical",)))
+    question = "Is she still a nurse at the city hospital?"  # only u3 matches lexically
+    constraints = act.parse(question)
+    qvec, _, _ = act.encode_query(question, constraints)
+    pool = act.pool(act.channel_hits(question, constraints, qvec))
+    assert [c.unit.id for c in pool] == expected_pool  # attach: the current state right after the old one
+    assert pool[-1].via == [small_store.index_of("u3")]
+    wm = act.activate(question)
+    assert wm.units[0].id == "u3" and "-> update, current:" in wm.text.splitlines()[0]
+
+
+@pytest.mark.parametrize("channels", [("lexical",), ("semantic",), ("attribute",), ("lexical", "semantic")])
+def test_channel_subsets(small_store, hash_encoder, channels):
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=2, channels=channels))
+    question, qtime = "Did Caroline go to a support group last week?", "2023-05-08"
+    wm = act.activate(question, qtime)
+    assert len(wm.units) == 2
+    assert set(channels) <= set(act.last_timings)
+    if channels == ("attribute",):  # in the pool, entity + time matches come before entity-only ones
+        constraints = act.parse(question, qtime)
+        qvec, evecs, lvecs = act.encode_query(question, constraints)
+        pool = act.pool(act.channel_hits(question, constraints, qvec, evecs, lvecs))
+        assert {c.unit.id for c in pool[:2]} == {"u0", "u5"} and len(pool) == 4
+
+
+def test_custom_reranker_decides_order(small_store, hash_encoder):
+    class ByOrder:
+        def score(self, question, candidates, query_vec=None):
+            return np.asarray([-c.unit.order for c in candidates], dtype=np.float32)
+
+    wm = Activator(small_store, hash_encoder, ActivationConfig(k=3), reranker=ByOrder()).activate("Caroline")
+    assert [u.order for u in wm.units] == sorted(u.order for u in wm.units)
+
+
+def test_llm_parser_through_activator(small_store, hash_encoder):
+    reply = '{"entities": ["Melanie"], "locations": ["beach"], "time": null}'
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=2, parser="llm"), llm=lambda prompt: reply)
+    wm = act.activate("Where do the kids like to go camping?")
+    assert wm.constraints.locations == ["beach"] and wm.units[0].id == "u6"
+
+
+def test_empty_store_gives_valid_empty_memory(hash_encoder):
+    store = MemoryStore(dialogue_id="empty", embeddings=np.zeros((0, hash_encoder.dim), np.float32))
+    wm = Activator(store, hash_encoder).activate("What did I say?")
+    assert wm.units == [] and wm.text == "" and wm.graph.num_nodes == 0
+    data = graph_to_data(wm.graph, hash_encoder)
+    assert data.x.shape == (1, hash_encoder.dim) and data.edge_index.shape == (2, 0)
+
+
+def test_bad_store_and_config_errors(small_store, hash_encoder):
+    bad = MemoryStore(dialogue_id="d9", units=small_store.units, embeddings=small_store.embeddings[:3])
+    with pytest.raises(ValueError, match="store 'd9': field 'embeddings'"):
+        Activator(bad, hash_encoder)
+    with pytest.raises(ValueError, match="pool_size"):
+        ActivationConfig(k=20, pool_size=10)
+    with pytest.raises(ValueError, match="channels"):
+        ActivationConfig(channels=("graph",))
+    with pytest.raises(ValueError, match="needs reranker_path"):
+        Activator(small_store, hash_encoder, ActivationConfig(reranker="cross-encoder"))
