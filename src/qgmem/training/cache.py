@@ -1,0 +1,415 @@
+"""The on-disk cache of training samples: keys, Arrow shards, frozen-LM answers, PyG round trip.
+
+Why a cache: replaying construction and activation (and answering with the frozen LM) costs minutes on
+a CPU and hours for the paper's 1,200 cases on an 8B LM, while training reads the same samples every
+epoch and every rerun. Everything is ``datasets`` Arrow on disk (memory-mapped, no pickle); graph
+tensors are stored flat with their shapes and turned back into ``torch_geometric.data.Data`` on read.
+
+Layout under ``cache_dir`` (each part is keyed, so a changed setting gets a new folder and an unchanged
+one is reused)::
+
+    samples-<key>/    settings.json, plan.json, shards/shard-00000/{data/, meta.json}, COMPLETE
+    answers-<key>/    settings.json, chunk-00000/ ...   frozen-LM answers, keyed per prompt
+    dataset-<key>/    train/ val/ test/, splits.json, summary.json   the filtered splits
+
+Every shard or chunk is written to a temporary folder and renamed into place, so an interrupted build
+leaves only whole shards behind and a rerun continues from the first missing one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+#: bump when the row schema or the meaning of a stored field changes (part of every cache key)
+CACHE_FORMAT_VERSION = 1
+
+SPLITS = ("train", "val", "test")
+
+
+# --------------------------------------------------------------------------------------------------
+# keys
+
+
+def _canonical(obj: Any) -> Any:
+    """JSON-ready form of settings: dataclasses as dicts, tuples as lists, paths as strings."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _canonical(dataclasses.asdict(obj))
+    if isinstance(obj, dict):
+        return {str(k): _canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(obj, (list, tuple)):
+        return [_canonical(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def stable_hash(obj: Any, length: int = 16) -> str:
+    """A short hex digest of ``obj``'s canonical JSON (sorted keys), stable across processes."""
+    text = json.dumps(_canonical(obj), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def fingerprint_data(path: str | Path, mode: str = "content") -> dict[str, Any]:
+    """What the data contributes to the cache key.
+
+    ``content`` (default) hashes every file's bytes: robust to copies and fresh clones, which reset
+    modification times, and cheap for the sample (≈6 MB). ``stat`` uses relative path, size and
+    modification time instead, for multi-GB local copies of the full data set. A path that does not
+    exist is taken as a hub id and keyed by its name.
+    """
+    if mode not in ("content", "stat"):
+        raise ValueError(f"fingerprint mode must be 'content' or 'stat', got {mode!r}")
+    root = Path(path)
+    if not root.exists():
+        return {"hub_id": str(path)}
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    entries = []
+    for file in files:
+        rel = file.name if root.is_file() else file.relative_to(root).as_posix()
+        if mode == "stat":
+            st = file.stat()
+            entries.append([rel, st.st_size, st.st_mtime_ns])
+        else:
+            digest = hashlib.sha256()
+            with open(file, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+            entries.append([rel, digest.hexdigest()])
+    return {"mode": mode, "files": len(entries), "digest": stable_hash(entries, 32)}
+
+
+# --------------------------------------------------------------------------------------------------
+# rows <-> PyG
+
+
+def sample_features():
+    """The Arrow schema of one cached sample (graph tensors flat, with their shapes)."""
+    from datasets import Features, List, Value
+
+    return Features({
+        "qa_id": Value("string"), "case_id": Value("string"), "dialogue_id": Value("string"),
+        "group": Value("string"), "split": Value("string"), "category": Value("string"),
+        "question": Value("string"), "question_time": Value("string"),
+        "reference": Value("string"),  # the data set's answer (a rubric for rubric categories)
+        "memory_text": Value("string"),
+        "num_nodes": Value("int32"), "num_edges": Value("int32"), "feature_dim": Value("int32"),
+        "x": List(Value("float32")),  # [num_nodes * feature_dim], row-major
+        "edge_index": List(Value("int64")),  # [2 * num_edges], row-major (sources then targets)
+        "edge_attr": List(Value("float32")),  # [num_edges * feature_dim]
+        "node_text": List(Value("string")), "edge_text": List(Value("string")),
+        "edge_unit": List(Value("int32")),
+    })
+
+
+def final_features():
+    """The schema of the filtered splits: a sample plus the supervision outcome."""
+    from datasets import Features, Value
+
+    features = dict(sample_features())
+    features.update({
+        "answer": Value("string"),  # supervision target (train) or reference (val/test)
+        "lm_answer": Value("string"),  # the frozen LM's answer, "" when none was generated
+        "judged": Value("bool"), "correct": Value("bool"),
+    })
+    return Features(features)
+
+
+def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split: str, category: str,
+               question: str, reference: str, memory_text: str, graph: Any, feature_dim: int,
+               question_time: str | None = None, node_text: Iterable[str] = (), edge_text: Iterable[str] = (),
+               edge_unit: Iterable[int] = ()) -> dict[str, Any]:
+    """One cache row from a working memory's PyG graph (``x [N, D]``, ``edge_index [2, E]``, ``edge_attr [E, D]``)."""
+    x = _as_array(getattr(graph, "x", None), np.float32, (0, feature_dim))
+    edge_index = _as_array(getattr(graph, "edge_index", None), np.int64, (2, 0))
+    num_edges = edge_index.shape[1] if edge_index.ndim == 2 else 0
+    edge_attr = _as_array(getattr(graph, "edge_attr", None), np.float32, (num_edges, feature_dim))
+    if x.ndim != 2 or (x.shape[0] and x.shape[1] != feature_dim):
+        raise ValueError(f"qa {qa_id}: node features have shape {tuple(x.shape)}, expected [N, {feature_dim}]")
+    if edge_index.shape != (2, num_edges) or edge_attr.shape != (num_edges, feature_dim):
+        raise ValueError(f"qa {qa_id}: edge_index {tuple(edge_index.shape)} / edge_attr {tuple(edge_attr.shape)} "
+                         f"do not agree (expected [2, E] and [E, {feature_dim}])")
+    if num_edges and (edge_index.min() < 0 or edge_index.max() >= x.shape[0]):
+        raise ValueError(f"qa {qa_id}: edge_index points outside the {x.shape[0]} nodes")
+    return {
+        "qa_id": qa_id, "case_id": case_id, "dialogue_id": dialogue_id, "group": group, "split": split,
+        "category": category, "question": question, "question_time": question_time, "reference": reference,
+        "memory_text": memory_text, "num_nodes": int(x.shape[0]), "num_edges": int(num_edges),
+        "feature_dim": int(feature_dim), "x": x.reshape(-1), "edge_index": edge_index.reshape(-1),
+        "edge_attr": edge_attr.reshape(-1), "node_text": list(node_text), "edge_text": list(edge_text),
+        "edge_unit": [int(u) for u in edge_unit],
+    }
+
+
+def _as_array(value: Any, dtype: Any, empty_shape: tuple[int, int]) -> np.ndarray:
+    if value is None:
+        return np.zeros(empty_shape, dtype=dtype)
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value, dtype=dtype)
+    return arr.reshape(empty_shape) if arr.size == 0 else arr
+
+
+def row_to_data(row: dict[str, Any]):
+    """A cached row back to ``Data(x [N, D], edge_index [2, E], edge_attr [E, D])``.
+
+    An empty working memory (no nodes) becomes one all-zero node with no edges, so every sample has a
+    graph token to pool.
+    """
+    import torch
+    from torch_geometric.data import Data
+
+    n, e, d = int(row["num_nodes"]), int(row["num_edges"]), int(row["feature_dim"])
+    x = torch.as_tensor(np.asarray(row["x"], dtype=np.float32)).reshape(n, d)
+    edge_index = torch.as_tensor(np.asarray(row["edge_index"], dtype=np.int64)).reshape(2, e)
+    edge_attr = torch.as_tensor(np.asarray(row["edge_attr"], dtype=np.float32)).reshape(e, d)
+    if n == 0:
+        x = torch.zeros(1, d, dtype=torch.float32)
+    return Data(x=x, edge_index=edge_index, edge_attr=edge_attr)
+
+
+def row_to_item(row: dict[str, Any]) -> dict[str, Any]:
+    """A filtered row to the dataset item the collator consumes (the data↔model contract)."""
+    return {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
+            "answer": row["answer"], "category": row["category"], "qa_id": row["qa_id"]}
+
+
+# --------------------------------------------------------------------------------------------------
+# writing folders atomically
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No per-shard "Saving the dataset" bars (the build shows one bar over cases instead)."""
+    import datasets
+
+    was_disabled = datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.enable_progress_bars()
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Move a finished temporary folder into place; a folder already there (another writer) wins."""
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fresh_tmp(final: Path) -> Path:
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def _save_rows(rows: list[dict[str, Any]], features: Any, path: Path) -> None:
+    from datasets import Dataset
+
+    with _quiet_datasets():
+        Dataset.from_list(rows, features=features).save_to_disk(str(path))
+
+
+def _empty(features: Any):
+    """An empty in-memory dataset with the schema (never saved: ``datasets`` cannot reload one)."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({name: [] for name in features}, features=features)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------------------------------
+# sample shards (one per case)
+
+
+class SampleCache:
+    """Per-case Arrow shards of samples, a plan that fixes their order, and a completion marker."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.shards = self.root / "shards"
+
+    @property
+    def complete(self) -> bool:
+        return (self.root / "COMPLETE").exists()
+
+    def start(self, settings: dict[str, Any], plan: list[dict[str, str]]) -> None:
+        """Record settings and the ordered case plan; a plan that differs from a stored one is an error.
+
+        The plan is derived from the key's settings, so a mismatch means the sampling or splitting code
+        changed without a format-version bump: continuing would mix two plans in one cache.
+        """
+        self.shards.mkdir(parents=True, exist_ok=True)
+        plan_path = self.root / "plan.json"
+        if plan_path.exists():
+            stored = read_json(plan_path)
+            if stored != plan:
+                raise RuntimeError(
+                    f"{plan_path}: the stored case plan differs from the one these settings give now "
+                    "(sampling/splitting code changed?); delete this folder or bump CACHE_FORMAT_VERSION")
+        else:
+            write_json(self.root / "settings.json", settings)
+            write_json(plan_path, plan)
+
+    def plan(self) -> list[dict[str, str]]:
+        return read_json(self.root / "plan.json")
+
+    def shard_dir(self, index: int) -> Path:
+        return self.shards / f"shard-{index:05d}"
+
+    def has_shard(self, index: int) -> bool:
+        return (self.shard_dir(index) / "meta.json").exists()
+
+    def write_shard(self, index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        """Write one case's rows (possibly none, e.g. a skipped case) with its metadata, atomically."""
+        final = self.shard_dir(index)
+        tmp = _fresh_tmp(final)
+        if rows:  # ``datasets`` cannot reload an empty saved dataset: an empty shard is its meta.json only
+            _save_rows(rows, sample_features(), tmp / "data")
+        write_json(tmp / "meta.json", {**meta, "rows": len(rows)})
+        _publish(tmp, final)
+
+    def shard_meta(self, index: int) -> dict[str, Any]:
+        return read_json(self.shard_dir(index) / "meta.json")
+
+    def mark_complete(self, info: dict[str, Any]) -> None:
+        write_json(self.root / "COMPLETE", info)
+
+    def completion_info(self) -> dict[str, Any]:
+        return read_json(self.root / "COMPLETE")
+
+    def load(self):
+        """All shards concatenated in plan order, as one memory-mapped ``datasets.Dataset``."""
+        from datasets import concatenate_datasets, load_from_disk
+
+        parts = [load_from_disk(str(self.shard_dir(i) / "data")) for i in range(len(self.plan()))
+                 if self.shard_meta(i)["rows"]]
+        return concatenate_datasets(parts) if parts else _empty(sample_features())
+
+
+# --------------------------------------------------------------------------------------------------
+# frozen-LM answers
+
+
+def answer_key(memory_text: str, question: str) -> str:
+    """Key of one prompt's answer within an :class:`AnswerCache` (the folder already fixes the LM)."""
+    return hashlib.sha256(f"{memory_text}\x00{question}".encode("utf-8")).hexdigest()[:32]
+
+
+class AnswerCache:
+    """The frozen LM's answers, appended in Arrow chunks; a rerun with the same LM never regenerates.
+
+    The folder is keyed by the LM id and generation settings (and the prompt wording), each entry by
+    its memory text and question, so a construction change reuses the answers of unchanged prompts.
+    """
+
+    def __init__(self, root: str | Path, settings: dict[str, Any] | None = None):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if settings is not None and not (self.root / "settings.json").exists():
+            write_json(self.root / "settings.json", settings)
+        self._answers: dict[str, str] | None = None
+
+    def _chunks(self) -> list[Path]:
+        return sorted(p for p in self.root.glob("chunk-*") if p.is_dir())
+
+    def load(self) -> dict[str, str]:
+        from datasets import load_from_disk
+
+        if self._answers is None:
+            answers: dict[str, str] = {}
+            for chunk in self._chunks():
+                ds = load_from_disk(str(chunk))
+                answers.update(zip(ds["key"], ds["answer"]))
+            self._answers = answers
+        return self._answers
+
+    def __len__(self) -> int:
+        return len(self.load())
+
+    def get(self, key: str) -> str | None:
+        return self.load().get(key)
+
+    def add(self, answers: dict[str, str]) -> None:
+        """Persist new answers as one more chunk (atomic)."""
+        from datasets import Dataset, Features, Value
+
+        if not answers:
+            return
+        existing = self.load()
+        index = len(self._chunks())
+        final = self.root / f"chunk-{index:05d}"
+        while final.exists():
+            index += 1
+            final = self.root / f"chunk-{index:05d}"
+        tmp = _fresh_tmp(final)
+        features = Features({"key": Value("string"), "answer": Value("string")})
+        with _quiet_datasets():
+            Dataset.from_dict({"key": list(answers), "answer": list(answers.values())},
+                              features=features).save_to_disk(str(tmp))
+        _publish(tmp, final)
+        existing.update(answers)
+
+
+# --------------------------------------------------------------------------------------------------
+# the filtered splits
+
+
+class DatasetCache:
+    """The final ``DatasetDict`` (train/val/test) with its run summary; complete once summary.json exists."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    @property
+    def complete(self) -> bool:
+        return (self.root / "summary.json").exists()
+
+    def save(self, splits: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> None:
+        """Write each non-empty split as its own Arrow folder, the sizes, then the summary (atomically)."""
+        tmp = _fresh_tmp(self.root)
+        sizes = {name: len(splits.get(name, [])) for name in SPLITS}
+        for name in SPLITS:
+            if sizes[name]:
+                _save_rows(splits[name], final_features(), tmp / name)
+        write_json(tmp / "splits.json", sizes)
+        write_json(tmp / "summary.json", summary)
+        self.root.parent.mkdir(parents=True, exist_ok=True)
+        if self.root.exists():  # an incomplete leftover, or a rebuild
+            shutil.rmtree(self.root)
+        _publish(tmp, self.root)
+
+    def load(self):
+        """The ``DatasetDict`` of the three splits (memory-mapped; an empty split is empty in memory)."""
+        from datasets import DatasetDict, load_from_disk
+
+        sizes = read_json(self.root / "splits.json")
+        return DatasetDict({name: load_from_disk(str(self.root / name)) if sizes[name] else _empty(final_features())
+                            for name in SPLITS})
+
+    def summary(self) -> dict[str, Any]:
+        return read_json(self.root / "summary.json")
