@@ -97,3 +97,18 @@ def test_bad_store_and_config_errors(small_store, hash_encoder):
         ActivationConfig(channels=("graph",))
     with pytest.raises(ValueError, match="needs reranker_path"):
         Activator(small_store, hash_encoder, ActivationConfig(reranker="cross-encoder"))
+
+
+def test_pool_carries_normalized_bm25_evidence(small_store, hash_encoder):
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=3))
+    question = "Where did Caroline run a charity race?"
+    constraints = act.parse(question)
+    qvec, ents, locs = act.encode_query(question, constraints)
+    hits = act.channel_hits(question, constraints, qvec, ents, locs)
+    pool = act.pool(hits)
+    lexical = dict(hits["lexical"])
+    best = max(lexical.values())
+    for c in pool:
+        assert c.lexical == pytest.approx(lexical.get(c.index, 0.0) / best)
+    assert max(c.lexical for c in pool) == pytest.approx(1.0)
+    assert any(c.lexical == 0.0 for c in pool)  # candidates only the other channels found

@@ -37,13 +37,16 @@ def test_candidate_document_has_fact_source_attributes_and_trajectory(small_stor
     assert "location: Boston; fact time: 2023-05-01/2023-05-07" in plain
 
 
-@pytest.mark.parametrize("weight", [0.0, 0.5, 1.0])
-def test_embedding_reranker_formula(small_store, weight):
+@pytest.mark.parametrize("weight,lexical_weight", [(0.0, 0.0), (0.5, 0.0), (1.0, 0.0), (0.3, 0.2), (0.0, 1.0)])
+def test_embedding_reranker_formula(small_store, weight, lexical_weight):
     cands = _candidates(small_store, [2, 5, 7], fused=[0.04, 0.02, 0.01])
+    for c, lexical in zip(cands, [0.0, 1.0, 0.4]):
+        c.lexical = lexical
     q = small_store.embeddings[5]
-    scores = EmbeddingReranker(small_store.embeddings, weight=weight).score("q", cands, q)
+    reranker = EmbeddingReranker(small_store.embeddings, weight=weight, lexical_weight=lexical_weight)
+    scores = reranker.score("q", cands, q)
     cos = small_store.embeddings[[2, 5, 7]] @ q
-    expected = weight * cos + (1 - weight) * np.array([1.0, 0.5, 0.25])
+    expected = weight * cos + (1 - weight) * np.array([1.0, 0.5, 0.25]) + lexical_weight * np.array([0.0, 1.0, 0.4])
     assert scores.shape == (3,) and scores.dtype == np.float32
     np.testing.assert_allclose(scores, expected, rtol=1e-5)
 

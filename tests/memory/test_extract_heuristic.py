@@ -111,3 +111,122 @@ def test_extraction_is_deterministic(convomem_path):
     first = [u.to_dict() for w in windows for u in extractor.extract(w, case.dialogue.id)]
     second = [u.to_dict() for w in windows for u in extractor.extract(w, case.dialogue.id)]
     assert first == second and len(first) > 0
+
+
+def _turn(tid: str, speaker: str, text: str, role: str = "user") -> Turn:
+    return Turn(id=tid, session_id="s0", speaker=speaker, role=role, text=text)
+
+
+@pytest.mark.parametrize("speaker,text,triple,fact_start", [
+    ("Daniel", "There's a grey greyhound called Biscuit who follows me everywhere.",
+     ("Daniel", "mentions", "a grey greyhound called Biscuit who follows Daniel everywhere"), "There is a grey"),
+    ("Daniel", "Priya, big news: I got offered a job as a data analyst at Northwind Logistics.",
+     ("Daniel", "got offered", "a job as a data analyst at Northwind Logistics"), "Daniel got offered"),
+    ("Daniel", "Work news from me: Helena left Northwind, so I report to Omar now.",
+     ("Helena", "left", "Northwind"), "Helena left Northwind, so Daniel report to Omar"),
+    ("Daniel", "Saturdays I'm taking a pottery class at the arts centre.",
+     ("Daniel", "is taking", "a pottery class at the arts centre"), "Saturdays Daniel is taking"),
+    ("Daniel", "Yesterday I made my first sourdough loaf.",
+     ("Daniel", "made", "Daniel's first sourdough loaf"), "Yesterday Daniel made"),
+    ("Daniel", "I have a small update too: I quit the pottery class.", ("Daniel", "quit", "the pottery class"),
+     "Daniel quit"),
+    ("Priya", "The physio says it's a mild sprain.", ("physio", "says", "it's a mild sprain"), "The physio says"),
+    ("Daniel", "By the way, Biscuit got adopted by a retired teacher last Friday!",
+     ("Biscuit", "got adopted by", "a retired teacher last Friday"), "Biscuit got adopted"),
+    ("Priya", "Arjun and I did a 30 kilometre long run two days ago.",
+     ("Arjun and Priya", "did", "a 30 kilometre long run two days ago"), "Arjun and Priya did"),
+    ("Priya", "I was, but my lease doesn't allow dogs.", ("Priya's lease", "doesn't allow", "dogs"), "Priya's lease"),
+    ("User", "Had a really positive first chat with their R&D lead yesterday.",
+     ("User", "had", "a really positive first chat with their R&D lead yesterday"), "User Had a really"),
+    ("User", "Cooper's been waiting by the door all day.",
+     ("Cooper", "has been waiting by", "the door all day"), "Cooper has been waiting"),
+])
+def test_informative_sentences_that_were_missed_now_give_a_claim(speaker, text, triple, fact_start):
+    listener = "Priya" if speaker != "Priya" else "Daniel"
+    [claim] = HeuristicExtractor().sentence_claims(_turn("t1", speaker, text), listener)
+    assert (claim.subject, claim.predicate, claim.object) == triple
+    assert claim.fact.startswith(fact_start) and claim.fact.endswith(".")
+
+
+@pytest.mark.parametrize("question,reply,fact", [
+    ("Do you run alone?", "Usually with my running club, the Riverside Striders, every Tuesday evening.",
+     'Priya, asked "Do Priya run alone?": Usually with Priya\'s running club, the Riverside Striders, every '
+     "Tuesday evening."),
+    ("Not again! Same leg as the knee?", "No, the other leg, the left ankle.",
+     'Priya, asked "Same leg as the knee?": No, the other leg, the left ankle.'),
+    ("Do they train on Tuesdays as well?", "No, Thursdays at 7 am on the promenade.",
+     'Priya, asked "Do they train on Tuesdays as well?": No, Thursdays at 7 am on the promenade.'),
+    ("Where would you go?", "Maybe Brighton.", 'Priya, asked "Where would Priya go?": Maybe Brighton.'),
+])
+def test_clause_less_reply_quotes_the_question_it_answers(question, reply, fact):
+    previous = _turn("t0", "Daniel", question)
+    [claim] = HeuristicExtractor().sentence_claims(_turn("t1", "Priya", reply), "Daniel", previous)
+    assert claim.fact == fact
+    assert (claim.subject, claim.predicate) == ("Priya", "answers")
+
+
+@pytest.mark.parametrize("previous,text", [
+    ("I adopted a cat.", "A family race, love it."),  # a fragment that answers nothing and names nothing
+    ("Hi Daniel! How have you been?", "Busy but good."),  # a greeting question makes no claim of its reply
+    ("My knee is better.", "That's frustrating with the marathon coming up."),
+    ("I signed a lease!", "Wow, that was quick."),
+    ("I signed a lease!", "Good idea, that should work well for you."),
+    ("I'll be in Brighton.", "Greetings from Brighton!"),
+    ("I ran 30 km.", "Is it near the beach?"),
+])
+def test_reactions_greetings_and_unanchored_fragments_give_nothing(previous, text):
+    claims = HeuristicExtractor().sentence_claims(_turn("t1", "Daniel", text), "Priya", _turn("t0", "Priya", previous))
+    assert claims == []
+
+
+def test_he_she_they_resolve_to_the_last_name_mentioned():
+    previous = _turn("t0", "Priya", "How is Omar?")
+    claims = HeuristicExtractor().sentence_claims(
+        _turn("t1", "Daniel", "Stricter. He wants weekly dashboards every Monday morning."), "Priya", previous)
+    assert [(c.subject, c.predicate, c.object) for c in claims] == [
+        ("Omar", "wants", "weekly dashboards every Monday morning")]
+
+
+def test_shared_image_and_assistant_advice_become_claims():
+    [image] = HeuristicExtractor().sentence_claims(
+        _turn("t1", "Melanie", "[shares an image: a photo of three kids at a café]"), "Caroline")
+    assert (image.subject, image.predicate, image.object) == ("Melanie", "shares an image of",
+                                                             "a photo of three kids at a café")
+    [advice] = _claims("Assistant", "When you're faced with a pricing objection, the best approach is to follow a "
+                                    "three-step framework: first, acknowledge the concern.", listener="User")
+    assert (advice.subject, advice.predicate) == ("Assistant", "recommends")
+    assert advice.fact.startswith("Assistant recommends to follow a three-step framework")
+
+
+def test_reply_to_a_question_in_the_overlap_is_grounded_in_the_reply_only():
+    turns = [("Priya", "I adopted a cat called Mango."), ("Daniel", "Lovely name for a cat."),
+             ("Priya", "She is orange and loud."), ("Daniel", "Ha, I believe it."),
+             ("Priya", "I twisted my ankle on a pothole."), ("Daniel", "Not again! Same leg as the knee?"),
+             ("Priya", "No, the other leg, the left ankle."), ("Daniel", "Take care of it.")]
+    dialogue = make_dialogue([turns], times=["2023-08-12T09:00:00"])
+    windows = make_windows(dialogue, 6, 2)
+    assert windows[1].turns[1].id == "s0:5" and "s0:5" not in windows[1].new_turn_ids  # the question is context
+    units = HeuristicExtractor().extract(windows[1], dialogue.id, "Priya", None)
+    [reply] = [u for u in units if "left ankle" in u.fact]
+    assert reply.source_turn_ids == ["s0:6"] and reply.window_id == windows[1].id
+    assert reply.fact == 'Priya, asked "Same leg as the knee?": No, the other leg, the left ankle.'
+    assert all(u.source_turn_ids[0] in windows[1].new_turn_ids for u in units)
+
+
+def test_locomo_form_fixture_grounds_every_gold_turn():
+    from pathlib import Path
+
+    from qgmem.data.loaders import load_cases
+
+    fixture = Path(__file__).resolve().parents[1] / "activation" / "fixtures" / "locomo_form.json"
+    [case] = load_cases("locomo", str(fixture)).cases
+    times = {s.id: s.time for s in case.dialogue.sessions}
+    extractor = HeuristicExtractor()
+    grounded = {tid for w in make_windows(case.dialogue)
+                for u in extractor.extract(w, case.dialogue.id, session_time=times.get(w.session_id))
+                for tid in u.source_turn_ids}
+    gold = {tid for qa in case.qas for tid in qa.evidence_turn_ids}
+    assert gold <= grounded
+    filler = {t.id for s in case.dialogue.sessions for t in s.turns if t.text.rstrip().endswith("?")
+              and "." not in t.text and "!" not in t.text}
+    assert filler and not filler & grounded  # pure questions still give nothing

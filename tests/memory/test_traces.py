@@ -109,7 +109,9 @@ def test_changed_answer_becomes_an_update_with_the_real_encoder(sentence_encoder
 @pytest.mark.parametrize("subject,predicate,expected", [
     ("User", "thinks", False), ("User", "needs to", False), ("User", "is", False), ("User", "was thinking", False),
     ("User's favorite color", "is", True), ("User", "lives in", True), ("User", "uses", True),
-    ("Assistant", "recommends", False),
+    ("Assistant", "recommends", False), ("User", "answers", False), ("User", "mentions", False),
+    ("User", "finished", False), ("User", "got", False), ("User", "moved to", True),
+    ("User's manager", "is", True), ("Cooper", "likes", True), ("Cooper", "is thinking about", False),
 ])
 def test_only_state_relations_are_traced(subject, predicate, expected):
     from qgmem.memory.traces import traceable
@@ -123,4 +125,14 @@ def test_talk_and_thought_never_form_traces():
     encoder = BagOfWordsEncoder()
     units = [_unit(i, "User", "thinks", o, f"User thinks about {o} a lot.") for i, o in enumerate(["work", "dinner"])]
     report = build_traces(units, encoder.encode([u.fact for u in units]), encoder.encode, ConstructionConfig())
+    assert report.traces == [] and all(u.trace_id is None for u in units)
+
+
+@pytest.mark.parametrize("predicate", ["answers", "mentions", "finished", "shares an image of"])
+def test_replies_and_events_of_a_person_never_form_traces(predicate):
+    encoder = BagOfWordsEncoder()
+    units = [_unit(i, "User", predicate, o, f'User, asked "What next?": {o} then.')
+             for i, o in enumerate(["yes", "no", "maybe"])]
+    report = build_traces(units, encoder.encode([u.fact for u in units]), encoder.encode,
+                          ConstructionConfig(min_fact_similarity=0.0, trace_threshold=0.5))
     assert report.traces == [] and all(u.trace_id is None for u in units)

@@ -70,7 +70,7 @@ class Activator:
         self.reranker = reranker if reranker is not None else make_reranker(
             config.reranker, embeddings=embeddings, encoder=encoder, path=config.reranker_path,
             batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens,
-            weight=config.embedding_weight,
+            weight=config.embedding_weight, lexical_weight=config.lexical_weight,
         )
         self.parser = parser if parser is not None else make_parser(config.parser, llm)
         self.superseded = superseded_map(store) if config.superseded != "keep" else {}
@@ -115,6 +115,10 @@ class Activator:
         """
         fused = reciprocal_rank_fusion({name: [i for i, _ in h] for name, h in hits.items()},
                                        rrf_k=self.config.rrf_k, pool_size=self.config.pool_size)
+        # BM25 evidence as a score, not only a rank: rank fusion keeps the order of the lexical list
+        # but forgets whether its top hit matched a rare name or one common word.
+        lexical = dict(hits.get("lexical", []))
+        top_lexical = max(lexical.values(), default=0.0)
         units = self.store.units
         fold = self.config.superseded == "fold"
         pool: list[Candidate] = []
@@ -123,7 +127,8 @@ class Activator:
         def add(index: int, score: float, ranks: dict[str, int], via: int) -> None:
             candidate = by_index.get(index)
             if candidate is None:
-                candidate = Candidate(index=index, unit=units[index], fused=score, ranks=dict(ranks))
+                candidate = Candidate(index=index, unit=units[index], fused=score, ranks=dict(ranks),
+                                      lexical=lexical.get(index, 0.0) / top_lexical if top_lexical > 0 else 0.0)
                 by_index[index] = candidate
                 pool.append(candidate)
             if via not in candidate.via:

@@ -36,6 +36,7 @@ class ActivationConfig:
     reranker_batch_size: int = 16
     reranker_max_doc_tokens: int = 256
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
+    lexical_weight: float = 0.2  # embedding reranker: added weight of the normalized BM25 score
     # Superseded trace members (followed by a later "update"): "attach" keeps them and pulls their trace's
     # latest state into the pool beside them; "fold" replaces them by the latest state; "keep" does neither.
     superseded: SupersededMode = "attach"
@@ -58,6 +59,8 @@ class ActivationConfig:
             raise ValueError(f"channels must be a non-empty subset of lexical/semantic/attribute, got {self.channels}")
         if not 0.0 <= self.embedding_weight <= 1.0:
             raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
+        if self.lexical_weight < 0.0:
+            raise ValueError(f"lexical_weight must be >= 0, got {self.lexical_weight}")
         self.channels = tuple(self.channels)
 
     def to_dict(self) -> dict[str, Any]:

@@ -4,8 +4,8 @@ Every backend scores the same structured candidate document (fact summary, sourc
 attributes, trace trajectory), so swapping the embedded default for the paper's LLM scorer changes only
 the scores. Backends:
 
-- ``EmbeddingReranker``: cosine of question and fact embeddings blended with the fused channel score;
-  no model call beyond the question embedding (the embedded default).
+- ``EmbeddingReranker``: cosine of question and fact embeddings blended with the fused channel score
+  and the normalized BM25 score; no model call beyond the question embedding (the embedded default).
 - ``CrossEncoderReranker``: a sentence-transformers cross-encoder from a local folder.
 - ``LLMReranker``: the Qwen3-Reranker protocol on any causal LM: the prompt asks whether the document
   answers the query with "yes" or "no", and the score is p("yes") from the next-token logits restricted
@@ -32,6 +32,7 @@ class Candidate:
     unit: MemoryUnit
     fused: float  # reciprocal-rank-fusion score
     document: str = ""
+    lexical: float = 0.0  # BM25 score over the best BM25 score of the query (0 when the lexical channel missed it)
     ranks: dict[str, int] = field(default_factory=dict)
     via: list[int] = field(default_factory=list)  # pooled units it stands for (itself, or folded trace members)
 
@@ -75,16 +76,20 @@ class Reranker(Protocol):
 
 
 class EmbeddingReranker:
-    """``weight * cos(question, fact) + (1 - weight) * fused / max(fused)``; no extra model call.
+    """``weight · cos(question, fact) + (1 − weight) · fused / max(fused) + lexical_weight · lexical``.
 
-    A latest trace state that stands in for superseded members takes the best cosine over the states it
-    represents, because the question may name an earlier value ("still a nurse?").
+    No extra model call. ``lexical`` is the candidate's BM25 score over the best one for the question:
+    rank fusion alone forgets how strong the lexical evidence was (a rare name matched vs one common
+    word), and BM25 over the source turn is what plain turn retrieval relies on. A latest trace state
+    that stands in for superseded members takes the best cosine over the states it represents, because
+    the question may name an earlier value ("still a nurse?").
     """
 
-    def __init__(self, embeddings: np.ndarray, encoder=None, weight: float = 0.7):
+    def __init__(self, embeddings: np.ndarray, encoder=None, weight: float = 0.7, lexical_weight: float = 0.0):
         self.embeddings = embeddings
         self.encoder = encoder
         self.weight = weight
+        self.lexical_weight = lexical_weight
 
     def score(self, question: str, candidates: list[Candidate], query_vec: np.ndarray | None = None) -> np.ndarray:
         if not candidates:
@@ -102,7 +107,8 @@ class EmbeddingReranker:
                 cosine[row] = max(cosine[row], float((self.embeddings[others] @ q).max()))
         fused = np.asarray([c.fused for c in candidates], dtype=np.float32)
         fused = fused / fused.max() if fused.max() > 0 else fused
-        return (self.weight * cosine + (1.0 - self.weight) * fused).astype(np.float32)
+        lexical = np.asarray([c.lexical for c in candidates], dtype=np.float32)
+        return (self.weight * cosine + (1.0 - self.weight) * fused + self.lexical_weight * lexical).astype(np.float32)
 
 
 class CrossEncoderReranker:
@@ -211,10 +217,11 @@ class LLMReranker:
 
 
 def make_reranker(kind: str, *, embeddings: np.ndarray, encoder=None, path: str | None = None,
-                  batch_size: int = 16, max_doc_tokens: int = 256, weight: float = 0.7, device: str | None = None):
+                  batch_size: int = 16, max_doc_tokens: int = 256, weight: float = 0.7, lexical_weight: float = 0.0,
+                  device: str | None = None):
     """Build a backend from settings; ``path`` is the cross-encoder folder or the causal LM (default SmolLM2)."""
     if kind == "embedding":
-        return EmbeddingReranker(embeddings, encoder, weight)
+        return EmbeddingReranker(embeddings, encoder, weight, lexical_weight)
     if kind == "cross-encoder":
         if not path:
             raise ValueError("reranker='cross-encoder' needs reranker_path (a local sentence-transformers cross-encoder)")

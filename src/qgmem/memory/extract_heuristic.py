@@ -4,18 +4,23 @@ It runs inside the training-data pipeline over hundreds of long dialogues, so it
 compiled patterns per sentence and nothing else; ``dateparser`` is called only when a date pattern
 matched. Per new (non-overlap) turn of a window:
 
-1. split into sentences; drop questions, fillers ("Thanks!"), requests and sentences under
-   ``min_words`` words;
-2. user side: keep first-person statements ("I'm allergic to shellfish", "My manager reassigned it…");
-   assistant side: keep recommendations and statements that carry a name or a number ("Zapier is an
-   automation tool…", "Today, you logged 87 calls"), drop empathy and chit-chat;
-3. read subject–predicate–object off the sentence (subject up to the first verb; predicate = auxiliaries
-   + verb + a particle; object = the rest up to a clause boundary), rewriting first/second person to
-   the speaker's or listener's name so the fact stands alone;
-4. entities from capitalized spans, acronyms and quotes; a location from cue words ("moved to",
+1. split into sentences; shared images (``[shares an image: …]``) become a claim of their own; drop
+   questions, greetings/thanks, requests, reactions to the other speaker ("That's lovely.") and, on
+   the assistant side, empathy and platitudes;
+2. strip what carries no content: interjections, a vocative ("Priya, …"), an announcement before a
+   colon ("Big news: …") and a short lead-in before a personal subject ("Saturdays I'm …");
+3. read subject–predicate–object off every remaining declarative clause (subject up to the first
+   verb, or the speaker for subject-less "Had a chat with…"; predicate = auxiliaries + verb + a
+   particle; object = the rest up to a clause boundary), rewriting first/second person to the
+   speaker's or listener's name and "he/she/they" to the last name mentioned, so the fact stands alone;
+4. a sentence with no clause ("Mostly the older dogs.", "No, the other leg, the left ankle.") is kept
+   when it answers the other speaker's question — the question (a context turn, possibly from the
+   window's overlap) is quoted in the fact so the reply is readable alone — or when it names something;
+5. entities from capitalized spans, acronyms and quotes; a location from cue words ("moved to",
    "based in") or place-like heads ("West Coast"); factual time from :mod:`qgmem.memory.dates`.
 
-Each unit is grounded in exactly the one turn its sentence came from.
+Each unit is grounded in exactly the one turn its sentence came from; a quoted question only explains
+it.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ _LEADING = re.compile(
 _FILLER = re.compile(
     r"^(?:thanks|thank you|thx|hi|hello|hey|good (?:morning|afternoon|evening|night)|bye|goodbye|see you|"
     r"talk (?:to you )?(?:soon|later)|you're welcome|no problem|no worries|sounds good|got it|of course|"
-    r"have a (?:good|great|nice)|appreciate it|i appreciate|cheers|take care|you too|me too|same here)\b",
+    r"have a (?:good|great|nice)|appreciate it|i appreciate|cheers|take care|you too|me too|same here|"
+    r"greetings|long time no see|welcome back|nice to (?:see|hear|meet))\b",
     re.IGNORECASE,
 )
 _REQUEST = re.compile(
@@ -68,12 +74,71 @@ _PHATIC_ASSISTANT = re.compile(
 _RECOMMEND = re.compile(
     r"\b(?:i(?:'d| would)? (?:recommend|suggest|advise)|(?:you|we) (?:could|might|should|can) (?:try|use|"
     r"consider|look into|set up)|consider (?:using|trying)|try (?:using|setting)|one option is|"
-    r"a good option is|my suggestion is|the best (?:way|option|tool) is)\b",
+    r"a good option is|my suggestion is|the (?:best|easiest|simplest|most effective) (?:way|option|tool|approach|"
+    r"strategy|practice|move|bet) (?:is|would be)|a good (?:way|approach|strategy|idea) (?:is|would be)|"
+    r"it's (?:best|a good idea|worth) to)\b",
     re.IGNORECASE,
 )
+# Advice phrased as an imperative at the start of an assistant sentence ("Try something like this: …").
+_IMPERATIVE_ADVICE = re.compile(
+    r"^(?:try|use|consider|start|focus on|keep|make sure|remember to|aim|set up|schedule|follow|highlight|"
+    r"emphasize|mention|include|avoid|don't forget|reach out|prioritize|block|break|add|create|draft|lead with|"
+    r"open with|frame|position|ask (?:them|about|for))\b",
+    re.IGNORECASE,
+)
+# Reactions to what the other speaker said: no claim of their own.
+_REACTION = re.compile(
+    r"^(?:that(?:'s| is| was| sounds| must| seems)|this (?:is|sounds) (?:so |really )?(?:great|amazing|awesome|"
+    r"wonderful|exciting|fun|cool)|it (?:sounds|must be)|sounds|what a|how (?:nice|cool|great|fun|lovely|"
+    r"sweet|exciting|awful|sad|wonderful)|so (?:happy|glad|sorry|proud)|(?:i'm|i am) (?:so |really )?(?:happy|"
+    r"glad|sorry|proud) (?:for|to hear|of)|glad|sorry|good (?:for you|idea|luck|call|point|question|job)|"
+    r"happy (?:for|news|to hear)|proud of|love (?:that|it|this)|congrat\w*|well done|nice|cool|awesome|"
+    r"amazing|wonderful|fantastic|brilliant|lovely|perfect|cute|smart|classic|ouch|jealous|no way|not again|"
+    r"take care|you (?:must|should) (?:be|feel|miss)|i bet|i can (?:imagine|tell)|makes sense|fair enough|"
+    r"practice makes|it's (?:great|good|nice|wonderful|awesome|amazing|so good|lovely) (?:to|that))\b",
+    re.IGNORECASE,
+)
+# Generic advice with no content of its own ("Efficiency is key in your line of work").
+_PLATITUDE = re.compile(
+    r"\b(?:is|are|can be|'s|'re) (?:so |really |absolutely |incredibly )?(?:key|crucial|important|essential|vital|"
+    r"everything|tough|hard|challenging|tricky|normal|common|natural|understandable|lovely|beautiful|great|"
+    r"wonderful|amazing|fantastic|awesome|nice|gorgeous|stunning)\b",
+    re.IGNORECASE,
+)
+# Greeting questions do not make the next turn an answer ("How have you been?").
+_GREETING_QUESTION = re.compile(
+    r"^(?:(?:hi|hey|hello)\b.*)?(?:how (?:are|have) you(?: been| doing)?|how's it going|how are things|"
+    r"what's up|how is everything|how's everything|how's life)\W*$",
+    re.IGNORECASE,
+)
+_IMAGE = re.compile(
+    r"\[(?:shares?|shared|sends?|sent|posts?|posted)\s+(?:an?\s+)?(?:image|photo|picture|video|screenshot)"
+    r"(?:\s+of)?\s*:?\s*([^\]]*)\]",
+    re.IGNORECASE,
+)
+# "Big news: …", "Work news from me: …", "I have a small update too: …": the claim follows the colon.
+_ANNOUNCEMENT = re.compile(
+    r"\b(?:news|update|fun fact|guess what|heads up|fyi|reminder|confession|plot twist|good news|bad news)\b",
+    re.IGNORECASE,
+)
+_EDGE_PUNCT = ",.;:!\" "
+_CONTRACTED = {"'s": "is", "'re": "are", "'m": "is", "'ve": "have", "'d": "would", "'ll": "will"}
+_CONJUNCTION = re.compile(r",\s*(?:but|and|so)\s+", re.IGNORECASE)
+_PERSONAL_PRONOUNS = {"he", "she", "they"}
+_TIME_WORDS = {
+    "mondays", "tuesdays", "wednesdays", "thursdays", "fridays", "saturdays", "sundays", "weekends", "mornings",
+    "evenings", "nights", "afternoons", "weekdays", "lately", "recently", "usually", "mostly", "only", "about",
+    "around", "almost", "nearly", "roughly", "maybe", "perhaps", "probably", "still", "sometimes", "often",
+    "always", "never", "last", "next", "every", "this", "yesterday", "today", "tonight", "tomorrow", "earlier",
+    "later", "once", "twice", "since", "until", "after", "before", "during", "in", "on", "at", "for",
+}
+_SUBJECT_DETERMINERS = {"my", "our", "your", "the", "this", "his", "her", "their", "a", "an", "these", "those",
+                        "its", "some", "each", "every", "many", "most", "both", "another"}
+_NP_BREAKERS = {"but", "so", "because", "if", "when", "while", "than"}
+_NOT_PAST_FIRST = {"was", "were", "did", "could", "would", "should", "might", "must", "read", "let", "set", "put",
+                   "cut", "hit", "shut", "need", "indeed", "used", "based", "red", "bed", "speed", "seed", "feed"}
 # "Today, you logged…", "Last week, I moved…": a short lead-in before a personal subject.
 _LEAD_IN = re.compile(r"^[^,]{1,32},\s+(?=(?:I|I'm|I've|I'd|I'll|we|We|you|You|my|My|our|Our|your|Your)\b)")
-_FIRST_PERSON = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|my|me|we|we're|we've|our)\b", re.IGNORECASE)
 _HAS_NUMBER = re.compile(r"\d")
 _WORD = re.compile(r"\S+")
 _CLAUSE_CUT = re.compile(
@@ -120,6 +185,9 @@ _NOT_NAMES = {
     "march", "april", "june", "july", "august", "september", "october", "november", "december", "one",
     "two", "three", "both", "all", "some", "every", "each", "any", "as", "at", "in", "on", "for", "with",
     "from", "to", "of", "by", "not", "then", "now", "once", "even", "maybe", "perhaps", "thanks", "great",
+    "did", "does", "do", "is", "are", "was", "were", "has", "have", "can", "could", "will", "would", "should",
+    "how", "where", "why", "who", "which", "greetings", "morning", "mondays", "tuesdays", "wednesdays",
+    "thursdays", "fridays", "saturdays", "sundays", "weekends",
 }
 _CAPITALIZED = re.compile(
     r"(?<![\w'])((?:[A-Z][\w&'’.-]*[\w]|[A-Z])(?:\s+(?:of|de|and|&|[A-Z][\w&'’.-]*[\w]|[A-Z]))*"
@@ -234,28 +302,98 @@ class _Rewriter:
         return " ".join(out)
 
 
-def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool) -> Claim | None:
-    """Read subject–predicate–object off a declarative sentence, or ``None`` when there is no clause."""
+def _subjectless_verb(low: list[str]) -> int | None:
+    """Index of the past-tense verb opening a subject-less sentence ("Had a great chat with…"), else ``None``."""
+    i = 0
+    while i < len(low) - 1 and low[i] in ("just", "finally", "also", "actually", "recently", "already"):
+        i += 1
+    word = low[i]
+    if word in _NOT_PAST_FIRST or not word.isalpha():
+        return None
+    if word in _IRREGULAR_PAST or (len(word) > 4 and word.endswith("ed")):
+        return i
+    return None
+
+
+def _verb_here(low: list[str], i: int) -> bool:
+    """Whether a verb-looking word is the verb here: "am" needs "I"; "years"/"insights" before an
+    auxiliary ("Six years is…") or after a number ("Ten minutes…") are plural nouns."""
+    word = low[i]
+    if word in ("am", "'m"):
+        return low[i - 1] == "i"
+    if word in _AUX or word in _IRREGULAR_PAST:
+        return True
+    if i + 1 < len(low) and low[i + 1] in _AUX:
+        return False
+    return not (low[i - 1] in _NUMBER_WORDS or low[i - 1].isdigit() or low[i - 1] in ("ten", "one"))
+
+
+def _np_is_plausible(np_low: list[str]) -> bool:
+    """A subject noun phrase: no conjunction or bare number inside, no dangling determiner at its end
+    ("A bit, but the shelter", "the other leg, the" are not subjects)."""
+    return (not any(w in _NP_BREAKERS or w.isdigit() for w in np_low[1:]) and not np_low[0].isdigit()
+            and np_low[-1] not in _DETERMINERS)
+
+
+def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool,
+                antecedent: str | None = None) -> Claim | None:
+    """Read subject–predicate–object off a declarative sentence, or ``None`` when there is no clause.
+
+    ``antecedent`` is the last name mentioned before the sentence: it replaces a subject "he/she/they".
+    """
+    raw = _WORD.findall(sentence)
     tokens: list[str] = []
-    for tok in _WORD.findall(sentence):
-        tokens.extend(_split_contraction(tok))
+    for k, tok in enumerate(raw):
+        following = raw[k + 1].lower() if k + 1 < len(raw) else ""
+        if (tok.lower().endswith("'s") and len(tok) > 3 and tok[:1].isupper() and k < 4
+                and (following in ("been", "got", "gotten", "going", "getting", "always", "never", "just", "not")
+                     or (following.endswith("ing") and len(following) > 4))):
+            tokens.extend([tok[:-2], "'s"])  # "Cooper's been waiting": a contraction, not a possessive
+        else:
+            tokens.extend(_split_contraction(tok))
     if len(tokens) < 3:
         return None
     low = [t.lower().strip(",.;:!\"") for t in tokens]
     rewrite = _Rewriter(speaker, listener)
 
     start = 0
-    if low[0] in ("i", "we"):
-        subject, verb_at = speaker, 1
-    elif low[0] in ("you",) and assistant:
+    fact_subject = ""
+    lead: list[str] = []  # a short lead-in kept in the fact ("Saturdays", "Yesterday")
+    personal = next((j for j in range(min(4, len(tokens) - 1)) if low[j] in ("i", "we")), None)
+    if personal is not None and personal > 0 and not all(
+            low[j] in _TIME_WORDS or low[j] == "and" or not _is_verb(tokens[j]) for j in range(personal)):
+        personal = None
+    subjectless = _subjectless_verb(low) if tokens[0][:1].isupper() else None
+    if personal is not None and personal > 0 and low[personal - 1] == "and":
+        subject, verb_at = rewrite(tokens[: personal + 1]), personal + 1  # "Arjun and I did…"
+    elif personal is not None:
+        subject, verb_at, lead = speaker, personal + 1, tokens[:personal]
+    elif low[0] == "you" and assistant:
         subject, verb_at = listener, 1
-    elif low[0] in ("my", "our", "your", "the", "this", "his", "her", "their") or (
-        tokens[0][:1].isupper() and low[0] not in _NOT_NAMES and not low[0].endswith(("ing", "ly"))
+    elif low[0] in _PERSONAL_PRONOUNS:
+        subject, verb_at = (antecedent or tokens[0]), 1
+    elif subjectless is not None:
+        subject, verb_at = speaker, subjectless
+    elif low[0] in ("there", "here") and low[1] in ("'s", "is", "are", "was", "were"):
+        rest = rewrite(tokens[2:]).strip(" ,.;:!\"'")
+        cut = _CLAUSE_CUT.search(rest)
+        obj = " ".join((rest[: cut.start()] if cut else rest).split()[:16]).strip(" ,.;:!\"'")
+        if not obj or obj.lower() in _EMPTY_OBJECTS:
+            return None
+        fact = rewrite(tokens).replace(" 's ", " is ").rstrip(".!")
+        fact = re.sub(r"^(There|Here)'s\b", r"\1 is", fact)
+        return Claim(subject=speaker, predicate="mentions", object=obj, fact=fact + ".", sentence=sentence)
+    elif low[0] in _SUBJECT_DETERMINERS or (
+        tokens[0][:1].isupper() and low[0] not in _NOT_NAMES and low[0] not in _TIME_WORDS
+        and not low[0].endswith(("ing", "ly"))
     ):
-        verb_at = next((i for i in range(1, min(len(tokens), 7)) if _is_verb(tokens[i])), None)
+        verb_at = next((i for i in range(1, min(len(tokens), 7)) if _is_verb(tokens[i]) and _verb_here(low, i)), None)
         if verb_at is None:
             return None
         np = tokens[:verb_at]
+        if not _np_is_plausible([w.lower().strip(",.") for w in np]):
+            return None
+        fact_subject = rewrite(np)
         if low[0] in ("the", "this"):
             np = np[1:]
         subject = rewrite(np) if np else ""
@@ -267,7 +405,7 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool) 
             return None
         subject, verb_at = speaker, start + 1
     subject = subject.strip(",.;:!\" ")
-    if not subject:
+    if not subject or verb_at >= len(tokens):
         return None
 
     # Predicate: auxiliaries/adverbs, one main verb, then an optional "adjective + particle" or particle.
@@ -276,7 +414,7 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool) 
     while i < len(tokens) and (low[i] in _AUX or low[i] in _ADVERBS):
         pred.append(tokens[i])
         i += 1
-    if i < len(tokens) and not (pred and pred[-1].lower() in _COPULA):
+    if i < len(tokens) and not (pred and low[i - 1] in _COPULA):
         if low[i] in _DETERMINERS or low[i] in _PARTICLES or low[i] in _NUMBER_WORDS or not low[i].isalpha():
             if not pred:
                 return None
@@ -292,14 +430,17 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool) 
     if i < len(tokens) and low[i] in _PARTICLES and low[i] not in ("of", "like", "as", "about", "up") and pred:
         pred.append(tokens[i])
         i += 1
-    if not pred:
+    if not pred or (pred[-1].endswith(",") and i < len(tokens) and low[i] in ("but", "and", "so")):
         return None
     if low[verb_at - 1] in ("i", "we", "you"):
         head = next((k for k, p in enumerate(pred) if p.lower() not in _ADVERBS), None)
         if head is not None:
             pred[head] = _third_person(pred[head])
-    predicate = " ".join(p.strip(",.;:!\"") for p in pred).replace(" 's", " is").strip()
-    predicate = {"'s": "is", "'re": "is", "'m": "is"}.get(predicate, predicate)
+    words = [p.strip(",.;:!\"") for p in pred]
+    if words[0] in _CONTRACTED:  # "Cooper 's been waiting" -> "Cooper has been waiting"
+        perfect = len(words) > 1 and words[1].lower() in ("been", "got", "gotten", "had")
+        words[0] = "has" if words[0] == "'s" and perfect else _CONTRACTED[words[0]]
+    predicate = " ".join(words).replace(" 's", " is").strip()
 
     rest_tokens = tokens[i:]
     rest = rewrite(rest_tokens)
@@ -311,8 +452,45 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool) 
     if len(obj_words) > 16:
         obj = " ".join(obj_words[:16])
     fact_rest = rest.strip().rstrip(".!")
-    fact = f"{subject} {predicate} {fact_rest}".strip()
+    fact_subject = fact_subject.strip(_EDGE_PUNCT) or subject
+    fact = f"{fact_subject} {predicate} {fact_rest}".strip()
+    if lead:
+        fact = f"{rewrite(lead).strip(' ,')} {fact}"
+    fact = fact[:1].upper() + fact[1:]
     return Claim(subject=subject, predicate=predicate.lower(), object=obj, fact=fact + ".", sentence=sentence)
+
+
+def fragment_claim(text: str, speaker: str, listener: str, question: str | None = None,
+                   asker: str | None = None) -> Claim | None:
+    """A sentence without a clause, kept as what ``speaker`` says; a reply quotes the question it answers.
+
+    "No, the other leg, the left ankle." after "Same leg as the knee?" becomes
+    ``Priya, asked "Same leg as the knee?": No, the other leg, the left ankle.`` — the question makes
+    the reply readable alone, while the unit stays grounded in the reply's own turn.
+    """
+    body = _Rewriter(speaker, listener)(text.split()).strip(" ,;:")
+    body = body.rstrip(".!")
+    if not body:
+        return None
+    obj = " ".join(body.split()[:16]).strip(" ,.;:!\"'")
+    if question:
+        asked = _Rewriter(asker or listener, speaker)(question.split()).strip()
+        return Claim(subject=speaker, predicate="answers", object=obj,
+                     fact=f'{speaker}, asked "{asked}": {body}.', sentence=text)
+    return Claim(subject=speaker, predicate="mentions", object=obj, fact=f"{speaker} mentions: {body}.",
+                 sentence=text)
+
+
+def image_claim(caption: str, speaker: str, context: str = "") -> Claim | None:
+    """A shared image as a claim: its caption is what the turn shows ("Melanie shares an image: …")."""
+    caption = caption.strip(" .:")
+    if not caption:
+        return None
+    fact = f"{speaker} shares an image: {caption}"
+    if context:
+        fact += f" ({context.strip()})"
+    obj = " ".join(caption.split()[:16])
+    return Claim(subject=speaker, predicate="shares an image of", object=obj, fact=fact + ".", sentence=caption)
 
 
 def recommendation_claim(sentence: str, match: re.Match, speaker: str, listener: str) -> Claim | None:
@@ -338,6 +516,11 @@ def find_entities(sentence: str) -> list[str]:
             continue  # a lone sentence-initial capital is just grammar ("Consistency is key")
         while words and words[0].lower().strip(".'’") in _NOT_NAMES:
             words = words[1:]
+        cut = next((k for k, w in enumerate(words) if w.lower() in ("i", "i'm", "i've", "i'd", "i'll")), None)
+        if cut is not None:
+            words = words[:cut]  # "Arjun and I" -> "Arjun"
+        if words and words[-1].endswith(("'s", "’s")):
+            words[-1] = words[-1][:-2]  # "Omar's dashboards" -> "Omar"
         while words and words[-1].lower() in ("of", "de", "and", "&"):
             words = words[:-1]
         if not words:
@@ -371,34 +554,64 @@ class HeuristicExtractor:
     def __init__(self, config: ConstructionConfig | None = None):
         self.config = config or ConstructionConfig()
 
-    def sentence_claims(self, turn: Turn, listener: str) -> list[Claim]:
-        """The claims one turn states (empty for chit-chat, questions and requests)."""
+    def sentence_claims(self, turn: Turn, listener: str, previous: Turn | None = None,
+                        names: frozenset[str] | set[str] = frozenset()) -> list[Claim]:
+        """The claims one turn states (empty for chit-chat, questions, requests and reactions).
+
+        ``previous`` is the turn before it (a window's context turn counts): a clause-less reply quotes
+        its question, and its last name resolves "he/she/they". ``names`` are the dialogue's speakers
+        (vocatives such as "Priya, big news: …" are not subjects).
+        """
         assistant = turn.role.lower() == "assistant"
-        claims = []
-        for raw in split_sentences(_normalize(turn.text)):
-            sentence = original = raw.strip()
-            if sentence.endswith("?") or _FILLER.match(sentence):
+        names = set(names) | {turn.speaker, listener}
+        question = asker = None
+        antecedent: str | None = None
+        if previous is not None and previous.speaker != turn.speaker:
+            asked = [q for q in split_sentences(_normalize(_IMAGE.sub("", previous.text))) if q.endswith("?")]
+            if asked and not _GREETING_QUESTION.match(asked[-1]):
+                question, asker = _strip_vocative(asked[-1], names), previous.speaker
+            antecedent = _last_name(previous.text, names)
+        text = _normalize(turn.text)
+        claims: list[Claim] = []
+        for m in _IMAGE.finditer(text):
+            context = _Rewriter(turn.speaker, listener)(_IMAGE.sub("", text).split()) if len(claims) == 0 else ""
+            claim = image_claim(m.group(1), turn.speaker, context if len(context.split()) >= 3 else "")
+            if claim is not None:
+                claims.append(claim)
+        for raw in split_sentences(_IMAGE.sub("", text)):
+            original = raw.strip()
+            if not original or original.endswith("?") or _FILLER.match(original):
                 continue
-            sentence = _LEAD_IN.sub("", _LEADING.sub("", sentence).strip())
-            if not sentence or len(sentence.split()) < self.config.min_words:
+            bare = _strip_vocative(original, names)
+            sentence = _strip_announcement(_LEAD_IN.sub("", _LEADING.sub("", bare).strip()))
+            words = sentence.split()
+            recommendation = (_RECOMMEND.search(sentence) or _IMPERATIVE_ADVICE.match(sentence)) if assistant else None
+            if not words or _FILLER.match(sentence) or _REACTION.match(sentence) or (
+                    recommendation is None and _REQUEST.match(sentence)):
+                antecedent = _last_name(original, names) or antecedent
                 continue
-            if _FILLER.match(sentence) or _REQUEST.match(sentence):
+            if assistant and recommendation is None and (
+                    _PHATIC_ASSISTANT.search(sentence) or _PLATITUDE.search(sentence)):
                 continue
-            if assistant:
-                recommends = _RECOMMEND.search(sentence) is not None
-                if not recommends and (_PHATIC_ASSISTANT.search(sentence) or not (
-                        _HAS_NUMBER.search(sentence) or find_entities(sentence))):
-                    continue
-            elif _NON_FACT_USER.match(sentence):
+            if not assistant and _NON_FACT_USER.match(sentence):
                 continue
-            elif not _FIRST_PERSON.search(sentence) and not (
-                    _HAS_NUMBER.search(sentence) or find_entities(sentence)):
-                continue
-            recommendation = _RECOMMEND.search(sentence) if assistant else None
+            claim = None
             if recommendation is not None:
                 claim = recommendation_claim(sentence, recommendation, turn.speaker, listener)
-            else:
-                claim = parse_claim(sentence, turn.speaker, listener, assistant=assistant)
+            elif len(words) >= self.config.min_words:
+                claim = parse_claim(sentence, turn.speaker, listener, assistant=assistant, antecedent=antecedent)
+            if claim is None and question is None and len(words) >= self.config.min_words:
+                conj = _CONJUNCTION.search(sentence)  # "A bit, but the shelter sent me a photo"
+                if conj is not None and len(sentence[conj.end():].split()) >= self.config.min_words:
+                    claim = parse_claim(sentence[conj.end():], turn.speaker, listener, assistant=assistant,
+                                        antecedent=antecedent)
+            if claim is None:
+                if question is not None and (len(words) >= 2 or len(bare.split()) >= 3):
+                    claim = fragment_claim(bare, turn.speaker, listener, question, asker)
+                elif len(words) >= self.config.min_words and (
+                        _HAS_NUMBER.search(sentence) or find_entities(sentence)):
+                    claim = fragment_claim(bare, turn.speaker, listener)
+            antecedent = _last_name(original, names) or antecedent
             if claim is not None:
                 claim.sentence = original  # dates, names and places are read from the whole sentence
                 claims.append(claim)
@@ -408,14 +621,17 @@ class HeuristicExtractor:
                 session_time: str | None = None) -> list[MemoryUnit]:
         """Units for the window's new turns; each is grounded in exactly its own turn."""
         units: list[MemoryUnit] = []
-        # "you" means whoever spoke just before (overlap turns included), else the other party.
-        previous = {t.id: (window.turns[i - 1].speaker if i else None) for i, t in enumerate(window.turns)}
-        for turn in window.new_turns:
-            listener = previous[turn.id] or user_name
+        names = frozenset(t.speaker for t in window.turns)
+        for i, turn in enumerate(window.turns):
+            if i < window.overlap:
+                continue
+            # "you" means whoever spoke just before (overlap turns included), else the other party.
+            previous = window.turns[i - 1] if i else None
+            listener = previous.speaker if previous is not None else user_name
             if listener == turn.speaker:
                 listener = user_name if turn.role.lower() == "assistant" else "Assistant"
             utterance_time = turn.time or session_time
-            for claim in self.sentence_claims(turn, listener):
+            for claim in self.sentence_claims(turn, listener, previous, names):
                 fact_time, _ = find_fact_time(claim.sentence, utterance_time)
                 units.append(MemoryUnit(
                     id=f"{window.id}.u{len(units)}", dialogue_id=dialogue_id, session_id=window.session_id,
@@ -426,3 +642,29 @@ class HeuristicExtractor:
                     utterance_time=utterance_time, order=turn.index,
                 ))
         return units
+
+
+def _strip_vocative(sentence: str, names: set[str] | frozenset[str]) -> str:
+    """Drop a leading or trailing form of address ("Priya, big news: …", "Of course, Alex.")."""
+    m = re.match(r"^(?:(?:hey|hi|hello|morning|good morning|oh)\s+)?([A-Z][\w'-]*)\s*[,!:]\s+(?=\S)", sentence)
+    if m and m.group(1) in names:
+        sentence = sentence[m.end():]
+    m = re.search(r",\s*([A-Z][\w'-]*)\s*([.!?]?)$", sentence)
+    if m and m.group(1) in names:
+        sentence = sentence[:m.start()] + m.group(2)
+    return sentence
+
+
+def _strip_announcement(sentence: str) -> str:
+    """The claim after an announcement colon ("Work news from me: Helena left …" -> "Helena left …")."""
+    before, sep, after = sentence.partition(": ")
+    if sep and len(after.split()) >= 3 and len(before.split()) <= 7 and (
+            _ANNOUNCEMENT.search(before) or len(before.split()) <= 2):
+        return _LEADING.sub("", after.strip())
+    return sentence
+
+
+def _last_name(text: str, names: set[str] | frozenset[str]) -> str | None:
+    """The last name mentioned in ``text`` other than the speakers' own (antecedent of "he/she/they")."""
+    found = [e for e in find_entities(text) if e not in names and " " not in e.strip() and not e.isupper()]
+    return found[-1] if found else None

@@ -54,7 +54,11 @@ NON_STATE_RELATIONS = {
     "said", "tell", "ask", "mean", "look", "see", "wonder", "wish", "go", "do", "make", "take", "come", "put",
     "give", "get", "recommend", "mention", "appreciate", "wait", "call", "talk", "hear", "find", "seem", "sound",
     "agree", "understand", "imagine", "bet", "suppose", "gotta", "gonna", "realize", "forget", "lean",
+    "answer", "reply", "respond", "share", "show", "ask", "help", "here", "notice", "decide",
 }
+# A person's own states that can change over time; a bare person's other relations are events ("User
+# finished the report", "User got an email"), which are never superseded, so they are not traced.
+PERSON_STATE_RELATIONS = {"lives in", "works at", "scheduled", "assigned to", "likes", "owns", "uses"}
 _SKIP_WORDS = {"has", "have", "had", "been", "being", "will", "would", "can", "could", "should", "just", "really",
                "also", "still", "now", "actually", "finally", "recently", "currently", "not", "never", "always",
                "does", "do", "did", "to", "is", "am", "are", "was", "were", "be", "might", "may", "must"}
@@ -105,12 +109,18 @@ def canonical_relation(predicate: str) -> str:
 
 
 def traceable(unit: MemoryUnit) -> bool:
-    """Whether a unit can join a trace: a state relation, and not a bare "<person> is …" statement."""
+    """Whether a unit can join a trace: a state relation, not talk, thought or a one-off event.
+
+    A bare person ("User", the speaker) is traced only on relations that name a changeable state of a
+    person (where they live or work, what they use, own or like, schedules, assignments); anything
+    else ("User | finished | …", "Priya | answers | …") is an event. Other subjects ("User's manager
+    | is | …", "Cooper | likes | …") are traced on any relation but talk and thought.
+    """
     relation = canonical_relation(unit.predicate)
-    if relation.split(" ")[0] in NON_STATE_RELATIONS:
+    if relation.split(" ")[0] in NON_STATE_RELATIONS or relation in ("mention", "answer", "share an image of"):
         return False
     bare_person = unit.subject.strip() in (unit.speaker, "User", "Assistant") and "'s" not in unit.subject
-    return not (relation == "is" and bare_person)
+    return not bare_person or relation in PERSON_STATE_RELATIONS
 
 
 def relation_key(unit: MemoryUnit) -> str:

@@ -440,6 +440,16 @@ class _Replayer:
 
             self.llm = make_backend(dm.construction_llm)
         self.builder = MemoryBuilder(dm.construction, self.encoder, llm=self.llm)
+        self.reranker = None
+        if dm.activation.reranker != "embedding":  # a model reranker loads once, not once per dialogue
+            import numpy as np
+
+            from qgmem.activation.rerank import make_reranker
+
+            a = dm.activation
+            self.reranker = make_reranker(a.reranker, embeddings=np.zeros((0, self.encoder.dim), np.float32),
+                                          path=a.reranker_path, batch_size=a.reranker_batch_size,
+                                          max_doc_tokens=a.reranker_max_doc_tokens)
 
     def rows(self, split: str, case: Any) -> list[dict[str, Any]]:
         from qgmem.activation.activator import Activator
@@ -447,11 +457,12 @@ class _Replayer:
 
         dm = self.dm
         store = self.builder.build(case.dialogue)
-        activator = Activator(store, self.encoder, dm.activation, llm=self.llm)
+        activator = Activator(store, self.encoder, dm.activation, reranker=self.reranker, llm=self.llm)
         group = _group(case, dm.group_key)
         rows = []
         for qa in case.qas:
-            memory = activator.activate(qa.question, qa.question_time)
+            # LoCoMo questions carry no time of their own: the last session's date stands in for it
+            memory = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
             data = graph_to_data(memory.graph, self.encoder)
             rows.append(C.sample_row(
                 qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
