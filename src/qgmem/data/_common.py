@@ -120,3 +120,37 @@ class LoadContext:
             "evidence": self.evidence.as_dict(),
             "categories": dict(sorted(categories.items())),
         }
+
+
+def load_json_lists(dataset: str, path: str | Path, strict: bool, what: str, parse) -> tuple[LoadContext, list[Case]]:
+    """Read a JSON file (or every ``*.json`` in a folder) whose top level is a list of ``what``.
+
+    ``parse(raw, rel, index, ctx)`` turns one element into a ``Case``; a ``DataFormatError`` from it
+    (or from reading a file) stops a strict load and is counted as a skip in a lenient one.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"no such file or folder: {root}")
+    files = sorted(root.glob("*.json")) if root.is_dir() else [root]
+    if not files:
+        raise FileNotFoundError(f"no *.json files in {root}")
+    ctx = LoadContext(dataset, root if root.is_dir() else root.parent, strict)
+    cases: list[Case] = []
+    for file in files:
+        rel = ctx.rel(file)
+        try:
+            doc = read_json(file, rel)
+            if not isinstance(doc, list):
+                raise DataFormatError(f"expected a list of {what}, got {type(doc).__name__}", file=rel,
+                                      field="<document>")
+        except DataFormatError as exc:
+            ctx.fail(exc)
+            continue
+        ctx.files_read.append(rel)
+        for i, raw in enumerate(doc):
+            ctx.items += 1
+            try:
+                cases.append(parse(raw, rel, i, ctx))
+            except DataFormatError as exc:
+                ctx.fail(exc)
+    return ctx, cases

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import LoadContext, LoadedData, need, read_json
+from qgmem.data._common import LoadContext, LoadedData, load_json_lists, need
 from qgmem.data.dates import to_iso
 from qgmem.data.errors import DataFormatError
 from qgmem.data.evidence import normalize_dia_ids
@@ -38,31 +38,8 @@ def load_locomo(path: str | Path, *, strict: bool = True, adversarial_gold: str 
     """
     if adversarial_gold not in ("adversarial_answer", "abstain"):
         raise ValueError(f"adversarial_gold must be 'adversarial_answer' or 'abstain', got {adversarial_gold!r}")
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"no such file or folder: {root}")
-    files = sorted(root.glob("*.json")) if root.is_dir() else [root]
-    if not files:
-        raise FileNotFoundError(f"no *.json files in {root}")
-    ctx = LoadContext("locomo", root if root.is_dir() else root.parent, strict)
-    cases: list[Case] = []
-    for file in files:
-        rel = ctx.rel(file)
-        try:
-            doc = read_json(file, rel)
-            if not isinstance(doc, list):
-                raise DataFormatError(f"expected a list of samples, got {type(doc).__name__}", file=rel,
-                                      field="<document>")
-        except DataFormatError as exc:
-            ctx.fail(exc)
-            continue
-        ctx.files_read.append(rel)
-        for i, sample in enumerate(doc):
-            ctx.items += 1
-            try:
-                cases.append(_sample(sample, rel, i, ctx, adversarial_gold))
-            except DataFormatError as exc:
-                ctx.fail(exc)
+    ctx, cases = load_json_lists("locomo", path, strict, "samples",
+                                 lambda raw, rel, i, ctx: _sample(raw, rel, i, ctx, adversarial_gold))
     return LoadedData(cases=cases, report=ctx.report(cases, {"adversarial_gold": adversarial_gold}))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import LoadContext, LoadedData, need, read_json
+from qgmem.data._common import LoadContext, LoadedData, load_json_lists, need
 from qgmem.data.dates import to_iso
 from qgmem.data.errors import DataFormatError
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
@@ -21,31 +21,7 @@ _ROLES = ("user", "assistant")
 
 def load_longmemeval(path: str | Path, *, strict: bool = True) -> LoadedData:
     """Read a LongMemEval JSON file (or every ``*.json`` in a folder) into cases."""
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"no such file or folder: {root}")
-    files = sorted(root.glob("*.json")) if root.is_dir() else [root]
-    if not files:
-        raise FileNotFoundError(f"no *.json files in {root}")
-    ctx = LoadContext("longmemeval", root if root.is_dir() else root.parent, strict)
-    cases: list[Case] = []
-    for file in files:
-        rel = ctx.rel(file)
-        try:
-            doc = read_json(file, rel)
-            if not isinstance(doc, list):
-                raise DataFormatError(f"expected a list of questions, got {type(doc).__name__}", file=rel,
-                                      field="<document>")
-        except DataFormatError as exc:
-            ctx.fail(exc)
-            continue
-        ctx.files_read.append(rel)
-        for i, entry in enumerate(doc):
-            ctx.items += 1
-            try:
-                cases.append(_entry(entry, rel, i, ctx))
-            except DataFormatError as exc:
-                ctx.fail(exc)
+    ctx, cases = load_json_lists("longmemeval", path, strict, "questions", _entry)
     return LoadedData(cases=cases, report=ctx.report(cases, {}))
 
 
