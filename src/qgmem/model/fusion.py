@@ -1,0 +1,80 @@
+"""Graph-text fusion: put the graph token into a frozen causal LM's input embeddings.
+
+Three jobs, kept free of Lightning so serving reuses them:
+
+- :func:`insert_token` places one vector per row at ``pos`` (right- or left-padded rows alike) and keeps
+  the attention mask, labels and position ids consistent with the padding;
+- :func:`answer_nll` runs the LM's base model and applies the output head **only** at positions whose
+  next token is a label, so no full-vocabulary logits are computed over the prompt;
+- :func:`greedy_generate` decodes from embeddings with the LM's own ``generate``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def insert_token(embeds: torch.Tensor, attention_mask: torch.Tensor, pos: torch.Tensor,
+                 token: torch.Tensor | None, labels: torch.Tensor | None = None):
+    """Insert ``token[b]`` before column ``pos[b]`` of row ``b``.
+
+    ``embeds`` ``[B, T, H]``, ``attention_mask`` ``[B, T]``, ``pos`` ``[B]``, ``token`` ``[B, H]`` (or
+    ``None``: no insertion, the text-only ablation). Returns ``(embeds, attention_mask, position_ids,
+    labels)`` with length ``T + 1`` (``T`` without a token); the new column is attended to and never a
+    label. Position ids count attended columns only, so left padding does not shift positions.
+    """
+    if token is not None:
+        B, T, _ = embeds.shape
+        cols = torch.arange(T + 1, device=embeds.device).unsqueeze(0).expand(B, -1)
+        pos = pos.to(embeds.device).view(B, 1)
+        src = (cols - (cols > pos).long()).clamp(max=T - 1)  # column of the original row to copy
+        at = cols == pos
+        embeds = torch.where(at.unsqueeze(-1), token.to(embeds.dtype).unsqueeze(1),
+                             embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, embeds.size(-1))))
+        attention_mask = torch.where(at, torch.ones_like(attention_mask[:, :1]), attention_mask.gather(1, src))
+        if labels is not None:
+            labels = torch.where(at, torch.full_like(labels[:, :1], IGNORE_INDEX), labels.gather(1, src))
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return embeds, attention_mask, position_ids, labels
+
+
+def base_model(lm):
+    """The LM without its output head (``LlamaModel`` inside ``LlamaForCausalLM``; works through LoRA)."""
+    if hasattr(lm, "get_base_model"):  # a peft wrapper: LoRA layers live inside the base model
+        lm = lm.get_base_model()
+    return lm.get_decoder()
+
+
+def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+               labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of the label tokens, with the LM head applied only where a label follows.
+
+    Equals the loss of the full-logits path (``lm(inputs_embeds=..., labels=...)``) while computing
+    ``[num_answer_tokens, vocab]`` logits instead of ``[B, T, vocab]``. ``reduction="none"`` gives the
+    per-row mean (rows without labels give 0) for per-sample reporting.
+    """
+    hidden = base_model(lm)(inputs_embeds=embeds, attention_mask=attention_mask,
+                            position_ids=position_ids, use_cache=False).last_hidden_state
+    target = labels[:, 1:]
+    keep = target != IGNORE_INDEX
+    head = lm.get_output_embeddings()
+    logits = head(hidden[:, :-1][keep]).float()
+    nll = F.cross_entropy(logits, target[keep], reduction="none")
+    if reduction == "mean":
+        return nll.mean()
+    per_row = torch.zeros(labels.size(0), device=nll.device, dtype=nll.dtype)
+    per_row.index_add_(0, keep.nonzero()[:, 0], nll)
+    return per_row / keep.sum(1).clamp(min=1)
+
+
+@torch.no_grad()
+def greedy_generate(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    max_new_tokens: int, eos_token_id: int | list[int], pad_token_id: int) -> torch.Tensor:
+    """Greedy continuation of left-padded prompt embeddings; returns only the new token ids ``[B, <=max]``."""
+    del position_ids  # generate derives positions from the attention mask, identically for left padding
+    return lm.generate(inputs_embeds=embeds, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                       do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                       num_beams=1)

@@ -1,0 +1,279 @@
+"""``QGMemModule``: train the graph encoder + projector against a frozen causal LM (paper §III-C).
+
+The LM stays frozen, in eval mode and in its own dtype; only the graph-token network (and optional LoRA
+adapters, off by default) train. The loss is the answer tokens' cross-entropy with the LM head applied
+only at answer positions. Checkpoints hold the trainable weights, optimizer state and hyperparameters;
+the LM is rebuilt from its id on load, so a checkpoint of an 8B-LM run stays a few megabytes.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from torch_geometric.data import Batch, Data
+
+from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
+from qgmem.model.encoder import EncoderConfig
+from qgmem.model.fusion import answer_nll, greedy_generate, insert_token
+from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+from qgmem.training.collate import PromptEncoder
+from qgmem.training.metrics import AnswerScores
+
+# The frozen LM is absent from checkpoints and in eval mode during fit, both on purpose.
+warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
+warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
+
+GraphMode = Literal["token", "none", "shuffled"]
+DATA_INFO_KEY = "qgmem_data_info"  # checkpoint entry: what the data side used (for export/serving)
+
+
+@dataclass
+class LoraSettings:
+    """LoRA on the frozen LM through ``peft`` (an extension; the paper trains only encoder + projector)."""
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses → dicts, so hyperparameters stay plain data in checkpoints and YAML."""
+    return asdict(value) if is_dataclass(value) and not isinstance(value, type) else value
+
+
+class QGMemModule(LightningModule):
+    """Graph-token training over a frozen LM; batches come from ``GraphTextCollator``.
+
+    Args:
+        lm: causal LM id, local folder, or ``embedded:SmolLM2-135M-Instruct``.
+        lm_dtype: dtype the frozen LM is loaded in (``auto`` = the checkpoint's; ``bfloat16`` on GPU).
+        feature_dim: sentence-encoder dimension = node and edge feature width (linked from the data).
+        encoder: graph encoder shape. projector_hidden: projector's inner width (default: max(in, out)).
+        graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
+            graph token), so the graph token's contribution is measurable.
+        lr, weight_decay, warmup_steps: AdamW with linear warm-up then cosine decay to 10%.
+        max_new_tokens: greedy generation length for EM/F1. val_generate_batches: validation batches
+            (per process) that are also decoded and scored; test_generate_batches: ``None`` = all.
+        num_examples: generations logged as text per validation epoch.
+        gradient_checkpointing: recompute LM layers in backward (long contexts); the LM stays in eval mode.
+        lora: LoRA settings, ``None`` = off. enable_thinking: chat-template switch (Qwen3: keep False).
+    """
+
+    def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
+                 encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
+                 graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
+                 max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
+                 num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
+                 enable_thinking: bool = False, match_embedding_scale: bool = True):
+        super().__init__()
+        encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
+        lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
+        if graph not in ("token", "none", "shuffled"):
+            raise ValueError(f"graph must be 'token', 'none' or 'shuffled', got {graph!r}")
+        self.save_hyperparameters()
+        self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
+
+        self.lm = load_causal_lm(lm, dtype=lm_dtype)
+        self.tokenizer = load_tokenizer(lm)
+        self.prompt_encoder = PromptEncoder(self.tokenizer, enable_thinking=enable_thinking)
+        lm_hidden = self.lm.get_input_embeddings().embedding_dim
+        self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
+                                                  encoder=encoder, projector_hidden=projector_hidden))
+        if match_embedding_scale:
+            target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
+            self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            self.lm = get_peft_model(self.lm, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                         target_modules=list(lora.target_modules)))
+        if gradient_checkpointing:
+            if hasattr(self.lm, "activation_checkpointing_enable"):  # transformers >= 5.x naming
+                self.lm.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.strict_loading = False  # the frozen LM is not in the checkpoint; on_load_checkpoint checks the rest
+        self.val_scores = AnswerScores()
+        self.test_scores = AnswerScores()
+        self._examples: list[dict[str, str]] = []
+        self._prev_graph: Data | None = None
+        self.data_info: dict[str, Any] = {}
+        self._keep_lm_frozen()
+
+    # ----------------------------------------------------------------------------------------- modes
+    def _keep_lm_frozen(self) -> None:
+        """Eval mode for the whole LM; with checkpointing, flag only the decoder layers as training.
+
+        transformers recomputes a layer in backward only when that layer module is in training mode;
+        setting the flag on the layer object alone (not its children) keeps dropout and every other
+        mode-dependent behaviour of the LM in eval.
+        """
+        self.lm.eval()
+        if self.hparams.gradient_checkpointing and self.training:
+            for module in self.lm.modules():
+                if getattr(module, "gradient_checkpointing", False):
+                    module.training = True
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._keep_lm_frozen()
+        return self
+
+    # ------------------------------------------------------------------------------------ forward
+    def graph_tokens(self, graph: Batch) -> torch.Tensor | None:
+        """``[B, lm_hidden]`` graph tokens (``None`` for ``graph: none``)."""
+        mode = self.hparams.graph
+        if mode == "none":
+            return None
+        if mode == "shuffled":
+            graph = self._shuffle(graph)
+        return self.net(graph)
+
+    def _shuffle(self, graph: Batch) -> Batch:
+        """Pair each sample with another sample's graph: a cyclic shift in the batch, or the previous
+        batch's graph when the batch has one sample (an all-zero one-node graph for the very first)."""
+        if graph.num_graphs > 1:
+            graphs = graph.to_data_list()
+            return Batch.from_data_list(graphs[-1:] + graphs[:-1])
+        current = graph.to_data_list()[0]
+        prev = self._prev_graph
+        if prev is None:
+            d = current.num_node_features
+            prev = Data(x=current.x.new_zeros(1, d), edge_index=current.edge_index.new_zeros(2, 0),
+                        edge_attr=current.x.new_zeros(0, d))
+        self._prev_graph = current.detach().cpu()
+        return Batch.from_data_list([prev.to(current.x.device)])
+
+    def fused_inputs(self, batch: dict[str, Any], generation: bool = False):
+        """Text embeddings with the graph token inserted: ``(embeds, mask, position_ids, labels)``."""
+        prefix = "gen_" if generation else ""
+        ids = batch[f"{prefix}input_ids"]
+        embeds = self.lm.get_input_embeddings()(ids)
+        token = self.graph_tokens(batch["graph"])
+        labels = None if generation else batch["labels"]
+        return insert_token(embeds, batch[f"{prefix}attention_mask"], batch[f"{prefix}graph_pos"], token, labels)
+
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Mean answer-token NLL of a batch."""
+        embeds, mask, positions, labels = self.fused_inputs(batch)
+        return answer_nll(self.lm, embeds, mask, positions, labels)
+
+    @torch.no_grad()
+    def generate(self, batch: dict[str, Any]) -> list[str]:
+        embeds, mask, positions, _ = self.fused_inputs(batch, generation=True)
+        new_ids = greedy_generate(self.lm, embeds, mask, positions, self.hparams.max_new_tokens,
+                                  eos_token_id=self.prompt_encoder.eot_id, pad_token_id=self.prompt_encoder.pad_id)
+        return [t.strip() for t in self.tokenizer.batch_decode(new_ids, skip_special_tokens=True)]
+
+    # -------------------------------------------------------------------------------------- steps
+    def _step(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> torch.Tensor:
+        B = batch["input_ids"].size(0)
+        loss = self(batch)
+        on_step = stage == "train"
+        self.log(f"{stage}/nll", loss, batch_size=B, on_step=on_step, on_epoch=True, prog_bar=True,
+                 sync_dist=not on_step)
+        limit = {"val": self.hparams.val_generate_batches, "test": self.hparams.test_generate_batches}.get(stage, 0)
+        if stage != "train" and (limit is None or batch_idx < limit):
+            predictions = self.generate(batch)
+            scores = self.val_scores if stage == "val" else self.test_scores
+            scores.update(predictions, batch["answer"])
+            if stage == "val" and len(self._examples) < self.hparams.num_examples:
+                for q, a, p in zip(batch["question"], batch["answer"], predictions):
+                    self._examples.append({"question": q, "answer": a, "prediction": p})
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        loss = self._step(batch, "train", batch_idx)
+        # `graph: none` without LoRA has nothing to train: the step only measures the text-only NLL
+        return loss if loss.requires_grad else None
+
+    def validation_step(self, batch, batch_idx):
+        return self._step(batch, "val", batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        return self._step(batch, "test", batch_idx)
+
+    def _log_scores(self, stage: str) -> None:
+        scores = self.val_scores if stage == "val" else self.test_scores
+        if scores.squad.total.item() == 0 and not torch.distributed.is_initialized():
+            return
+        for name, value in scores.compute().items():
+            self.log(f"{stage}/{name}", value, sync_dist=False)  # already reduced across processes
+        scores.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_scores("val")
+        experiment = getattr(self.logger, "experiment", None) if self.logger else None
+        if self._examples and hasattr(experiment, "add_text") and self.trainer.is_global_zero:
+            table = "\n".join(f"| {e['question']} | {e['answer']} | {e['prediction']} |".replace("\n", " ")
+                              for e in self._examples)
+            experiment.add_text("val/examples", "| question | reference | generation |\n|---|---|---|\n" + table,
+                                self.global_step)
+        self._examples = []
+
+    def on_test_epoch_end(self) -> None:
+        self._log_scores("test")
+
+    # --------------------------------------------------------------------------------- optimizer
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer else 1
+        warmup = min(self.hparams.warmup_steps, max(0, total - 1))
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def trainable_keys(self) -> set[str]:
+        return {name for name, p in self.named_parameters() if p.requires_grad} | {
+            name for name, _ in self.named_buffers() if not name.startswith("lm.")}
+
+    def on_fit_start(self) -> None:
+        self.data_info = describe_datamodule(getattr(self.trainer, "datamodule", None))
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep only trainable weights (+ non-LM buffers): the frozen LM is reloaded from its id."""
+        keep = self.trainable_keys()
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
+        checkpoint[DATA_INFO_KEY] = self.data_info
+        checkpoint["qgmem_graph_token"] = self.net.config.to_dict()
+        checkpoint["qgmem_lm"] = {"dtype": str(self.lm.dtype).replace("torch.", ""),
+                                  "hidden_size": self.net.config.lm_hidden, "end_of_turn_id": self.prompt_encoder.eot_id}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        missing = sorted(k for k in self.trainable_keys() if k not in checkpoint["state_dict"])
+        if missing:
+            raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
+                           "it was saved by a model with another encoder shape, LM or LoRA setting")
+        self.data_info = dict(checkpoint.get(DATA_INFO_KEY) or {})
+
+
+def describe_datamodule(datamodule) -> dict[str, Any]:
+    """The data-side facts an export must carry (sentence encoder, activation parameters, cache key)."""
+    if datamodule is None:
+        return {}
+    info: dict[str, Any] = {}
+    for name in ("dataset", "sentence_encoder", "feature_dim", "cache_key", "lm", "max_prompt_tokens",
+                 "max_answer_tokens", "answer_filter", "construction", "activation", "summary"):
+        try:
+            value = getattr(datamodule, name, None)
+        except Exception:  # e.g. a summary that is not built yet: the export just lacks it
+            value = None
+        if value is None:
+            value = getattr(getattr(datamodule, "hparams", {}), "get", lambda _k: None)(name)
+        if value is not None:
+            info[name] = _plain(value)
+    return info

@@ -1,0 +1,27 @@
+"""The answer prompt shared by answer filtering, training, evaluation and serving.
+
+One place so the frozen LM sees the same wording when the training data is filtered, when the graph
+token is trained, and when the exported encoder is served.
+"""
+
+from __future__ import annotations
+
+SYSTEM_PROMPT = (
+    "You answer questions about a user's long conversation history using only the memory entries "
+    "given. Entries are labelled [M1], [M2], ...; when entries conflict, the latest state of a "
+    "trajectory wins. If the memory does not contain the answer, say you don't know. Answer in one "
+    "short sentence."
+)
+
+
+def user_content(memory_text: str, question: str) -> str:
+    """The user turn: the textual working memory, then the question."""
+    memory = memory_text.strip() or "(no memory entries)"
+    return f"Memory:\n{memory}\n\nQuestion: {question.strip()}"
+
+
+def build_messages(memory_text: str, question: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """Chat messages for the frozen LM (system prompt omitted when ``None``)."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": user_content(memory_text, question)})
+    return messages

@@ -1,0 +1,183 @@
+"""Export → serving round trip: same graph tokens as the checkpoint, refused hidden-size mismatch, no Lightning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from torch_geometric.data import Batch
+
+from qgmem.cli import main as qgmem_main
+from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
+from qgmem.lm import EMBEDDED_LM, load_causal_lm
+from qgmem.model.encoder import EncoderConfig
+from qgmem.model.random_lm import save_random_lm
+from qgmem.serving import GraphTokenAnswerer, GraphTokenEncoder, HiddenSizeMismatch
+from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.module import QGMemModule
+
+D = 8
+
+
+@pytest.fixture(scope="module")
+def lm_path(tmp_path_factory):
+    return str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny", hidden_size=32, layers=2))
+
+
+def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens: int = 96, max_steps: int = 2,
+                   limit_val_batches: int | None = None, **module_kwargs) -> str:
+    seed_everything(0)
+    module = QGMemModule(lm=lm, feature_dim=feature_dim, max_new_tokens=3, val_generate_batches=1, warmup_steps=1,
+                         **{"encoder": EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0), **module_kwargs})
+    data = QGMemDataModule.from_items(synthetic_items(4, feature_dim, seed=1), synthetic_items(2, feature_dim, seed=2),
+                                      lm=lm, batch_size=2, max_prompt_tokens=max_prompt_tokens, max_answer_tokens=8)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, default_root_dir=root, num_sanity_val_steps=0,
+                      limit_val_batches=limit_val_batches)
+    trainer.fit(module, datamodule=data)
+    path = root / "model.ckpt"
+    trainer.save_checkpoint(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def exported(lm_path, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    ckpt = fit_checkpoint(root, lm_path)
+    (root / "metrics.json").write_text(json.dumps({"val": {"val/nll": 9.5, "val/em": 0.25}, "test": {"test/f1": 0.5}}))
+    return ckpt, export_checkpoint(ckpt, root / "export")
+
+
+def test_export_reproduces_the_checkpoint_graph_tokens(exported):
+    ckpt, out = exported
+    assert (out / WEIGHTS_FILE).is_file() and (out / CONFIG_FILE).is_file()
+    served = GraphTokenEncoder.from_pretrained(out)
+    module = QGMemModule.load_from_checkpoint(ckpt).eval()
+    graphs = [item["graph"] for item in synthetic_items(5, D, seed=7)]
+    expected = module.graph_tokens(Batch.from_data_list(graphs))
+    tokens = served.encode(graphs)
+    assert tokens.shape == (5, 32) and not tokens.requires_grad
+    torch.testing.assert_close(tokens, expected.detach())
+
+
+def test_export_config_and_model_card(exported):
+    _, out = exported
+    config = json.loads((out / CONFIG_FILE).read_text())
+    assert config["graph_token"] == {"feature_dim": D, "edge_dim": D, "lm_hidden": 32, "projector_hidden": None,
+                                     "encoder": {"hidden": 16, "heads": 2, "layers": 2, "dropout": 0.0,
+                                                 "attention_dropout": 0.0}}
+    assert config["lm"]["hidden_size"] == 32 and config["lm"]["dtype"] == "float32"
+    assert config["qgmem_version"] and config["graph_mode"] == "token" and config["lora"] is None
+    assert config["metrics"]["val"]["val/em"] == 0.25  # picked up from the run's metrics.json
+    card = (out / "README.md").read_text()
+    assert "| val | nll | 9.5000 |" in card and "| test | f1 | 0.5000 |" in card
+
+
+@pytest.mark.parametrize("expected", [64, 576])
+def test_mismatched_hidden_size_is_refused(exported, expected):
+    _, out = exported
+    with pytest.raises(HiddenSizeMismatch, match=f"hidden size 32, but the serving LM has hidden size {expected}"):
+        GraphTokenEncoder.from_pretrained(out, expected_hidden_size=expected)
+    assert GraphTokenEncoder.from_pretrained(out, expected_hidden_size=32).config.lm_hidden == 32
+
+
+def test_answerer_refuses_an_lm_of_another_width(exported, tmp_path):
+    _, out = exported
+    other = load_causal_lm(str(save_random_lm(tmp_path / "wide", hidden_size=48, layers=1)))
+    with pytest.raises(HiddenSizeMismatch, match="32-d but the LM's embeddings are 48-d"):
+        GraphTokenAnswerer(GraphTokenEncoder.from_pretrained(out), lm=other)
+
+
+def test_bad_export_folder_names_the_problem(exported, tmp_path):
+    _, out = exported
+    with pytest.raises(FileNotFoundError, match="config.json is missing: .* is not a QGMem export folder"):
+        GraphTokenEncoder.from_pretrained(tmp_path)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / WEIGHTS_FILE).write_bytes((out / WEIGHTS_FILE).read_bytes())
+    (broken / CONFIG_FILE).write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ValueError, match="field 'format' is 'something-else'"):
+        GraphTokenEncoder.from_pretrained(broken)
+
+
+def test_export_subcommand(exported, tmp_path):
+    ckpt, reference = exported
+    assert qgmem_main(["export", "--ckpt", ckpt, "--out", str(tmp_path / "cli")]) == 0
+    from safetensors.torch import load_file
+
+    ours, theirs = load_file(str(tmp_path / "cli" / WEIGHTS_FILE)), load_file(str(reference / WEIGHTS_FILE))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "x")
+
+
+def test_serving_loads_without_lightning_or_training_code(exported):
+    _, out = exported
+    code = ("import sys; from qgmem.serving import GraphTokenEncoder; "
+            f"m = GraphTokenEncoder.from_pretrained({str(out)!r}); "
+            "bad = [k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning') "
+            "or k.startswith('qgmem.training')]; print(m.config.lm_hidden, bad)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "32 []"
+
+
+@pytest.mark.slow
+def test_smollm2_end_to_end_generation_matches_serving(tmp_path):
+    """The real SmolLM2 once: train one step, export, and serve; batched left-padded generation during
+    training equals one-at-a-time generation through the export."""
+    ckpt = fit_checkpoint(tmp_path, EMBEDDED_LM, feature_dim=384, max_prompt_tokens=128, max_steps=1,
+                          limit_val_batches=0)
+    out = export_checkpoint(ckpt, tmp_path / "export")
+    module = QGMemModule.load_from_checkpoint(ckpt).eval()
+    items = synthetic_items(2, 384, seed=5)
+    items[1]["memory_text"] += " [M2] The user also likes long walks on the beach every Sunday morning."
+    data = QGMemDataModule.from_items(items, items, lm=EMBEDDED_LM, batch_size=2, max_prompt_tokens=128)
+    data.setup("fit")
+    batch = next(iter(data.val_dataloader()))
+    assert batch["gen_attention_mask"][0].sum() < batch["gen_attention_mask"][1].sum()  # row 0 is left-padded
+    module.hparams.max_new_tokens = 10
+    batched = module.generate(batch)
+    answerer = GraphTokenAnswerer(GraphTokenEncoder.from_pretrained(out, expected_hidden_size=576), max_new_tokens=10,
+                                  max_prompt_tokens=128)
+    served = [answerer.answer(it["graph"], it["memory_text"], it["question"]) for it in items]
+    assert served == batched and all(isinstance(s, str) and s for s in served)
+
+
+class HashEncoder:
+    """A stand-in sentence encoder: deterministic pseudo-random unit vectors per text."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+
+    def encode(self, texts):
+        import numpy as np
+
+        out = np.stack([np.random.default_rng(abs(hash(t)) % 2**32).standard_normal(self.dim) for t in texts])
+        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype("float32")
+
+
+@pytest.mark.parametrize("dim", [D, D + 4])
+def test_answer_from_a_working_memory(exported, lm_path, dim):
+    from qgmem.activation.records import LocalGraph, WorkingMemory
+
+    _, out = exported
+    answerer = GraphTokenAnswerer(GraphTokenEncoder.from_pretrained(out), max_new_tokens=3)
+    wm = WorkingMemory(question="Where does Ana live?", text="[M1] Ana lives in Lisbon.",
+                       graph=LocalGraph(node_text=["Ana", "Lisbon"], edge_index=[(0, 1)], edge_text=["lives in"],
+                                        edge_unit=[0]))
+    if dim != D:
+        with pytest.raises(ValueError, match=f"{dim}-d features but the graph encoder was trained on {D}-d"):
+            answerer.answer_working_memory(wm, HashEncoder(dim))
+        return
+    from qgmem.activation.graph import graph_to_data
+
+    direct = answerer.answer(graph_to_data(wm.graph, HashEncoder(dim)), wm.text, wm.question)
+    assert answerer.answer_working_memory(wm, HashEncoder(dim)) == direct
+    empty = WorkingMemory(question="Anything?", text="")
+    assert isinstance(answerer.answer_working_memory(empty, HashEncoder(dim)), str)

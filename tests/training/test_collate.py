@@ -1,0 +1,113 @@
+"""GraphTextCollator: label masks, graph slot, truncation, left-padded generation inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from qgmem.training.collate import IGNORE_INDEX, GraphTextCollator, PromptEncoder
+from qgmem.training.prompts import SYSTEM_PROMPT
+
+
+def item(i: int, memory: str, question: str, answer: str, nodes: int = 2) -> dict:
+    return {"graph": Data(x=torch.full((nodes, 4), float(i)), edge_index=torch.zeros(2, 0, dtype=torch.long),
+                          edge_attr=torch.zeros(0, 4)),
+            "memory_text": memory, "question": question, "answer": answer, "category": "user_evidence",
+            "qa_id": f"q{i}"}
+
+
+ITEMS = [item(0, "[M1] The user's sister is called Ana.\n[M2] Ana lives in Lisbon.", "Where does my sister live?",
+              "Lisbon"),
+         item(1, "[M1] The user keeps bees.", "What do I keep?", "Bees, three hives of them", nodes=3),
+         item(2, "", "What is my name?", "I don't know")]
+
+
+@pytest.mark.parametrize("max_prompt_tokens", [512, 110])
+def test_labels_are_exactly_answer_plus_end_of_turn(smollm2_tokenizer, max_prompt_tokens):
+    tok = smollm2_tokenizer
+    batch = GraphTextCollator(tok, max_prompt_tokens=max_prompt_tokens, max_answer_tokens=32)(ITEMS)
+    B, T = batch["input_ids"].shape
+    assert B == 3 and batch["labels"].shape == batch["attention_mask"].shape == (B, T)
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    assert eot == tok.pad_token_id  # the case where masking by pad id would be wrong
+    for b, it in enumerate(ITEMS):
+        lab = batch["labels"][b]
+        supervised = (lab != IGNORE_INDEX).nonzero().flatten()
+        n = int(batch["attention_mask"][b].sum())
+        # one contiguous run that ends at the last real token, which is the end-of-turn token
+        assert supervised.tolist() == list(range(n - len(supervised), n))
+        assert lab[n - 1] == eot and batch["input_ids"][b, n - 1] == eot
+        assert tok.decode(lab[supervised[:-1]]) == it["answer"]
+        assert torch.equal(lab[supervised], batch["input_ids"][b, supervised])
+        assert (batch["attention_mask"][b, n:] == 0).all() and (lab[n:] == IGNORE_INDEX).all()
+
+
+def test_graph_slot_is_start_of_user_content(smollm2_tokenizer):
+    batch = GraphTextCollator(smollm2_tokenizer)(ITEMS)
+    for b, it in enumerate(ITEMS):
+        pos = int(batch["graph_pos"][b])
+        before = smollm2_tokenizer.decode(batch["input_ids"][b, :pos])
+        after = smollm2_tokenizer.decode(batch["input_ids"][b, pos:int(batch["attention_mask"][b].sum())])
+        assert before.endswith("<|im_start|>user\n") and SYSTEM_PROMPT in before
+        assert after.startswith("Memory:\n") and it["question"] in after
+
+
+def test_truncation_trims_memory_only(smollm2_tokenizer):
+    long_memory = "\n".join(f"[M{i}] The user mentioned detail number {i} about the garden." for i in range(1, 60))
+    items = [item(0, long_memory, "How many tomato plants do I have?", "Twelve plants")]
+    full = GraphTextCollator(smollm2_tokenizer, max_prompt_tokens=4096)(items)
+    cut = GraphTextCollator(smollm2_tokenizer, max_prompt_tokens=150)(items)
+    n_full, n_cut = int(full["attention_mask"].sum()), int(cut["attention_mask"].sum())
+    answer_len = int((cut["labels"] != IGNORE_INDEX).sum())
+    assert n_cut - answer_len == 150 < n_full - answer_len
+    assert int(cut["memory_tokens_dropped"][0]) == (n_full - n_cut)
+    text = smollm2_tokenizer.decode(cut["input_ids"][0, :n_cut])
+    assert "[M1] The user mentioned detail number 1 " in text and "[M59]" not in text
+    assert "Question: How many tomato plants do I have?" in text and text.endswith("Twelve plants<|im_end|>")
+
+
+def test_generation_inputs_are_left_padded_prompts(smollm2_tokenizer):
+    batch = GraphTextCollator(smollm2_tokenizer)(ITEMS)
+    Tg = batch["gen_input_ids"].shape[1]
+    for b in range(len(ITEMS)):
+        n = int(batch["gen_attention_mask"][b].sum())
+        prompt_len = int((batch["labels"][b] == IGNORE_INDEX).logical_and(batch["attention_mask"][b] == 1).sum())
+        assert n == prompt_len and (batch["gen_attention_mask"][b, Tg - n:] == 1).all()
+        assert torch.equal(batch["gen_input_ids"][b, Tg - n:], batch["input_ids"][b, :n])
+        assert int(batch["gen_graph_pos"][b]) == int(batch["graph_pos"][b]) + Tg - n
+    assert smollm2_tokenizer.decode(batch["gen_input_ids"][0, -4:]).endswith("<|im_start|>assistant\n")
+
+
+def test_graphs_and_metadata(smollm2_tokenizer):
+    batch = GraphTextCollator(smollm2_tokenizer)(ITEMS)
+    assert batch["graph"].num_graphs == 3 and batch["graph"].x.shape == (7, 4)
+    assert batch["graph"].batch.tolist() == [0, 0, 1, 1, 1, 2, 2]
+    assert batch["qa_id"] == ["q0", "q1", "q2"] and batch["answer"][1] == "Bees, three hives of them"
+
+
+@pytest.mark.parametrize("max_answer_tokens", [1, 3])
+def test_answer_truncation_keeps_end_of_turn(smollm2_tokenizer, max_answer_tokens):
+    enc = PromptEncoder(smollm2_tokenizer, max_answer_tokens=max_answer_tokens)
+    ids = enc.answer("Bees, three hives of them")
+    assert len(ids) == max_answer_tokens and ids[-1] == enc.eot_id
+
+
+def test_tokenizer_without_chat_template(smollm2_tokenizer):
+    import copy
+
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.chat_template = None
+    enc = PromptEncoder(tok)
+    assert enc.eot_id == tok.eos_token_id and not enc.has_template
+    prompt = enc.prompt("[M1] fact", "Question?")
+    text = tok.decode(prompt.ids)
+    assert text.startswith(tok.bos_token + SYSTEM_PROMPT) and text.endswith("\nAnswer: ")
+    assert tok.decode(prompt.ids[prompt.graph_pos:]).startswith("Memory:")
+
+
+def test_missing_field_names_the_item(smollm2_tokenizer):
+    bad = dict(ITEMS[0])
+    del bad["question"]
+    with pytest.raises(KeyError, match="item 1 .*'question'"):
+        GraphTextCollator(smollm2_tokenizer)([ITEMS[1], bad])

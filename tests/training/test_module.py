@@ -1,0 +1,174 @@
+"""QGMemModule over a tiny random LM: frozen LM, graph modes, checkpoints without the LM, resume, DDP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from qgmem.model.encoder import EncoderConfig
+from qgmem.model.random_lm import save_random_lm
+from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.module import QGMemModule
+
+D = 8
+ENC = EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0)
+
+
+@pytest.fixture(scope="module")
+def lm_path(tmp_path_factory):
+    return str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny", hidden_size=32, layers=2))
+
+
+def make_module(lm_path, **kwargs) -> QGMemModule:
+    seed_everything(0)
+    defaults = dict(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=1, warmup_steps=1)
+    return QGMemModule(**{**defaults, **kwargs})
+
+
+def make_data(lm_path, n_train=8, n_eval=4, batch_size=2) -> QGMemDataModule:
+    return QGMemDataModule.from_items(synthetic_items(n_train, D, seed=1), synthetic_items(n_eval, D, seed=2),
+                                      synthetic_items(n_eval, D, seed=3), lm=lm_path, batch_size=batch_size,
+                                      max_prompt_tokens=96, max_answer_tokens=8)
+
+
+def a_batch(lm_path, module, n=3):
+    data = make_data(lm_path, n_train=n, batch_size=n)
+    data.setup("fit")
+    return next(iter(data.train_dataloader()))
+
+
+def trainer(root, **kwargs) -> Trainer:
+    ckpt = ModelCheckpoint(dirpath=root / "checkpoints", monitor="val/nll", mode="min", save_last=True,
+                           filename="best-{step}")
+    defaults = dict(accelerator="cpu", devices=1, max_steps=4, val_check_interval=2, check_val_every_n_epoch=None,
+                    num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False,
+                    default_root_dir=root, callbacks=[ckpt], log_every_n_steps=1)
+    return Trainer(**{**defaults, **kwargs})
+
+
+@pytest.mark.parametrize("graph", ["token", "shuffled"])
+def test_only_encoder_and_projector_get_gradients(lm_path, graph):
+    module = make_module(lm_path, graph=graph)
+    module.train()
+    assert module.net.training and not module.lm.training
+    loss = module(a_batch(lm_path, module))
+    loss.backward()
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert all(p.grad is None for p in module.lm.parameters())
+    assert all(not p.requires_grad for p in module.lm.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.net.parameters())
+
+
+def test_text_only_ablation_inserts_nothing(lm_path):
+    module = make_module(lm_path, graph="none")
+    batch = a_batch(lm_path, module)
+    embeds, mask, _, labels = module.fused_inputs(batch)
+    assert embeds.shape[1] == batch["input_ids"].shape[1] and torch.equal(labels, batch["labels"])
+    with_token = make_module(lm_path, graph="token").fused_inputs(batch)[0]
+    assert with_token.shape[1] == batch["input_ids"].shape[1] + 1
+    assert not module(batch).requires_grad  # nothing upstream of the loss trains
+    assert module.training_step(batch, 0) is None  # so the optimizer step is skipped
+
+
+def test_text_only_fit_runs_its_steps(lm_path, tmp_path):
+    t = trainer(tmp_path, max_steps=3, max_epochs=5)
+    t.fit(make_module(lm_path, graph="none"), datamodule=make_data(lm_path))
+    assert t.global_step == 3 and "val/nll" in t.callback_metrics
+
+
+def test_shuffled_pairs_each_sample_with_another_graph(lm_path):
+    module = make_module(lm_path, graph="shuffled").eval()
+    batch = a_batch(lm_path, module)
+    graphs = batch["graph"].to_data_list()
+    shuffled = module.graph_tokens(batch["graph"])
+    own = torch.cat([module.net(g) for g in graphs])
+    torch.testing.assert_close(shuffled, own.roll(1, 0), atol=1e-5, rtol=1e-5)
+    # with one sample per batch the previous batch's graph is used
+    from torch_geometric.data import Batch
+
+    first = module.graph_tokens(Batch.from_data_list(graphs[:1]))
+    second = module.graph_tokens(Batch.from_data_list(graphs[1:2]))
+    assert first.abs().sum() > 0 and not torch.allclose(first, own[:1])
+    torch.testing.assert_close(second, own[:1], atol=1e-5, rtol=1e-5)
+
+
+def test_gradient_checkpointing_keeps_loss_and_gradients(lm_path):
+    batch = a_batch(lm_path, None)
+    results, mlp_calls = [], []
+    for flag in (False, True):
+        module = make_module(lm_path, gradient_checkpointing=flag)
+        module.train()
+        assert not any(m.training for m in module.lm.modules() if not getattr(m, "gradient_checkpointing", False))
+        calls = []
+        module.lm.model.layers[0].mlp.register_forward_pre_hook(lambda *_: calls.append(1))
+        loss = module(batch)
+        loss.backward()
+        mlp_calls.append(len(calls))
+        results.append((loss.detach(), [p.grad.clone() for p in module.net.parameters()]))
+    assert mlp_calls == [1, 2]  # checkpointing recomputes the layer in backward
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for g0, g1 in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(g0, g1, atol=1e-6, rtol=1e-4)
+
+
+def test_lora_trains_adapters_and_keeps_base_frozen(lm_path):
+    module = make_module(lm_path, lora={"r": 2, "alpha": 4, "target_modules": ["q_proj"]})
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in trainable)
+    assert all(n.startswith("net.") or "lora_" in n for n in trainable)
+    module.train()
+    module(a_batch(lm_path, module)).backward()
+    assert any(p.grad is not None for n, p in module.lm.named_parameters() if "lora_B" in n)
+
+
+def test_fit_selects_checkpoint_without_the_lm_and_resumes(lm_path, tmp_path):
+    module, data = make_module(lm_path), make_data(lm_path)
+    t = trainer(tmp_path)
+    t.fit(module, datamodule=data)
+    best = t.checkpoint_callback.best_model_path
+    assert best and t.checkpoint_callback.best_model_score is not None
+    assert {"train/nll_step", "val/nll", "val/em", "val/f1"} <= set(t.callback_metrics)
+    ckpt = torch.load(best, map_location="cpu", weights_only=True)
+    assert ckpt["state_dict"] and all(k.startswith("net.") for k in ckpt["state_dict"])
+    assert set(ckpt["state_dict"]) == {n for n, _ in module.net.named_parameters(prefix="net")}
+    lm_bytes = sum(p.numel() * p.element_size() for p in module.lm.parameters())
+    net_bytes = sum(p.numel() * p.element_size() for p in module.net.parameters())
+    size = (tmp_path / "checkpoints" / "last.ckpt").stat().st_size
+    assert size < 4 * net_bytes + 200_000 < lm_bytes  # weights + Adam moments + small metadata, no LM
+    assert ckpt["qgmem_graph_token"]["lm_hidden"] == 32 and ckpt["hyper_parameters"]["encoder"]["layers"] == 2
+
+    # the LM is rebuilt from its id; the graph tokens are the checkpoint's
+    restored = QGMemModule.load_from_checkpoint(best).eval()
+    batch = a_batch(lm_path, module)
+    reference = make_module(lm_path).eval()
+    reference.net.load_state_dict({k[4:]: v for k, v in ckpt["state_dict"].items()})
+    torch.testing.assert_close(restored.graph_tokens(batch["graph"]), reference.graph_tokens(batch["graph"]))
+
+    # resume from last.ckpt: continues the step count and the optimizer state
+    again = trainer(tmp_path, max_steps=6)
+    again.fit(make_module(lm_path), datamodule=make_data(lm_path), ckpt_path="last")
+    assert again.global_step == 6
+    state = again.optimizers[0].state_dict()["state"]
+    assert int(next(iter(state.values()))["step"]) == 6
+
+
+def test_load_refuses_a_checkpoint_of_another_shape(lm_path, tmp_path):
+    module = make_module(lm_path)
+    t = trainer(tmp_path, max_steps=2)
+    t.fit(module, datamodule=make_data(lm_path))
+    deeper = make_module(lm_path, encoder=EncoderConfig(hidden=16, heads=2, layers=3, dropout=0.0))
+    ckpt = torch.load(t.checkpoint_callback.best_model_path, map_location="cpu", weights_only=True)
+    with pytest.raises(KeyError, match="trainable weights"):
+        deeper.on_load_checkpoint(ckpt)
+
+
+@pytest.mark.slow
+def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path):
+    module, data = make_module(lm_path), make_data(lm_path, n_train=8, n_eval=4)
+    t = trainer(tmp_path, strategy="ddp_spawn", devices=2, max_steps=2, val_check_interval=1)
+    t.fit(module, datamodule=data)
+    best = t.checkpoint_callback.best_model_path
+    assert best and torch.load(best, map_location="cpu", weights_only=True)["global_step"] in (1, 2)
+    assert t.world_size == 2
