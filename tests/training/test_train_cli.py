@@ -85,3 +85,19 @@ def test_command_line_overrides_reach_the_classes(capsys):
     printed = capsys.readouterr().out
     assert re.search(r"devices: '?8'?\n", printed) and "layers: 3" in printed
     assert printed.count("lm: some/other-lm") == 1 and "construction_llm" in printed
+
+
+def test_data_summary_lines_report_kept_samples_fallback_and_left_out_categories():
+    from qgmem.training.cli import data_summary_lines
+
+    summary = {
+        "cache_key": "abc",
+        "filter": {"rule": "none", "totals": {"train": {"kept": 32, "samples": 42}, "val": {"kept": 9, "samples": 9}},
+                   "left_out_categories": {"preference_evidence": "reference is a grading rubric"}},
+        "split": {"group_key": "person", "group_key_used": "dialogue"},
+    }
+    lines = data_summary_lines(summary)
+    assert lines[0] == "data:  samples kept (of built) train 32/42, val 9/9; answer filter 'none'; cache abc"
+    assert "grouped by 'dialogue' instead of 'person'" in lines[1]
+    assert lines[2] == "data:  preference_evidence: reference is a grading rubric"
+    assert data_summary_lines({}) == []

@@ -101,7 +101,26 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         print(f"\nlogs (TensorBoard): {log_dir}\nbest checkpoint:    {best or '-'}\n"
               f"metrics:            {root / 'metrics.json'}\nexport:             {export_dir or '-'}")
         print("val:  " + json.dumps(metrics["val"]) + "\ntest: " + json.dumps(metrics["test"]))
+        for line in data_summary_lines(metrics["data"] or {}):
+            print(line)
     return metrics
+
+
+def data_summary_lines(summary: dict[str, Any]) -> list[str]:
+    """What the model was trained on, in a few lines: samples kept per split, filter, left-out categories."""
+    lines = []
+    totals = (summary.get("filter") or {}).get("totals") or {}
+    if totals:
+        kept = ", ".join(f"{name} {t.get('kept', 0)}/{t.get('samples', 0)}" for name, t in totals.items())
+        lines.append(f"data:  samples kept (of built) {kept}; answer filter "
+                     f"'{summary['filter'].get('rule', '?')}'; cache {summary.get('cache_key', '?')}")
+    split = summary.get("split") or {}
+    if split.get("group_key_used") and split.get("group_key_used") != split.get("group_key"):
+        lines.append(f"data:  splits grouped by '{split['group_key_used']}' instead of '{split['group_key']}' "
+                     "(too few groups; see metrics.json)")
+    for category, why in ((summary.get("filter") or {}).get("left_out_categories") or {}).items():
+        lines.append(f"data:  {category}: {why}")
+    return lines
 
 
 def _checkpoint_step(path: str) -> int | None:
