@@ -123,3 +123,15 @@ def test_embedded_lm_loads_frozen_and_answers():
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=8, do_sample=False)
     assert "Paris" in tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
+
+
+def test_embedded_lm_conversion_is_reused_and_keeps_a_finished_folder(tmp_path, monkeypatch):
+    """A finished conversion is reused as is; a second converter that loses the race keeps the winner's."""
+    from qgmem import lm
+
+    target = tmp_path / "SmolLM2"
+    target.mkdir()
+    (target / "config.json").write_text("{}")
+    (target / "model.safetensors").write_bytes(b"x")
+    monkeypatch.setattr(lm, "_embedded_gguf", lambda: (_ for _ in ()).throw(AssertionError("must not reconvert")))
+    assert lm.convert_embedded_lm(target) == target

@@ -43,7 +43,8 @@ def convert_embedded_lm(target: Path | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _embedded_gguf()
-    tmp = target.with_name(target.name + ".partial")
+    # one temp folder per process: DDP ranks that convert at the same time never write into each other
+    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # transformers marks a GGUF-loaded model as quantized and refuses to save it; the weights are already
@@ -57,7 +58,14 @@ def convert_embedded_lm(target: Path | None = None) -> Path:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(target) if not target.exists() else None
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first: keep its folder, drop ours
+        if not (target / "config.json").exists():
+            raise
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
