@@ -125,8 +125,8 @@ def test_embedded_lm_loads_frozen_and_answers():
     assert "Paris" in tokenizer.decode(out[0, inputs["input_ids"].shape[1]:])
 
 
-def test_embedded_lm_conversion_is_reused_and_keeps_a_finished_folder(tmp_path, monkeypatch):
-    """A finished conversion is reused as is; a second converter that loses the race keeps the winner's."""
+def test_embedded_lm_conversion_reuses_a_finished_folder(tmp_path, monkeypatch):
+    """A finished conversion is reused as is: the GGUF file is not read again."""
     from qgmem import lm
 
     target = tmp_path / "SmolLM2"
