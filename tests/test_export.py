@@ -18,7 +18,8 @@ from qgmem.lm import EMBEDDED_LM, load_causal_lm
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
 from qgmem.serving import GraphTokenAnswerer, GraphTokenEncoder, HiddenSizeMismatch
-from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.datamodule import QGMemDataModule
+from qgmem.training.synthetic import synthetic_items
 from qgmem.training.module import QGMemModule
 
 D = 8
