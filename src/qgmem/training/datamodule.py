@@ -25,6 +25,7 @@ from qgmem.embed import sentence_encoder_dim
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
+from qgmem.prompting import PromptSettings
 from qgmem.training import cache as C
 from qgmem.training import cache_build
 from qgmem.training.answer_filter import MatchRule
@@ -64,14 +65,21 @@ class GraphTextDataModule(L.LightningDataModule):
     """
 
     def __init__(self, *, lm: str, batch_size: int, eval_batch_size: int, num_workers: int,
-                 max_prompt_tokens: int, max_answer_tokens: int, tokenizer=None):
+                 max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None):
         super().__init__()
         self.lm = lm
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_prompt_tokens, self.max_answer_tokens = max_prompt_tokens, max_answer_tokens
+        self.enable_thinking = enable_thinking
         self._tokenizer = tokenizer
         self._collator = None
         self._splits: dict[str, Dataset] = {}
+
+    @property
+    def prompt_settings(self) -> PromptSettings:
+        """The run's one prompt contract: the collator, the answer filter, the model and the export use it."""
+        return PromptSettings(max_prompt_tokens=self.max_prompt_tokens, max_answer_tokens=self.max_answer_tokens,
+                              enable_thinking=self.enable_thinking)
 
     def split(self, name: str) -> Dataset:
         if not self._splits:
@@ -91,8 +99,7 @@ class GraphTextDataModule(L.LightningDataModule):
         if self._collator is None:
             from qgmem.training.collate import GraphTextCollator
 
-            self._collator = GraphTextCollator(self.tokenizer, max_prompt_tokens=self.max_prompt_tokens,
-                                               max_answer_tokens=self.max_answer_tokens, enable_thinking=False)
+            self._collator = GraphTextCollator(self.tokenizer, self.prompt_settings)
         return self._collator
 
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
@@ -145,6 +152,7 @@ class QGMemDataModule(GraphTextDataModule):
         num_workers: int = 0,
         max_prompt_tokens: int = 320,
         max_answer_tokens: int = 48,
+        enable_thinking: bool = False,
         answer_batch_size: int = 8,
         answer_max_new_tokens: int = 32,
         answer_device: str | None = None,
@@ -160,11 +168,15 @@ class QGMemDataModule(GraphTextDataModule):
             construction_llm=construction_llm, sentence_encoder=sentence_encoder, lm=lm,
             answer_filter=answer_filter, judge=judge,
             match_rule=MatchRule(min_tokens=match_min_tokens, f1_threshold=match_f1_threshold),
-            cache_dir=cache_dir, max_prompt_tokens=max_prompt_tokens, answer_batch_size=answer_batch_size,
+            cache_dir=cache_dir, prompt=PromptSettings(max_prompt_tokens=max_prompt_tokens,
+                                                       max_answer_tokens=max_answer_tokens,
+                                                       enable_thinking=enable_thinking),
+            answer_batch_size=answer_batch_size,
             answer_max_new_tokens=answer_max_new_tokens, answer_device=answer_device, strict=strict,
             data_fingerprint=data_fingerprint)
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
-                         max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens)
+                         max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
+                         enable_thinking=enable_thinking)
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
