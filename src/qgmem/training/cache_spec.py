@@ -17,6 +17,7 @@ from qgmem.embed import DEFAULT_ENCODER, sentence_encoder_dim
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
+from qgmem.prompting import PromptSettings
 from qgmem.training import cache as C
 from qgmem.training.answer_filter import RULES, LMAnswerer, MatchRule
 
@@ -46,7 +47,8 @@ class CacheSpec:
     judge: LLMConfig | None = None
     match_rule: MatchRule = field(default_factory=MatchRule)
     cache_dir: Path = Path("data/cache")
-    max_prompt_tokens: int = 320
+    #: the run's prompt contract: the filter answers on exactly the prompt the model trains on
+    prompt: PromptSettings = field(default_factory=lambda: PromptSettings(max_prompt_tokens=320, max_answer_tokens=48))
     answer_batch_size: int = 8
     answer_max_new_tokens: int = 32
     answer_device: str | None = None
@@ -97,8 +99,8 @@ class CacheSpec:
 
     def answerer(self) -> LMAnswerer:
         """The frozen LM that answers the training questions for the filter (loads lazily)."""
-        return LMAnswerer(self.lm, batch_size=self.answer_batch_size, max_new_tokens=self.answer_max_new_tokens,
-                          max_prompt_tokens=self.max_prompt_tokens, device=self.answer_device)
+        return LMAnswerer(self.lm, prompt=self.prompt, batch_size=self.answer_batch_size,
+                          max_new_tokens=self.answer_max_new_tokens, device=self.answer_device)
 
     # ---- folders ----------------------------------------------------------------------------------
 
