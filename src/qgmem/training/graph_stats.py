@@ -19,7 +19,6 @@ import argparse
 import json
 import re
 import statistics
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
@@ -106,9 +105,11 @@ def find_rows(cache: Path, key: str | None = None):
     """
     from qgmem.training import cache as C
 
+    from qgmem.errors import InputPathError
+
     cache = Path(cache)
     if not cache.is_dir():
-        raise FileNotFoundError(f"{cache}: no such cache folder")
+        raise InputPathError(f"{cache}: no such cache folder")
     if (cache / "summary.json").exists() and (cache / "splits.json").exists():
         splits = C.DatasetCache(cache).load()
         return cache, [row for name in C.SPLITS for row in splits[name]]
@@ -124,8 +125,8 @@ def find_rows(cache: Path, key: str | None = None):
         if key is not None:
             samples = [p for p in samples if p.name == f"samples-{key}"]
         if not samples:
-            raise FileNotFoundError(f"{cache}: no complete dataset-<key> or samples-<key> folder"
-                                    + (f" for key {key}" if key else ""))
+            raise InputPathError(f"{cache}: no complete dataset-<key> or samples-<key> folder"
+                                 + (f" for key {key}" if key else ""), hint="build it with `python train.py`")
         return samples[-1], list(C.SampleCache(samples[-1]).load())
     chosen = candidates[-1]
     splits = C.DatasetCache(chosen).load()
@@ -140,11 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        folder, rows = find_rows(Path(args.cache), args.key)
-    except FileNotFoundError as exc:
-        print(f"qgmem graph-stats: {exc}", file=sys.stderr)
-        return 2
+    folder, rows = find_rows(Path(args.cache), args.key)
     stats = {"folder": str(folder), **graph_stats(rows, args.top)}
     print(f"{folder}: {stats['graphs']} graphs, {stats['edges']} edges, {stats['nodes']} nodes "
           f"({stats['nodes_per_graph_mean']:.1f} nodes / {stats['edges_per_graph_mean']:.1f} edges per graph)")
