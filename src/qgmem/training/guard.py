@@ -23,6 +23,7 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from qgmem.errors import UserError
 from qgmem.finite import nonfinite_names
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,12 @@ NonFiniteAction = Literal["stop", "skip"]
 SHOWN = 8
 
 
-class NonFiniteError(RuntimeError):
-    """Training met a non-finite loss or gradient (stop), or skipped more steps than allowed (skip)."""
+class NonFiniteError(UserError, RuntimeError):
+    """Training met a non-finite loss or gradient (stop), or skipped more steps than allowed (skip).
+
+    A :class:`~qgmem.errors.UserError`: the cause is the input (a corrupt sample, a learning rate that
+    diverges), and the message names the step, the samples and the settings that change the outcome.
+    """
 
 
 def _shown(names: list[str]) -> str:

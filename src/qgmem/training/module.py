@@ -248,6 +248,9 @@ class QGMemModule(LightningModule):
         """RNG states go into every checkpoint, so a resumed fit draws what the uninterrupted one would."""
         from qgmem.training.resume import RandomStates
 
+        trainer = self._trainer
+        if trainer is not None and any(isinstance(c, RandomStates) for c in trainer.callbacks):
+            return []  # added by an earlier fit/validate/test of this trainer
         return [RandomStates()]
 
     def trainable_keys(self) -> set[str]:
