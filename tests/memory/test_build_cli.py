@@ -50,7 +50,7 @@ def _flip_middle(path, n=32):
 
 def test_corrupt_and_half_written_stores_are_rebuilt_not_reused(tmp_path, convomem_path, capsys, fake_encoder):
     args = ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
-            "--limit", "3", "--json"]
+            "--limit", "3", "--json", "--extractor", "heuristic"]
     assert main(args) == 0
     first = _last_json(capsys)
     index = [json.loads(line) for line in (tmp_path / "index.jsonl").read_text().splitlines()]
@@ -110,7 +110,8 @@ def test_duplicate_sample_ids_stop_the_build_or_are_counted(tmp_path, capsys, fa
     doc = json.loads((Path(__file__).parents[1] / "fixtures" / "locomo_small.json").read_text(encoding="utf-8"))
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps([doc[0], doc[0]]), encoding="utf-8")
-    args = ["build-memory", "--dataset", "locomo", "--path", str(twice), "--out", str(tmp_path / "out"), "--json"]
+    args = ["build-memory", "--dataset", "locomo", "--path", str(twice), "--out", str(tmp_path / "out"), "--json",
+            "--extractor", "heuristic"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"item 1, field sample_id: duplicate sample_id {doc[0]['sample_id']!r}: already used at file " \
@@ -129,7 +130,7 @@ def test_long_turn_is_cut_with_a_counted_warning(tmp_path, capsys, fake_encoder)
     path = tmp_path / "long.json"
     path.write_text(json.dumps(doc[:1]), encoding="utf-8")
     args = ["build-memory", "--dataset", "locomo", "--path", str(path), "--out", str(tmp_path / "out"), "--json",
-            "--max-turn-chars", "2000"]
+            "--max-turn-chars", "2000", "--extractor", "heuristic"]
     assert main(args) == 0
     captured = capsys.readouterr().out
     summary = json.loads(captured.strip().splitlines()[-1])
