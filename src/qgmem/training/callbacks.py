@@ -53,24 +53,35 @@ class StepProgressBar(TQDMProgressBar):
 class HpMetric(Callback):
     """Logs ``hp_metric`` (TensorBoard's HPARAMS tab) as the checkpoint monitor's best value so far.
 
-    Lightning logs a placeholder -1 at step 0; after every validation this writes the best monitored
-    value, so the last ``hp_metric`` of a run is the score of its best checkpoint.
+    Lightning logs a placeholder -1 at step 0 whenever a stage starts (fit, validate, test); this writes
+    the best monitored value after every validation and again when a stage ends, so the last
+    ``hp_metric`` of a run is the score of its best checkpoint.
     """
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or not trainer.loggers:
-            return
+        if not trainer.sanity_checking:
+            self._log(trainer)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._log(trainer)
+
+    @staticmethod
+    def best(trainer) -> float | None:
         checkpoint = trainer.checkpoint_callback
         monitor = getattr(checkpoint, "monitor", None)
-        current = trainer.callback_metrics.get(monitor) if monitor else None
-        if current is None:
-            return
-        value = float(current)
-        best = getattr(checkpoint, "best_model_score", None)
-        if best is not None and math.isfinite(float(best)):
-            value = min(value, float(best)) if checkpoint.mode == "min" else max(value, float(best))
-        for logger in trainer.loggers:
-            logger.log_metrics({"hp_metric": value}, step=trainer.global_step)
+        if not monitor:
+            return None
+        values = [float(v) for v in (trainer.callback_metrics.get(monitor), checkpoint.best_model_score)
+                  if v is not None and math.isfinite(float(v))]
+        if not values:
+            return None
+        return min(values) if checkpoint.mode == "min" else max(values)
+
+    def _log(self, trainer) -> None:
+        value = self.best(trainer)
+        if value is not None:
+            for logger in trainer.loggers:
+                logger.log_metrics({"hp_metric": value}, step=trainer.global_step)
 
 
 class TestPredictionsWriter(Callback):

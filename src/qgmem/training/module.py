@@ -37,7 +37,14 @@ DATA_INFO_KEY = "qgmem_data_info"  # checkpoint entry: what the data side used (
 
 @dataclass
 class LoraSettings:
-    """LoRA on the frozen LM through ``peft`` (an extension; the paper trains only encoder + projector)."""
+    """LoRA on the frozen LM through ``peft`` (an extension; the paper trains only encoder + projector).
+
+    Args:
+        r: Rank of the adapter matrices.
+        alpha: Scaling numerator (the update is scaled by ``alpha / r``).
+        dropout: Dropout on the adapter's input.
+        target_modules: Names of the LM's linear layers that get adapters.
+    """
 
     r: int = 8
     alpha: int = 16
