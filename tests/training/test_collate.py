@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from qgmem.training.collate import IGNORE_INDEX, GraphTextCollator, PromptEncoder
-from qgmem.training.prompts import SYSTEM_PROMPT
+from qgmem.prompting import SYSTEM_PROMPT, PromptSettings
+from qgmem.training.collate import IGNORE_INDEX, GraphTextCollator
 
 
 def item(i: int, memory: str, question: str, answer: str, nodes: int = 2) -> dict:
@@ -86,28 +86,16 @@ def test_graphs_and_metadata(smollm2_tokenizer):
     assert batch["qa_id"] == ["q0", "q1", "q2"] and batch["answer"][1] == "Bees, three hives of them"
 
 
-@pytest.mark.parametrize("max_answer_tokens", [1, 3])
-def test_answer_truncation_keeps_end_of_turn(smollm2_tokenizer, max_answer_tokens):
-    enc = PromptEncoder(smollm2_tokenizer, max_answer_tokens=max_answer_tokens)
-    ids = enc.answer("Bees, three hives of them")
-    assert len(ids) == max_answer_tokens and ids[-1] == enc.eot_id
-
-
-def test_tokenizer_without_chat_template(smollm2_tokenizer):
-    import copy
-
-    tok = copy.deepcopy(smollm2_tokenizer)
-    tok.chat_template = None
-    enc = PromptEncoder(tok)
-    assert enc.eot_id == tok.eos_token_id and not enc.has_template
-    prompt = enc.prompt("[M1] fact", "Question?")
-    text = tok.decode(prompt.ids)
-    assert text.startswith(tok.bos_token + SYSTEM_PROMPT) and text.endswith("\nAnswer: ")
-    assert tok.decode(prompt.ids[prompt.graph_pos:]).startswith("Memory:")
-
-
 def test_missing_field_names_the_item(smollm2_tokenizer):
     bad = dict(ITEMS[0])
     del bad["question"]
     with pytest.raises(KeyError, match="item 1 .*'question'"):
         GraphTextCollator(smollm2_tokenizer)([ITEMS[1], bad])
+
+
+def test_collator_uses_the_given_prompt_settings(smollm2_tokenizer):
+    settings = PromptSettings(max_prompt_tokens=4096, include_memory_text=False)
+    batch = GraphTextCollator(smollm2_tokenizer, settings)(ITEMS[:1])
+    assert batch["input_ids"].shape[0] == 1
+    text = smollm2_tokenizer.decode(batch["input_ids"][0])
+    assert "Lisbon" in text and "Ana lives" not in text and "Memory:" not in text  # answer kept, memory left out

@@ -3,7 +3,8 @@
 A ``LightningCLI`` over ``QGMemModule`` and ``QGMemDataModule``: every value is a YAML key and a flag
 (``--trainer.devices 8``, ``--model.encoder.layers 3``, ``--data.num_cases 1200``), and ``--config``
 takes a file or a preset's name (:mod:`qgmem.configs`). ``model.lm`` is the single source of the LM id
-(linked into the data module) and the sentence encoder's width is linked into the model once the data
+(linked into the data module); the sentence encoder's width and the prompt contract
+(``data.max_prompt_tokens``, ``data.enable_thinking``, ...) are linked into the model once the data
 module exists. ``python train.py`` runs cache → fit → best checkpoint → test → export; the subcommands
 run one Lightning stage, so ``qgmem test --config default --ckpt_path …`` tests a checkpoint without
 retraining (its hyperparameters come from the checkpoint). Everything a run writes lives under
@@ -56,6 +57,7 @@ class QGMemCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=_checkpoint_dir)
         parser.link_arguments("model.lm", "data.lm")
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
+        parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
         _show_resolved_defaults(parser)
         if self.whole_job:
             parser.add_argument("--ckpt_path", type=str | None, default=None,

@@ -20,9 +20,9 @@ from transformers import SchedulerType, get_scheduler
 
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
-from qgmem.model.fusion import IGNORE_INDEX, answer_nll, greedy_generate, insert_token
+from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
-from qgmem.training.collate import PromptEncoder
+from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.training.metrics import AnswerScores
 from qgmem.training.records import EvalRecords, by_category
 
@@ -77,7 +77,9 @@ class QGMemModule(LightningModule):
         num_examples: Generations logged as text per validation epoch.
         gradient_checkpointing: Recompute LM layers in backward (long contexts); the LM stays in eval mode.
         lora: LoRA adapters on the frozen LM (``None`` = off).
-        enable_thinking: The chat template's thinking switch (Qwen3: keep False).
+        prompt: The run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
+            from the data module (``data.prompt_settings``), so the collator, the answer filter, this
+            module's generations and the export all use one setting.
         match_embedding_scale: Scale the projector's output to the RMS of the LM's token embeddings at init.
         optimizer: A ``torch.optim`` class, by name (``AdamW``, ``SGD``) or import path, built as
             ``cls(params, lr=lr, weight_decay=weight_decay, **optimizer_kwargs)``.
@@ -92,21 +94,24 @@ class QGMemModule(LightningModule):
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
-                 enable_thinking: bool = False, match_embedding_scale: bool = True, optimizer: str = "AdamW",
-                 optimizer_kwargs: dict[str, Any] | None = None, lr_schedule: str = "cosine_with_min_lr",
+                 prompt: PromptSettings | None = None, match_embedding_scale: bool = True,
+                 optimizer: str = "AdamW", optimizer_kwargs: dict[str, Any] | None = None,
+                 lr_schedule: str = "cosine_with_min_lr",
                  lr_schedule_kwargs: dict[str, Any] | None = DEFAULT_SCHEDULE_KWARGS):
         super().__init__()
         optimizer_class(optimizer), SchedulerType(lr_schedule)  # a misspelt name fails here, not after the cache build
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
+        prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
         if graph not in ("token", "none", "shuffled"):
             raise ValueError(f"graph must be 'token', 'none' or 'shuffled', got {graph!r}")
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
+        self.hparams["prompt"] = prompt.to_dict()
 
         self.lm = load_causal_lm(lm, dtype=lm_dtype)
         self.tokenizer = load_tokenizer(lm)
-        self.prompt_encoder = PromptEncoder(self.tokenizer, enable_thinking=enable_thinking)
+        self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
                                                   encoder=encoder, projector_hidden=projector_hidden))
@@ -199,10 +204,12 @@ class QGMemModule(LightningModule):
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any]) -> list[str]:
-        embeds, mask, positions, _ = self.fused_inputs(batch, generation=True)
-        new_ids = greedy_generate(self.lm, embeds, mask, positions, self.hparams.max_new_tokens,
-                                  eos_token_id=self.prompt_encoder.eot_id, pad_token_id=self.prompt_encoder.pad_id)
-        return [t.strip() for t in self.tokenizer.batch_decode(new_ids, skip_special_tokens=True)]
+        embeds, mask, _, _ = self.fused_inputs(batch, generation=True)
+        enc, settings = self.prompt_encoder, self.prompt_encoder.settings
+        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.hparams.max_new_tokens,
+                       stop_ids=enc.stop_ids, pad_id=enc.pad_id,
+                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        return [final_answer(t, settings.first_line) for t in out.texts]
 
     # -------------------------------------------------------------------------------------- steps
     def _step(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> torch.Tensor:
@@ -241,7 +248,7 @@ class QGMemModule(LightningModule):
 
     def _log_scores(self, stage: str) -> None:
         scores = self.val_scores if stage == "val" else self.test_scores
-        if scores.squad.total.item() == 0 and not torch.distributed.is_initialized():
+        if scores.total.item() == 0 and not torch.distributed.is_initialized():
             return
         for name, value in scores.compute().items():
             self.log(f"{stage}/{name}", value, sync_dist=False)  # already reduced across processes
@@ -289,7 +296,16 @@ class QGMemModule(LightningModule):
             name for name, _ in self.named_buffers() if not name.startswith("lm.")}
 
     def on_fit_start(self) -> None:
-        self.data_info = describe_datamodule(getattr(self.trainer, "datamodule", None))
+        datamodule = getattr(self.trainer, "datamodule", None)
+        self.data_info = describe_datamodule(datamodule)
+        self.use_prompt_settings(getattr(datamodule, "prompt_settings", None))
+
+    def use_prompt_settings(self, settings: PromptSettings | None) -> None:
+        """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
+        if settings is None or settings.to_dict() == self.hparams["prompt"]:
+            return
+        self.prompt_encoder = PromptEncoder(self.tokenizer, settings)
+        self.hparams["prompt"] = settings.to_dict()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only trainable weights (+ non-LM buffers): the frozen LM is reloaded from its id."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from qgmem.training.metrics import exact_match, token_f1
+from qgmem.text import exact_match, token_f1
 
 
 class EvalRecords:
