@@ -21,11 +21,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
 from qgmem.configs import resolve_config
 from qgmem.training.callbacks import PREDICTIONS_FILE, default_callbacks
+from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
 
 DEFAULT_ROOT = "checkpoints"
 DEFAULT_PRESET = "default"
@@ -48,7 +49,8 @@ class QGMemCLI(LightningCLI):
         super().__init__(*args, run=run, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(FiniteModelCheckpoint, "checkpoint")  # never a NaN val/nll as best
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")  # --nonfinite.action stop|skip
         parser.set_defaults({"checkpoint.monitor": "val/nll", "checkpoint.mode": "min", "checkpoint.save_last": True,
                              "checkpoint.save_top_k": 1, "checkpoint.auto_insert_metric_name": False,
                              "checkpoint.filename": "epoch{epoch:02d}-step{step:05d}-val_nll{val/nll:.4f}",
@@ -118,6 +120,10 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
     save_last(trainer)  # so `--ckpt_path last` continues from the end
     callback = trainer.checkpoint_callback
     best = callback.best_model_path if callback else ""
+    rejected = getattr(callback, "rejected", [])
+    if not best and rejected:
+        raise NonFiniteError(f"every validation gave a non-finite {callback.monitor} (steps "
+                             f"{[r['step'] for r in rejected]}): no checkpoint can be selected or exported")
     which = "best" if best else None
     # checkpoints hold only tensors and plain hyperparameters, so they load with weights_only=True
     best_step = _checkpoint_step(best)
@@ -135,6 +141,7 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         "monitor": trainer.checkpoint_callback.monitor if trainer.checkpoint_callback else None,
         "graph": model.hparams.graph,
         "data": _jsonable(getattr(data, "summary", None)),
+        "nonfinite": _nonfinite_report(trainer),
     }
     if trainer.is_global_zero:
         root.mkdir(parents=True, exist_ok=True)
@@ -170,6 +177,14 @@ def data_summary_lines(summary: dict[str, Any]) -> list[str]:
     for category, why in ((summary.get("filter") or {}).get("left_out_categories") or {}).items():
         lines.append(f"data:  {category}: {why}")
     return lines
+
+
+def _nonfinite_report(trainer) -> dict[str, Any]:
+    """Skipped training steps and validations kept out of the top-k, for ``metrics.json``."""
+    guard = next((c for c in trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
+    callback = trainer.checkpoint_callback
+    return {"action": guard.action if guard else None, "skipped_steps": list(guard.skipped) if guard else [],
+            "rejected_validations": list(getattr(callback, "rejected", []))}
 
 
 def _checkpoint_step(path: str) -> int | None:

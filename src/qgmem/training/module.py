@@ -291,6 +291,15 @@ class QGMemModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------------------- checkpoints
+    def configure_callbacks(self):
+        """RNG states go into every checkpoint, so a resumed fit draws what the uninterrupted one would."""
+        from qgmem.training.resume import RandomStates
+
+        trainer = self._trainer
+        if trainer is not None and any(isinstance(c, RandomStates) for c in trainer.callbacks):
+            return []  # added by an earlier fit/validate/test of this trainer
+        return [RandomStates()]
+
     def trainable_keys(self) -> set[str]:
         return {name for name, p in self.named_parameters() if p.requires_grad} | {
             name for name, _ in self.named_buffers() if not name.startswith("lm.")}
