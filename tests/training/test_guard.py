@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch import Trainer
