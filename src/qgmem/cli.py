@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-memory": ("qgmem.memory.build", "Build per-dialogue memory stores (units, traces, embeddings)."),
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
+    "answer": ("qgmem.serving.answer_cli", "Answer questions about a dialogue history with an export."),
+    "eval-qa": ("qgmem.serving.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
 }
 
 #: OS errors that, reaching the command line, mean the user named a wrong path (their message names it)
