@@ -43,9 +43,10 @@ def test_api_backbone_against_a_stub_server(api_pipeline, mode):
     assert all(a.cited == ["M1"] and a.tokens["prompt"] == 40 and a.tokens["generated"] == 7 for a in answers)
     assert len(server.requests) == 3 and all(r["model"] == "gpt-4o-mini" and r["temperature"] == 0
                                               for r in server.requests)
-    users = [r["messages"][-1]["content"] for r in server.requests]
-    graphs = [u.split("Local memory graph (subject; relation; object) [entry]:\n")[1].split("\n\nQuestion:")[0]
-              if "Local memory graph" in u else None for u in users]
+    users = [r["messages"][-1]["content"] for r in server.requests]  # concurrent: in any order
+    by_question = {u.rsplit("Question: ", 1)[1]: u for u in users}
+    graphs = [by_question[q].split("Local memory graph (subject; relation; object) [entry]:\n")[1]
+              .split("\n\nQuestion:")[0] if "Local memory graph" in by_question[q] else None for q in QUESTIONS]
     retrieved = pipe.retrieve(QUESTIONS)
     from qgmem.activation.serialize import serialize_graph_triples
 
@@ -53,7 +54,7 @@ def test_api_backbone_against_a_stub_server(api_pipeline, mode):
     expected = {"token": own, "none": [None] * 3, "shuffled": own[1:] + own[:1]}[mode]
     assert graphs == expected
     assert all(u.startswith("Memory:\n[M1]") and "Question: " in u for u in users)
-    assert server.requests[0]["messages"][0]["role"] == "system"
+    assert all(r["messages"][0]["role"] == "system" for r in server.requests)
 
 
 def test_api_failure_is_an_empty_answer_with_its_error(api_pipeline):

@@ -207,6 +207,10 @@ def make_judge(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     from qgmem.data.loaders import load_cases
 
+    if not Path(args.path).exists():  # before the (slow) export load
+        from qgmem.errors import InputPathError
+
+        raise InputPathError(f"data set path {args.path} does not exist")
     modes = parse_modes(args.graph)
     if args.limit < 0:
         raise UserError(f"--limit must be >= 0, got {args.limit}")
