@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--split", choices=SPLITS, default="test",
                         help="cases of this split of the export's training run (its sampling and split are "
                              "recorded in the export); 'all': every case (default: test)")
-    parser.add_argument("--limit", type=int, default=8,
-                        help="at most this many questions (default 8: a few minutes on a 2-core CPU; 0 = all)")
+    parser.add_argument("--limit", type=int, default=6,
+                        help="at most this many questions, taken round-robin over the categories (default 6: a few "
+                             "minutes on a 2-core CPU; 0 = all)")
     parser.add_argument("--graph", default="token,none,shuffled", help="comma-separated graph modes (one row each)")
     parser.add_argument("--judge", choices=("rule", "llm"), default="rule",
                         help="rule: normalized match (rubric categories not scored); llm: an LLM judge")
