@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from qgmem import __version__
+from qgmem.finite import nonfinite_names
 from qgmem.model.graph_token import GraphTokenConfig
 from qgmem.model.pretrained import (CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, GraphTokenEncoder,
                                     peft_adapter_state)
@@ -127,11 +128,15 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     ckpt_path, out = Path(ckpt_path), Path(out_dir)
     ckpt = load_checkpoint(ckpt_path)
     state = ckpt["state_dict"]
+    weights = {k[len(NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(NET_PREFIX)}
+    adapter = {k: v.contiguous() for k, v in state.items() if k.startswith("lm.")}
+    bad = nonfinite_names({**weights, **adapter})
+    if bad:  # a NaN model must never ship: refuse before anything is written
+        raise ValueError(f"{ckpt_path}: {len(bad)} of {len(weights) + len(adapter)} weight tensors hold NaN or inf "
+                         f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to export them")
     config = export_config(ckpt_path, ckpt, metrics if metrics is not None else find_metrics(ckpt_path))
-    adapter = {k: v for k, v in state.items() if k.startswith("lm.")}
     encoder = GraphTokenEncoder(GraphTokenConfig.from_dict(config["graph_token"]), config,
                                 adapter=peft_adapter_state(adapter) if adapter else None)
-    weights = {k[len(NET_PREFIX):]: v for k, v in state.items() if k.startswith(NET_PREFIX)}
     encoder.load_state_dict(weights, strict=True)
     encoder.save_pretrained(out)
     return out
