@@ -9,19 +9,53 @@ is already on disk and resumed when it was interrupted:
    (:mod:`qgmem.training.embedding_memo`);
 2. answers: the frozen LM's answer to each training prompt, appended in chunks;
 3. the dataset: the filtered train/val/test splits and their summary, which ``setup`` reads.
+
+The samples can be built by many processes at once: a :class:`Shard` ``I/N`` owns the cases whose plan
+index is ``I`` modulo ``N``. Every process derives the same plan from the same settings, writes only its
+own case shards, and the merge is the ``datasets`` concatenation of all shards in plan order; the
+COMPLETE marker is written once every case shard exists (:func:`build_on_ranks` for the ranks of one
+run, ``qgmem build-cache --shard I/N`` for a job array).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import warnings
 from collections import Counter
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from qgmem.training import cache as C
 from qgmem.training.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
 from qgmem.training.cache_spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One slice of the case plan: case ``i`` belongs to shard ``i % count`` (round-robin keeps the
+    slices' sizes and their mix of splits even)."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1 or not 0 <= self.index < self.count:
+            raise ValueError(f"shard must be I/N with 0 <= I < N, got {self.index}/{self.count}")
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+        if match is None:
+            raise ValueError(f"shard must be written I/N (e.g. 0/4), got {text!r}")
+        return cls(int(match.group(1)), int(match.group(2)))
+
+    def owns(self, case_index: int) -> bool:
+        return case_index % self.count == self.index
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
 
 
 def as_spec(target: Any) -> CacheSpec:
@@ -33,7 +67,7 @@ def as_spec(target: Any) -> CacheSpec:
 
 
 def build_cache(target: CacheSpec | Any, *, encoder: Any = None, answerer: Any = None, judge: Any = None,
-                progress: bool = True) -> dict[str, Any]:
+                progress: bool = True, shard: Shard | None = None) -> dict[str, Any]:
     """Build the three cache parts for ``target``'s settings, reusing whatever is already on disk.
 
     ``target`` is a :class:`CacheSpec` or a data module. ``encoder`` (anything with ``dim`` and
@@ -43,12 +77,18 @@ def build_cache(target: CacheSpec | Any, *, encoder: Any = None, answerer: Any =
     the configured ones. An interrupted build (an exception, Ctrl-C, a killed job) leaves whole case
     shards and answer chunks behind; calling this again continues from there. Returns the summary
     (also written to ``dataset-<key>/summary.json``).
+
+    With a ``shard`` of more than one slice, only that slice's case shards are built and the state of
+    the samples is returned (``planned``, ``present``, ``complete``); a run without a shard (or the
+    last slice to finish) completes the samples, and a run without a shard then answers and filters.
     """
     spec = as_spec(target)
     timings: dict[str, float] = {}
     started = time.perf_counter()
     samples = C.SampleCache(spec.samples_dir)
-    build_samples(spec, samples, encoder=encoder, progress=progress)
+    state = build_samples(spec, samples, encoder=encoder, progress=progress, shard=shard or Shard())
+    if shard is not None and shard.count > 1:
+        return state
     timings["samples_s"] = round(time.perf_counter() - started, 2)
     return finish_cache(spec, samples, answerer=answerer, judge=judge, progress=progress, timings=timings)
 
@@ -217,8 +257,10 @@ def memo_dir(spec: CacheSpec, encoder: Any):
 
 
 def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = None,
-                  progress: bool = True) -> dict[str, Any]:
-    """Write one shard per planned case that has none yet; mark the samples complete when all exist."""
+                  progress: bool = True, shard: Shard = Shard()) -> dict[str, Any]:
+    """Write one shard per planned case of ``shard``'s slice that has none yet; mark the samples complete
+    when every case's shard exists (whichever slice finishes last). Returns the completion info, or,
+    while other slices are missing, ``{"complete": False, "planned", "present", "built", "shard"}``."""
     from tqdm.auto import tqdm
 
     spec = as_spec(spec)
@@ -227,14 +269,18 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     t0 = time.perf_counter()
     plan, info = plan_cases(spec)
     samples.start(spec.sample_settings(), [{"split": s, "case_id": c.id} for s, c in plan])
-    todo = [i for i in range(len(plan)) if not samples.has_shard(i)]
+    mine = [i for i in range(len(plan)) if shard.owns(i)]
+    todo = [i for i in mine if not samples.has_shard(i)]
     replayer = Replayer(spec, encoder) if todo else None
     built = 0
-    bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="cache: cases", unit="case", disable=not progress)
+    bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"cache: cases (shard {shard})"
+               if shard.count > 1 else "cache: cases", unit="case", disable=not progress)
     try:
         for index in todo:
             split, case = plan[index]
-            meta: dict[str, Any] = {"case_id": case.id, "split": split, "qas": len(case.qas)}
+            meta: dict[str, Any] = {"case_id": case.id, "split": split, "qas": len(case.qas),
+                                    "turns": _turns(case), "shard": str(shard)}
+            started = time.perf_counter()
             try:
                 rows = replayer.rows(split, case)
             except Exception as exc:  # noqa: BLE001 - lenient mode records the case as skipped
@@ -242,6 +288,7 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
                     raise RuntimeError(f"case {index} ({case.id!r}, split {split}): construction/activation failed: "
                                        f"{type(exc).__name__}: {exc}") from exc
                 rows, meta["skipped"] = [], f"{type(exc).__name__}: {exc}"
+            meta["seconds"] = round(time.perf_counter() - started, 3)
             samples.write_shard(index, rows, meta)
             built += 1
             bar.update(1)
@@ -249,14 +296,46 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
         bar.close()
         if replayer is not None:
             replayer.close()
-    skipped = [samples.shard_meta(i) for i in range(len(plan))]
-    skipped = [{"case_id": m["case_id"], "split": m["split"], "reason": m["skipped"]} for m in skipped if "skipped" in m]
-    seconds: dict[str, Any] = {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built}
+    present = sum(samples.has_shard(i) for i in range(len(plan)))
+    if present < len(plan):  # other slices are still being built (or were killed): no COMPLETE yet
+        return {"complete": False, "planned": len(plan), "present": present, "built": built, "shard": str(shard)}
+    metas = [samples.shard_meta(i) for i in range(len(plan))]
+    skipped = [{"case_id": m["case_id"], "split": m["split"], "reason": m["skipped"]} for m in metas if "skipped" in m]
+    seconds: dict[str, Any] = {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built,
+                               "case_s_sum": round(sum(m.get("seconds", 0.0) for m in metas), 2)}
     if replayer is not None and replayer.memo is not None:
         seconds["embedding_memo"] = replayer.memo.stats()
     done = {**info, "skipped_cases": skipped, "seconds": seconds}
     samples.mark_complete(done)
     return done
+
+
+def _turns(case: Any) -> int:
+    return int(case.dialogue.num_turns())
+
+
+def build_on_ranks(spec: CacheSpec, rank: int, world: int, *, barrier: Callable[[str], None],
+                   any_rank: Callable[[bool], bool], rebuild: bool = False, progress: bool = True,
+                   **models: Any) -> dict[str, Any] | None:
+    """The cache build of one distributed run: every rank builds its slice, rank 0 merges and filters.
+
+    ``rank``/``world`` index the processes that share one cache folder (all ranks on a shared file
+    system, the local ranks of a node on a node-local one). ``barrier(name)`` and ``any_rank(flag)``
+    come from the run's strategy (Lightning's, so torchrun, SLURM and ``devices × num_nodes`` all
+    work). Every rank returns only after the dataset exists; rank 0 returns its summary.
+    ``models`` (``encoder``, ``answerer``, ``judge``) are test stand-ins, as in :func:`build_cache`.
+    """
+    spec = as_spec(spec)
+    need = rebuild or not C.DatasetCache(spec.dataset_dir).complete
+    if not any_rank(need):
+        return None
+    if need:
+        build_samples(spec, C.SampleCache(spec.samples_dir), encoder=models.get("encoder"), progress=progress,
+                      shard=Shard(rank, world))
+    barrier("qgmem-cache-slices")
+    summary = build_cache(spec, progress=progress, **models) if rank == 0 and need else None
+    barrier("qgmem-cache-dataset")
+    return summary
 
 
 # --------------------------------------------------------------------------------------------------
@@ -328,5 +407,5 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
     return out, report, answer_info
 
 
-__all__ = ["Replayer", "as_spec", "build_cache", "build_samples", "count_categories", "filter_samples",
-           "finish_cache", "plan_cases"]
+__all__ = ["Replayer", "Shard", "as_spec", "build_cache", "build_on_ranks", "build_samples", "count_categories",
+           "filter_samples", "finish_cache", "plan_cases"]

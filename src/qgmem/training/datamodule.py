@@ -197,14 +197,42 @@ class QGMemDataModule(GraphTextDataModule):
     # ---- the cache ---------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Build (or reuse, or resume) the cache for these settings. Writes files only; no state."""
+        """Build (or reuse, or resume) the cache for these settings. Writes files only; no state.
+
+        In a run of several processes this does nothing: :meth:`setup` builds the cache with every
+        rank taking its slice of the cases.
+        """
+        if self._cache_ranks() is not None:
+            return
         if C.DatasetCache(self.dataset_dir).complete and not self.rebuild:
             log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
             return
         cache_build.build_cache(self.cache_spec)
 
+    def _cache_ranks(self) -> tuple[int, int] | None:
+        """``(rank, world)`` of the processes sharing this cache folder, or None in a 1-process run.
+
+        ``prepare_data_per_node`` keeps Lightning's meaning: True (node-local cache folders) shards
+        the cases over the local ranks of each node, False (one shared folder) over all ranks.
+        """
+        trainer = self.trainer
+        if trainer is None or trainer.world_size <= 1:
+            return None
+        if self.prepare_data_per_node:
+            return trainer.local_rank, trainer.world_size // max(1, trainer.num_nodes)
+        return trainer.global_rank, trainer.world_size
+
     def setup(self, stage: str | None = None) -> None:
-        """Load the splits from the cache (every rank; after ``prepare_data`` and Lightning's barrier)."""
+        """Load the splits from the cache (every rank; after ``prepare_data`` and Lightning's barrier).
+
+        In a run of several processes, the cache is built here first: each rank builds its slice,
+        rank 0 (of the node, for node-local folders) merges and filters, and all ranks wait for it.
+        """
+        ranks = self._cache_ranks()
+        if ranks is not None:
+            strategy = self.trainer.strategy
+            cache_build.build_on_ranks(self.cache_spec, *ranks, barrier=strategy.barrier, rebuild=self.rebuild,
+                                       any_rank=lambda flag: strategy.reduce_boolean_decision(flag, all=False))
         final = C.DatasetCache(self.dataset_dir)
         if not final.complete:
             raise RuntimeError(f"no complete cache at {self.dataset_dir}: run prepare_data() first "
