@@ -17,7 +17,7 @@ matched. Per new (non-overlap) turn of a window:
    when it answers the other speaker's question — the question (a context turn, possibly from the
    window's overlap) is quoted in the fact so the reply is readable alone — or when it names something;
 5. entities from capitalized spans, acronyms and quotes; a location from cue words ("moved to",
-   "based in") or place-like heads ("West Coast"); factual time from :mod:`qgmem.memory.dates`.
+   "based in") or place-like heads ("West Coast"); factual time from :mod:`qgmem.timeexpr`.
 
 Each unit is grounded in exactly the one turn its sentence came from; a quoted question only explains
 it.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from qgmem.data.records import Turn
 from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.dates import find_fact_time
+from qgmem.timeexpr import find_fact_time
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.windows import Window
 

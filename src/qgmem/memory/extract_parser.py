@@ -16,7 +16,7 @@ recur across training cases, and each is parsed once per process.
 from __future__ import annotations
 
 from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.dates import find_fact_time
+from qgmem.timeexpr import find_fact_time
 from qgmem.memory.extract_heuristic import Claim, HeuristicExtractor, find_entities, find_location
 from qgmem.memory.nlp import load_pipeline, parse_texts
 from qgmem.memory.records import MemoryUnit
