@@ -41,6 +41,24 @@ def per_category_slice(cases, skip: int, take: int | None):
     return kept
 
 
+class MemoEncoder:
+    """The sentence encoder with its vectors remembered by text: the extractors share most unit facts,
+    so each fact is embedded once for all of them (vectors are identical either way)."""
+
+    def __init__(self, encoder):
+        self.encoder, self.dim, self.model_id = encoder, encoder.dim, getattr(encoder, "model_id", "encoder")
+        self.memo: dict[str, object] = {}
+
+    def encode(self, texts):
+        import numpy as np
+
+        texts = list(texts)
+        missing = list(dict.fromkeys(t for t in texts if t not in self.memo))
+        if missing:
+            self.memo.update(zip(missing, self.encoder.encode(missing)))
+        return np.stack([self.memo[t] for t in texts]) if texts else self.encoder.encode(texts)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--extractors", nargs="+", default=["heuristic", "parser"])
@@ -61,7 +79,7 @@ def main() -> int:
     from qgmem.memory.builder import MemoryBuilder
     from qgmem.memory.config import ConstructionConfig
 
-    encoder = SentenceEncoder()
+    encoder = MemoEncoder(SentenceEncoder())
     tokenizer = load_tokenizer(EMBEDDED_LM)
     config = ActivationConfig()
     results: dict[str, dict[str, dict]] = {}

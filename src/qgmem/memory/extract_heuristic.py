@@ -1,4 +1,4 @@
-"""The heuristic extractor: atomic units from rules, no LLM (the embedded default).
+"""The heuristic extractor: atomic units from rules, no LLM (its claims are what the parser extractor reads).
 
 It runs inside the training-data pipeline over hundreds of long dialogues, so it is a handful of
 compiled patterns per sentence and nothing else; ``dateparser`` is called only when a date pattern
@@ -251,7 +251,7 @@ def _is_verb(token: str) -> bool:
     return t.endswith("ed") or (t.endswith("s") and not t.endswith(("ss", "us", "is", "ics", "ness")))
 
 
-def _third_person(verb: str) -> str:
+def third_person(verb: str) -> str:
     """Agreement for a main verb after a first/second-person subject became a name ("use" -> "uses")."""
     low = verb.lower()
     fixed = {"am": "is", "'m": "is", "are": "is", "'re": "is", "have": "has", "'ve": "has", "do": "does",
@@ -443,7 +443,7 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool,
     if low[verb_at - 1] in ("i", "we", "you"):
         head = next((k for k, p in enumerate(pred) if p.lower() not in _ADVERBS), None)
         if head is not None:
-            pred[head] = _third_person(pred[head])
+            pred[head] = third_person(pred[head])
     words = [p.strip(",.;:!\"") for p in pred]
     if words[0] in _CONTRACTED:  # "Cooper 's been waiting" -> "Cooper has been waiting"
         perfect = len(words) > 1 and words[1].lower() in ("been", "got", "gotten", "had")

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qgmem.memory.extract_heuristic import third_person
+
 MAX_NODE_CHARS = 40
 MAX_NODE_TOKENS = 5
 MAX_EXTRA_RELATIONS = 4
@@ -219,9 +221,7 @@ def _verb_form(verb, person: bool) -> str:
     if person and verb.tag_ == "VBP":
         if low in _THIRD_PERSON:
             return _THIRD_PERSON[low]
-        from qgmem.memory.extract_heuristic import _third_person
-
-        return _third_person(low)
+        return third_person(low)
     return _THIRD_PERSON.get(low, low) if person and low in ("'m", "'re", "'ve") else low
 
 
@@ -376,18 +376,17 @@ def _finish(subject: str, predicate: str, obj: str, relations: list[list[str]], 
             tail = noun_span(conj, names)
             if tail and tail != obj:
                 relations.append([subject, predicate, tail])
-    # a coordinated second clause ("Helena left Northwind, and I report to Omar now")
+    # a coordinated second clause ("Helena left Northwind, and I report to Omar now"), or a clause with a
+    # subject of its own beside the main one ("Helena left Northwind, so I report to Omar")
     if depth == 0:
-        # ... or a clause of its own beside it ("Helena left Northwind, so I report to Omar")
         clauses = [c for c in verb.conjuncts if c.pos_ in ("VERB", "AUX") and c.i > verb.i]
         clauses += [c for c in verb.children if c.dep_ in ("ccomp", "advcl") and c.pos_ in ("VERB", "AUX")
                     and _subject(c) is not None and _subject(c).lower_ not in ("it", "that", "this")]
-        for conj in clauses:
-            if True:
-                second = read_clause(conj, names, advice=advice, default_subject=subject, depth=1)
-                if second is not None and second.object:
-                    relations.append([second.subject, second.predicate, second.object])
-                    relations.extend(second.relations)
+        for clause in clauses:
+            second = read_clause(clause, names, advice=advice, default_subject=subject, depth=1)
+            if second is not None and second.object:
+                relations.append([second.subject, second.predicate, second.object])
+                relations.extend(second.relations)
     seen, kept = set(), []
     for rel in relations:
         key = tuple(r.lower() for r in rel)
@@ -507,9 +506,7 @@ def _question_relation(doc, names: Names) -> tuple[str, str] | None:
         words = _predicate_words(verb, person, False)
         words = [w for w in words if w not in ("does", "do", "did")]
         if person and verb.tag_ == "VB" and words and words[-1] == verb.text.lower():  # "do you live" -> lives
-            from qgmem.memory.extract_heuristic import _third_person
-
-            words[-1] = _third_person(words[-1])
+            words[-1] = third_person(words[-1])
         prep = next((c for c in verb.rights if c.dep_ == "prep" and _pobj(c) is None), None)
         if prep is not None:
             words.append(prep.text.lower())
