@@ -90,7 +90,7 @@ def main() -> int:
         builder.build(d)
     seconds = time.perf_counter() - started
     s = builder.stats
-    print(f"heuristic full build (MiniLM on CPU): {s.dialogues} dialogues, {s.turns} turns, {s.units} units, "
+    print(f"{config.extractor} full build (MiniLM on CPU): {s.dialogues} dialogues, {s.turns} turns, {s.units} units, "
           f"{s.traces} traces ({s.updates} updates, {s.supplements} supplements) in {seconds:.1f} s "
           f"= {s.turns / seconds:,.0f} turns/s")
 
