@@ -57,7 +57,6 @@ _KEEP_LEFT = {"compound", "amod", "nummod", "poss", "nmod", "quantmod", "npadvmo
 _OBJECT_DEPS = ("dobj", "obj", "attr", "oprd", "dative")
 _SUBJECT_DEPS = ("nsubj", "nsubjpass", "csubj", "csubjpass")
 _NOT_ENTITY_LABELS = {"DATE", "TIME", "CARDINAL", "ORDINAL", "PERCENT", "MONEY", "QUANTITY"}
-_PLACE_LABELS = ("GPE", "LOC", "FAC")
 _THIRD_PERSON = {"am": "is", "'m": "is", "are": "is", "'re": "is", "have": "has", "'ve": "has", "do": "does",
                  "were": "was", "'s": "is"}
 
@@ -531,15 +530,6 @@ def entities(doc, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]
         if len(text) > 1 and text.lower() not in low_exclude:
             seen.setdefault(text, None)
     return list(seen)
-
-
-def place(doc) -> str:
-    """The first place NER finds (a city, region or facility), ``""`` when none."""
-    for ent in doc.ents:
-        if ent.label_ in _PLACE_LABELS:
-            words = [t.text for t in ent if not (t.i == ent.start and t.lower_ == "the")]
-            return " ".join(words).strip(" .,")
-    return ""
 
 
 def date_phrases(doc) -> list[str]:

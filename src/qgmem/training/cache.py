@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 3
+CACHE_FORMAT_VERSION = 4
 
 SPLITS = ("train", "val", "test")
 
