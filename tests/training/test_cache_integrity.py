@@ -191,3 +191,104 @@ def test_stale_temp_folders_of_killed_builds_are_removed(samples, tmp_path):
     removed = C.remove_stale_temp(tmp_path)
     assert sorted(removed) == sorted(leftovers) and not any(p.exists() for p in leftovers)
     assert live.exists() and samples.damaged_shards(2) == {}
+
+
+# ---- the build: what it rebuilds, what it refuses ------------------------------------------------------
+
+from .test_datamodule import HashEncoder, StubAnswerer, _build, _dm, _rows, write_convomem  # noqa: E402
+
+
+class NaNEncoder(HashEncoder):
+    """The stand-in encoder, returning NaN for one text (a sentence encoder gone wrong)."""
+
+    def __init__(self, bad_text: str):
+        super().__init__()
+        self.bad_text = bad_text
+
+    def encode(self, texts):
+        out = super().encode(texts)
+        out[[t == self.bad_text for t in texts]] = np.nan
+        return out
+
+
+@pytest.fixture()
+def built(tmp_path):
+    dm = _dm(write_convomem(tmp_path / "convomem"), tmp_path / "cache")
+    _build(dm)
+    dm.setup()
+    return dm
+
+
+def split_rows(dm, split="train"):
+    return [(r["qa_id"], r["answer"], r["memory_text"], list(r["x"])) for r in _rows(dm, split)]
+
+
+@pytest.mark.parametrize("fault", [flip_middle, truncate, "delete"])
+def test_a_damaged_or_deleted_shard_is_rebuilt_by_the_next_build(built, fault, caplog):
+    expected = split_rows(built)
+    samples = C.SampleCache(built.samples_dir)
+    if fault == "delete":
+        samples.remove_shard(3)  # after the COMPLETE marker
+    else:
+        fault(arrow_file(samples.shard_dir(3)))
+    again = _dm(Path(built.data_path), built.cache_dir, rebuild=True)
+    encoder = HashEncoder()
+    summary = _build(again, encoder=encoder)
+    assert [r["shard"] for r in summary["rebuilt_shards"]] == [3] and "shard-00003" in caplog.text
+    assert 0 < encoder.calls and summary["seconds"]["cases_built_this_run"] == 1  # only that case was replayed
+    assert samples.complete and samples.damaged_shards(16) == {}
+    again.setup()
+    assert split_rows(again) == expected
+
+
+@pytest.mark.parametrize("fault", ["flip", "edited answer"])
+def test_a_damaged_dataset_is_rebuilt_from_shards_and_answers_by_prepare_data(built, fault, caplog):
+    expected = split_rows(built)
+    if fault == "flip":
+        flip_middle(arrow_file(built.dataset_dir / "train"))
+    else:
+        rewrite_split(C.DatasetCache(built.dataset_dir), "train",
+                      lambda rs: [{**r, "answer": "an answer nobody gave"} for r in rs])
+    again = _dm(Path(built.data_path), built.cache_dir)
+    with pytest.raises(IntegrityError, match=r"dataset-.*/train/.*rerun the same training command"):
+        again.setup()  # refused before any row is read
+    again.prepare_data()  # no encoder or LM is loaded: the shards and answers are intact
+    assert "cache dataset damaged, rebuilding it" in caplog.text
+    again.setup()
+    assert split_rows(again) == expected and again.summary["answers"]["generated"] == 0
+
+
+def test_a_damaged_answer_chunk_is_generated_again_by_the_build(built):
+    chunks = sorted(built.answers_dir.glob("chunk-*"))
+    flip_middle(arrow_file(chunks[0]), n=8)
+    expected = split_rows(built)
+    answerer = StubAnswerer()
+    again = _dm(Path(built.data_path), built.cache_dir, rebuild=True)
+    summary = _build(again, answerer=answerer)
+    assert summary["answers"]["damaged_chunks_dropped"] == 1 and answerer.calls == summary["answers"]["generated"] > 0
+    again.setup()
+    assert split_rows(again) == expected
+
+
+def test_stale_temp_folders_are_removed_by_the_build(built):
+    dead = 2 ** 22 + 4321
+    stale = [built.cache_dir / f".{built.dataset_dir.name}.tmp-{dead}",
+             built.samples_dir / "shards" / f".shard-00002.tmp-{dead}"]
+    for path in stale:
+        path.mkdir()
+    _build(_dm(Path(built.data_path), built.cache_dir, rebuild=True))
+    assert not any(p.exists() for p in stale)
+
+
+def test_a_nan_embedding_is_caught_at_the_source_naming_the_case(tmp_path):
+    data = write_convomem(tmp_path / "convomem")  # the node "amber" occurs in some cases only
+    with pytest.raises(RuntimeError, match=r"case \d+ \('.*'.*ValueError: case '.*', qa .*node feature row\(s\) "
+                                           r"hold NaN or inf .*amber"):
+        _build(_dm(data, tmp_path / "strict"), encoder=NaNEncoder("amber"))
+    lenient = _dm(data, tmp_path / "lenient", strict=False)
+    summary = _build(lenient, encoder=NaNEncoder("amber"))
+    skipped = summary["skipped_cases"]
+    assert 0 < len(skipped) < 16 and all("NaN or inf" in s["reason"] for s in skipped)
+    lenient.setup()
+    kept = [r for split in C.SPLITS for r in _rows(lenient, split)]
+    assert kept and all(np.isfinite(np.asarray(r["x"])).all() for r in kept)

@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from qgmem.activation.config import ActivationConfig
+from qgmem.errors import IntegrityError
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
@@ -221,8 +222,12 @@ class QGMemDataModule(L.LightningDataModule):
             return
         final = C.DatasetCache(self.dataset_dir)
         if final.complete and not self.rebuild:
-            log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
-            return
+            try:
+                final.verify()
+                log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
+                return
+            except IntegrityError as exc:  # its inputs (shards, answers) are at hand: rebuild it
+                log.warning("cache dataset damaged, rebuilding it: %s", exc)
         build_cache(self)
 
     def setup(self, stage: str | None = None) -> None:
@@ -341,6 +346,7 @@ def build_cache(dm: QGMemDataModule, *, encoder: Any = None, answerer: Any = Non
     """
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    C.remove_stale_temp(dm.cache_dir)
     samples = C.SampleCache(dm.samples_dir)
     build_samples(dm, samples, encoder=encoder, progress=progress)
     timings["samples_s"] = round(time.perf_counter() - started, 2)
@@ -495,11 +501,12 @@ def build_samples(dm: QGMemDataModule, samples: C.SampleCache, *, encoder: Any =
     """Write one shard per planned case that has none yet; mark the samples complete when all exist."""
     from tqdm.auto import tqdm
 
-    if samples.complete:
+    if samples.complete and not samples.damaged_shards(len(samples.plan())):
         return samples.completion_info()
     t0 = time.perf_counter()
     plan, info = plan_cases(dm)
     samples.start(dm.sample_settings(), [{"split": s, "case_id": c.id} for s, c in plan])
+    rebuilt = rebuild_damaged_shards(samples, len(plan))
     todo = [i for i in range(len(plan)) if not samples.has_shard(i)]
     replayer = _Replayer(dm, encoder) if todo else None
     built = 0
@@ -520,10 +527,28 @@ def build_samples(dm: QGMemDataModule, samples: C.SampleCache, *, encoder: Any =
     bar.close()
     skipped = [samples.shard_meta(i) for i in range(len(plan))]
     skipped = [{"case_id": m["case_id"], "split": m["split"], "reason": m["skipped"]} for m in skipped if "skipped" in m]
-    done = {**info, "skipped_cases": skipped,
+    done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt,
             "seconds": {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built}}
     samples.mark_complete(done)
     return done
+
+
+def rebuild_damaged_shards(samples: C.SampleCache, count: int) -> list[dict[str, Any]]:
+    """Remove the shards that fail their checksums (or, once complete, are missing) so they are built again.
+
+    Returns what was found, for the completion record; each is also logged with the file and the cause.
+    A shard merely not built yet (an interrupted build) is not damaged and not listed.
+    """
+    was_complete, rebuilt = samples.complete, []
+    for index, why in samples.damaged_shards(count).items():
+        if not samples.shard_dir(index).exists() and not was_complete:
+            continue
+        log.warning("cache shard %d is rebuilt: %s", index, why)
+        samples.remove_shard(index)
+        rebuilt.append({"shard": index, "reason": why})
+    if rebuilt:
+        samples.unmark_complete()
+    return rebuilt
 
 
 def filter_samples(dm: QGMemDataModule, rows, *, answerer: Any = None, judge: Any = None, progress: bool = True
@@ -548,6 +573,7 @@ def filter_samples(dm: QGMemDataModule, rows, *, answerer: Any = None, judge: An
         store = C.AnswerCache(dm.answers_dir, dm.answerer().settings)
         keys = [C.answer_key(r["memory_text"], r["question"]) for r in need]
         known = store.load()
+        answer_info["damaged_chunks_dropped"] = len(store.dropped)
         missing = [(k, r) for k, r in dict(zip(keys, need)).items() if k not in known]
         answer_info["reused"] = len(set(keys)) - len(missing)
         t = time.perf_counter()
