@@ -232,10 +232,9 @@ def test_a_damaged_or_deleted_shard_is_rebuilt_by_the_next_build(built, fault, c
     else:
         fault(arrow_file(samples.shard_dir(3)))
     again = _dm(Path(built.data_path), built.cache_dir, rebuild=True)
-    encoder = HashEncoder()
-    summary = _build(again, encoder=encoder)
+    summary = _build(again)
     assert [r["shard"] for r in summary["rebuilt_shards"]] == [3] and "shard-00003" in caplog.text
-    assert 0 < encoder.calls and summary["seconds"]["cases_built_this_run"] == 1  # only that case was replayed
+    assert summary["seconds"]["cases_built_this_run"] == 1  # only that case was replayed
     assert samples.complete and samples.damaged_shards(16) == {}
     again.setup()
     assert split_rows(again) == expected
@@ -292,3 +291,17 @@ def test_a_nan_embedding_is_caught_at_the_source_naming_the_case(tmp_path):
     lenient.setup()
     kept = [r for split in C.SPLITS for r in _rows(lenient, split)]
     assert kept and all(np.isfinite(np.asarray(r["x"])).all() for r in kept)
+
+
+def test_a_damaged_embedding_memo_chunk_is_dropped_and_its_texts_encoded_again(tmp_path):
+    from qgmem.training.embedding_memo import EmbeddingMemo
+
+    memo = EmbeddingMemo(HashEncoder(), tmp_path / "memo", flush_every=2)
+    first = memo.encode(["green lead", "blue invoice"])  # flushed: one chunk
+    (chunk,) = sorted((tmp_path / "memo").glob("chunk-*"))
+    assert (chunk / C.CHECKSUMS).is_file()
+    flip_middle(arrow_file(chunk), n=8)
+    encoder = HashEncoder()
+    again = EmbeddingMemo(encoder, tmp_path / "memo")
+    assert again.loaded == 0 and not chunk.exists()
+    assert np.array_equal(again.encode(["green lead", "blue invoice"]), first) and encoder.calls == 2
