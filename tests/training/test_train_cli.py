@@ -6,29 +6,26 @@ import json
 import re
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.cli import main, run_subcommand
-from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.datamodule import InMemoryDataModule
+from qgmem.training.synthetic import synthetic_items
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class TinyData(QGMemDataModule):
+class TinyData(InMemoryDataModule):
     """Synthetic items behind the real data module's loaders (no memory building, no cache)."""
 
     def __init__(self, lm: str = EMBEDDED_LM, n_train: int = 6, n_eval: int = 4, feature_dim: int = 8,
                  batch_size: int = 2):
-        L.LightningDataModule.__init__(self)
-        built = QGMemDataModule.from_items(synthetic_items(n_train, feature_dim, seed=1),
-                                           synthetic_items(n_eval, feature_dim, seed=2),
-                                           synthetic_items(n_eval, feature_dim, seed=3), lm=lm,
-                                           batch_size=batch_size, max_prompt_tokens=96, max_answer_tokens=8)
-        self.__dict__.update({k: v for k, v in built.__dict__.items() if k != "_hparams"})
+        super().__init__(synthetic_items(n_train, feature_dim, seed=1), synthetic_items(n_eval, feature_dim, seed=2),
+                         synthetic_items(n_eval, feature_dim, seed=3), lm=lm, batch_size=batch_size,
+                         max_prompt_tokens=96, max_answer_tokens=8)
 
 
 @pytest.fixture(scope="module")
