@@ -133,22 +133,26 @@ def test_subcommand_print_config_reads_presets(subcommand, capsys):
     assert "lm: embedded:SmolLM2-135M-Instruct" in printed and "ckpt_path: null" in printed
 
 
-def test_each_model_argument_has_its_own_help():
+@pytest.mark.parametrize("key,target", [("model", "qgmem.training.module.QGMemModule"),
+                                        ("data", "qgmem.training.datamodule.QGMemDataModule")])
+def test_each_argument_has_its_own_help(key, target):
     """Every constructor argument's help comes from its own docstring line, not a neighbour's."""
+    import importlib
     import inspect
 
     from lightning.pytorch.cli import LightningArgumentParser
 
-    from qgmem.training.module import QGMemModule
-
+    module, _, name = target.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
     parser = LightningArgumentParser()
-    parser.add_lightning_class_args(QGMemModule, "model")
-    names = [n for n in inspect.signature(QGMemModule.__init__).parameters if n != "self"]
-    helps = {a.dest[len("model."):]: a.help or "" for a in parser._actions if a.dest.startswith("model.")}
-    helps.update({g.dest[len("model."):]: g.title or "" for g in parser._action_groups  # dataclass arguments
-                  if (getattr(g, "dest", None) or "").startswith("model.")})
-    for name in names:
-        text = helps.get(name, "")
-        assert text.strip(), f"--model.{name} has no help"
-        others = [o for o in names if o != name and re.search(rf"\b{o}:", text)]
-        assert not others, f"--model.{name}'s help holds the text of {others}: {text!r}"
+    parser.add_lightning_class_args(cls, key)
+    names = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
+    prefix = key + "."
+    helps = {a.dest[len(prefix):]: a.help or "" for a in parser._actions if a.dest.startswith(prefix)}
+    helps.update({g.dest[len(prefix):]: g.title or "" for g in parser._action_groups  # dataclass arguments
+                  if (getattr(g, "dest", None) or "").startswith(prefix)})
+    for arg in names:
+        text = helps.get(arg, "")
+        assert text.strip() and text != "Path to a configuration file.", f"--{key}.{arg} has no help"
+        others = [o for o in names if o != arg and re.search(rf"\b{o}:", text)]
+        assert not others, f"--{key}.{arg}'s help holds the text of {others}: {text!r}"

@@ -20,6 +20,7 @@ run, ``qgmem build-cache --shard I/N`` for a job array).
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 import warnings
@@ -30,6 +31,8 @@ from typing import Any, Callable, Sequence
 from qgmem.training import cache as C
 from qgmem.training.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
 from qgmem.training.cache_spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,7 @@ def build_cache(target: CacheSpec | Any, *, encoder: Any = None, answerer: Any =
     spec = as_spec(target)
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    C.remove_stale_temp(spec.cache_dir)  # what killed builds left behind
     samples = C.SampleCache(spec.samples_dir)
     state = build_samples(spec, samples, encoder=encoder, progress=progress, shard=shard or Shard())
     if shard is not None and shard.count > 1:
@@ -264,11 +268,12 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     from tqdm.auto import tqdm
 
     spec = as_spec(spec)
-    if samples.complete:
+    if samples.complete and not samples.damaged_shards(len(samples.plan())):
         return samples.completion_info()
     t0 = time.perf_counter()
     plan, info = plan_cases(spec)
     samples.start(spec.sample_settings(), [{"split": s, "case_id": c.id} for s, c in plan])
+    rebuilt = rebuild_damaged_shards(samples, len(plan))
     mine = [i for i in range(len(plan)) if shard.owns(i)]
     todo = [i for i in mine if not samples.has_shard(i)]
     replayer = Replayer(spec, encoder) if todo else None
@@ -305,7 +310,7 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
                                "case_s_sum": round(sum(m.get("seconds", 0.0) for m in metas), 2)}
     if replayer is not None and replayer.memo is not None:
         seconds["embedding_memo"] = replayer.memo.stats()
-    done = {**info, "skipped_cases": skipped, "seconds": seconds}
+    done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt, "seconds": seconds}
     samples.mark_complete(done)
     return done
 
@@ -338,6 +343,24 @@ def build_on_ranks(spec: CacheSpec, rank: int, world: int, *, barrier: Callable[
     return summary
 
 
+def rebuild_damaged_shards(samples: C.SampleCache, count: int) -> list[dict[str, Any]]:
+    """Remove the shards that fail their checksums (or, once complete, are missing) so they are built again.
+
+    Returns what was found, for the completion record; each is also logged with the file and the cause.
+    A shard merely not built yet (an interrupted build) is not damaged and not listed.
+    """
+    was_complete, rebuilt = samples.complete, []
+    for index, why in samples.damaged_shards(count).items():
+        if not samples.shard_dir(index).exists() and not was_complete:
+            continue
+        log.warning("cache shard %d is rebuilt: %s", index, why)
+        samples.remove_shard(index)
+        rebuilt.append({"shard": index, "reason": why})
+    if rebuilt:
+        samples.unmark_complete()
+    return rebuilt
+
+
 # --------------------------------------------------------------------------------------------------
 # answers and the filter
 
@@ -365,6 +388,7 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
         store = C.AnswerCache(spec.answers_dir, spec.answerer().settings)
         keys = [C.answer_key(r["memory_text"], r["question"]) for r in need]
         known = store.load()
+        answer_info["damaged_chunks_dropped"] = len(store.dropped)
         missing = [(k, r) for k, r in dict(zip(keys, need)).items() if k not in known]
         answer_info["reused"] = len(set(keys)) - len(missing)
         t = time.perf_counter()

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from qgmem.activation.config import ActivationConfig
 from qgmem.embed import sentence_encoder_dim
+from qgmem.errors import IntegrityError
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
@@ -133,6 +134,42 @@ class QGMemDataModule(GraphTextDataModule):
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
     local copies). ``rebuild=True`` discards this key's dataset folder (not its shards or answers).
     The cache settings, keys and folders are :attr:`cache_spec`'s, readable here by name too.
+
+    Args:
+        dataset: Data set the cases come from (``convomem``, ``locomo``, ``longmemeval``).
+        data_path: Folder or file of that data set in its published form.
+        num_cases: Cases sampled from it (``None`` = all).
+        split_ratios: Train, validation and test fractions (summing to 1).
+        group_key: What no two splits share: a ``person`` (falls back to ``dialogue`` when too few).
+        seed: Seed of the case sampling and the split.
+        distractor_conversations: Unrelated conversations of the same person added to each ConvoMem
+            history (``None`` = the data layer's default).
+        construction: Offline memory construction settings (windows, extractor, traces).
+        activation: Query-time activation settings (channels, pool, k, reranker).
+        construction_llm: LLM backend of the ``llm`` extractor (``None`` = no LLM construction).
+        sentence_encoder: Frozen sentence encoder of node and edge features (id, folder or ``embedded:``).
+        lm: Frozen LM whose tokenizer and answers the samples use (linked from ``model.lm``).
+        answer_filter: Which training samples are kept: ``none`` (all with a reference answer),
+            ``match`` (the frozen LM answered correctly by the match rule) or ``llm`` (a judge says so).
+        judge: LLM backend of the ``llm`` answer filter.
+        match_min_tokens: Fewest tokens of a prediction contained in the reference that still matches.
+        match_f1_threshold: Token F1 at or above which the match rule also accepts (``None`` = off).
+        cache_dir: Folder of the replayed samples, answers and filtered splits.
+        batch_size: Training batch size per process.
+        eval_batch_size: Validation and test batch size per process.
+        num_workers: DataLoader worker processes.
+        max_prompt_tokens: Prompt length cap; the memory text is trimmed, never the question.
+        max_answer_tokens: Answer length cap for the loss.
+        enable_thinking: The chat template's thinking switch, set once for training and export.
+        answer_batch_size: Batch size of the frozen LM answering training questions for the filter.
+        answer_max_new_tokens: Length of those answers.
+        answer_device: Device of that answering (``None`` = CUDA when available).
+        strict: Stop at the first bad record or failed case; ``False`` skips and reports each.
+        data_fingerprint: How the data files enter the cache key: ``content`` (hash the bytes) or
+            ``stat`` (path, size, mtime; for huge local copies).
+        rebuild: Discard this key's dataset folder and build it again (not its shards or answers).
+        prepare_data_per_node: Build the cache once per node (``False``: once, on global rank 0, for a
+            cache folder shared by every node).
     """
 
     def __init__(
@@ -204,9 +241,14 @@ class QGMemDataModule(GraphTextDataModule):
         """
         if self._cache_ranks() is not None:
             return
-        if C.DatasetCache(self.dataset_dir).complete and not self.rebuild:
-            log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
-            return
+        final = C.DatasetCache(self.dataset_dir)
+        if final.complete and not self.rebuild:
+            try:
+                final.verify()
+                log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
+                return
+            except IntegrityError as exc:  # its inputs (shards, answers) are at hand: rebuild it
+                log.warning("cache dataset damaged, rebuilding it: %s", exc)
         cache_build.build_cache(self.cache_spec)
 
     def _cache_ranks(self) -> tuple[int, int] | None:
