@@ -30,6 +30,8 @@ EDGE_FEATURE_SPEC = {
                      "of an activated unit's triple, de-duplicated by normalized text",
     "edge_features": "frozen sentence-encoder embedding (L2-normalized) of the edge text: the predicate, or "
                      "'inverse: <predicate>' for an optional reverse edge",
+    "edge_fact": "frozen sentence-encoder embedding of the fact of the memory unit each edge comes from "
+                 "(read when graph_token.features is not 'text')",
     "empty_graph": "one all-zero node and no edges",
     "builder": "qgmem.activation.graph.graph_to_data",
 }
@@ -76,11 +78,14 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
         "graph_token": graph_token,
         "graph_mode": hp.get("graph", "token"),
+        "readout": {"kind": graph_token.get("readout", "mean"), "graph_tokens": graph_token.get("num_queries", 1)},
+        "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
         "prompt": {"enable_thinking": hp.get("enable_thinking", False),
                    "max_prompt_tokens": info.get("max_prompt_tokens"), "max_answer_tokens": info.get("max_answer_tokens"),
-                   "graph_token_position": "before the first token of the user content"},
+                   "graph_token_position": "before the first token of the user content",
+                   "with_memory_text": not info.get("graph_only", False)},
         "sentence_encoder": {"id": info.get("sentence_encoder"), "dim": info.get("feature_dim", graph_token.get("feature_dim"))},
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},
         "activation": activation,
@@ -120,14 +125,17 @@ def model_card(config: dict[str, Any]) -> str:
     return "\n".join([
         "# QGMem graph-token encoder",
         "",
-        "A relation-aware graph encoder (TransformerConv with predicate edge features, mean pooling) and a",
-        "two-layer projector that turn a query's local memory graph into one token for a frozen causal LM",
+        "A relation-aware graph encoder (TransformerConv with predicate edge features), a readout (mean pooling or",
+        "learned queries) and a two-layer projector that turn a query's local memory graph into graph tokens for a",
+        "frozen causal LM",
         "(QGMem, arXiv 2610.11920, §III-C). Only these weights were trained; the LM and sentence encoder are frozen.",
         "",
         f"- LM: `{lm['id']}` (hidden size {lm['hidden_size']}, dtype {lm['dtype']})",
         f"- sentence encoder: `{config['sentence_encoder']['id']}` ({config['sentence_encoder']['dim']}-d node/edge features)",
         f"- encoder: {enc.get('layers')} layers, {enc.get('heads')} heads, width {enc.get('hidden')}; "
         f"graph mode `{config['graph_mode']}`",
+        f"- features `{g.get('features', 'text')}`; readout `{g.get('readout', 'mean')}` giving "
+        f"{g.get('num_queries', 1)} graph token(s)",
         f"- activation: {json.dumps(config.get('activation_key_parameters') or {})}",
         f"- data cache key: `{config.get('cache_key')}`; qgmem {config['qgmem_version']}",
         f"- feature widths: node {g.get('feature_dim')}, edge {g.get('edge_dim')}",

@@ -61,7 +61,7 @@ class GraphTokenEncoder(GraphTokenNet):
 
     @torch.no_grad()
     def encode(self, graphs: Data | list[Data]) -> torch.Tensor:
-        """``[num_graphs, lm_hidden]`` graph tokens; empty graphs become one all-zero node."""
+        """``[num_graphs, K, lm_hidden]`` graph tokens (``K`` from the readout); empty graphs become one all-zero node."""
         graphs = [graphs] if isinstance(graphs, Data) else list(graphs)
         device = next(self.parameters()).device
         fixed = [_non_empty(g, self.config.feature_dim) for g in graphs]
@@ -69,10 +69,13 @@ class GraphTokenEncoder(GraphTokenNet):
 
 
 def _non_empty(graph: Data, dim: int) -> Data:
+    """The tensors the encoder reads (``edge_fact`` too when present), with an empty graph as one zero node."""
     if graph.x is not None and graph.x.size(0) > 0:
         edge_attr = graph.edge_attr if graph.edge_attr is not None else graph.x.new_zeros((0, dim))
-        return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float())
-    return Data(x=torch.zeros(1, dim), edge_index=torch.zeros(2, 0, dtype=torch.long), edge_attr=torch.zeros(0, dim))
+        extra = {"edge_fact": graph.edge_fact.float()} if getattr(graph, "edge_fact", None) is not None else {}
+        return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float(), **extra)
+    return Data(x=torch.zeros(1, dim), edge_index=torch.zeros(2, 0, dtype=torch.long), edge_attr=torch.zeros(0, dim),
+                edge_fact=torch.zeros(0, dim))
 
 
 class GraphTokenAnswerer:
@@ -97,7 +100,8 @@ class GraphTokenAnswerer:
         self.encoder = encoder.to(self.lm.device)
         prompt = cfg.get("prompt") or {}
         self.prompts = PromptEncoder(self.tokenizer, max_prompt_tokens=max_prompt_tokens or prompt.get("max_prompt_tokens") or 4096,
-                                     enable_thinking=bool(prompt.get("enable_thinking", False)))
+                                     enable_thinking=bool(prompt.get("enable_thinking", False)),
+                                     with_memory_text=bool(prompt.get("with_memory_text", True)))
         self.max_new_tokens = max_new_tokens
         self.use_graph = cfg.get("graph_mode", "token") != "none"
 
@@ -119,6 +123,7 @@ class GraphTokenAnswerer:
     def answer_working_memory(self, working_memory: Any, sentence_encoder: Any, reverse_edges: bool | None = None) -> str:
         """Answer from a :class:`qgmem.activation.records.WorkingMemory` (graph features built here)."""
         from qgmem.activation.graph import graph_to_data
+        from qgmem.model.features import needs_fact
 
         dim = int(getattr(sentence_encoder, "dim", self.encoder.config.feature_dim))
         if dim != self.encoder.config.feature_dim:
@@ -127,5 +132,6 @@ class GraphTokenAnswerer:
                              f"{self.encoder.config.feature_dim}-d features from {expected!r}")
         if reverse_edges is None:
             reverse_edges = bool((self.encoder.export_config.get("activation") or {}).get("reverse_edges", False))
-        graph = graph_to_data(working_memory.graph, sentence_encoder, reverse_edges=reverse_edges)
+        facts = [u.fact for u in working_memory.units] if needs_fact(self.encoder.config.features) else None
+        graph = graph_to_data(working_memory.graph, sentence_encoder, reverse_edges=reverse_edges, facts=facts)
         return self.answer(graph, working_memory.text, working_memory.question)

@@ -33,6 +33,39 @@ def test_insert_token_places_the_token_and_shifts_the_rest(pos):
     assert p[0].tolist() == list(range(T + 1))
 
 
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize("pos", [[0, 2], [3, 1], [4, 4]])
+def test_insert_k_tokens_places_the_block_and_shifts_the_rest(pos, K):
+    B, T, H = 2, 5, 3
+    embeds = torch.arange(B * T * H, dtype=torch.float32).view(B, T, H)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    labels = torch.arange(B * T).view(B, T)
+    token = -torch.arange(1, B * K * H + 1, dtype=torch.float32).view(B, K, H)
+    e, m, p, lab = insert_token(embeds, mask, torch.tensor(pos), token, labels)
+    assert e.shape == (B, T + K, H) and m.shape == lab.shape == p.shape == (B, T + K)
+    for b in range(B):
+        k = pos[b]
+        assert torch.equal(e[b, k:k + K], token[b])
+        assert torch.equal(e[b, :k], embeds[b, :k]) and torch.equal(e[b, k + K:], embeds[b, k:])
+        assert m[b, k:k + K].tolist() == [1] * K and torch.equal(m[b, k + K:], mask[b, k:])
+        assert (lab[b, k:k + K] == IGNORE_INDEX).all() and torch.equal(lab[b, k + K:], labels[b, k:])
+    assert p[0].tolist() == list(range(T + K))
+
+
+def test_one_token_per_row_equals_k_of_one():
+    embeds, mask = torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.long)
+    token, pos = torch.randn(2, 3), torch.tensor([1, 3])
+    flat = insert_token(embeds, mask, pos, token)
+    block = insert_token(embeds, mask, pos, token.unsqueeze(1))
+    for a, b in zip(flat[:3], block[:3]):
+        assert torch.equal(a, b)
+
+
+def test_insert_rejects_tokens_of_the_wrong_width():
+    with pytest.raises(ValueError, match="graph tokens must be"):
+        insert_token(torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.long), torch.tensor([0, 0]), torch.randn(2, 1, 5))
+
+
 def test_insert_none_keeps_text_only():
     embeds, mask = torch.randn(2, 4, 3), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     e, m, p, lab = insert_token(embeds, mask, torch.tensor([1, 0]), None, None)

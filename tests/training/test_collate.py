@@ -53,6 +53,24 @@ def test_graph_slot_is_start_of_user_content(smollm2_tokenizer):
         assert after.startswith("Memory:\n") and it["question"] in after
 
 
+def test_graph_only_prompt_has_no_memory_text(smollm2_tokenizer):
+    """Graph-only: the user turn is the question alone, the graph slot and labels are unchanged."""
+    tok = smollm2_tokenizer
+    full = GraphTextCollator(tok)(ITEMS)
+    only = GraphTextCollator(tok, with_memory_text=False)(ITEMS)
+    for b, it in enumerate(ITEMS):
+        n = int(only["attention_mask"][b].sum())
+        pos = int(only["graph_pos"][b])
+        user_turn = tok.decode(only["input_ids"][b, pos:n])
+        assert user_turn.startswith(f"Question: {it['question']}")
+        assert "Memory:" not in user_turn and "no memory entries" not in user_turn
+        assert not it["memory_text"] or it["memory_text"].splitlines()[0] not in tok.decode(only["input_ids"][b])
+        assert pos == int(full["graph_pos"][b])
+        answer = only["labels"][b][only["labels"][b] != IGNORE_INDEX]
+        assert torch.equal(answer, full["labels"][b][full["labels"][b] != IGNORE_INDEX])
+    assert only["input_ids"].shape[1] < full["input_ids"].shape[1]
+
+
 def test_truncation_trims_memory_only(smollm2_tokenizer):
     long_memory = "\n".join(f"[M{i}] The user mentioned detail number {i} about the garden." for i in range(1, 60))
     items = [item(0, long_memory, "How many tomato plants do I have?", "Twelve plants")]

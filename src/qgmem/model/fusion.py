@@ -1,8 +1,8 @@
-"""Graph-text fusion: put the graph token into a frozen causal LM's input embeddings.
+"""Graph-text fusion: put the graph token(s) into a frozen causal LM's input embeddings.
 
 Three jobs, kept free of Lightning so serving reuses them:
 
-- :func:`insert_token` places one vector per row at ``pos`` (right- or left-padded rows alike) and keeps
+- :func:`insert_token` places ``K`` vectors per row at ``pos`` (right- or left-padded rows alike) and keeps
   the attention mask, labels and position ids consistent with the padding;
 - :func:`answer_nll` runs the LM's base model and applies the output head **only** at positions whose
   next token is a label, so no full-vocabulary logits are computed over the prompt;
@@ -19,21 +19,29 @@ IGNORE_INDEX = -100
 
 def insert_token(embeds: torch.Tensor, attention_mask: torch.Tensor, pos: torch.Tensor,
                  token: torch.Tensor | None, labels: torch.Tensor | None = None):
-    """Insert ``token[b]`` before column ``pos[b]`` of row ``b``.
+    """Insert the ``K`` graph tokens ``token[b]`` before column ``pos[b]`` of row ``b``.
 
-    ``embeds`` ``[B, T, H]``, ``attention_mask`` ``[B, T]``, ``pos`` ``[B]``, ``token`` ``[B, H]`` (or
-    ``None``: no insertion, the text-only ablation). Returns ``(embeds, attention_mask, position_ids,
-    labels)`` with length ``T + 1`` (``T`` without a token); the new column is attended to and never a
-    label. Position ids count attended columns only, so left padding does not shift positions.
+    ``embeds`` ``[B, T, H]``, ``attention_mask`` ``[B, T]``, ``pos`` ``[B]``, ``token`` ``[B, K, H]``
+    (``[B, H]`` is one token per row, ``K = 1``; ``None``: no insertion, the text-only ablation).
+    Returns ``(embeds, attention_mask, position_ids, labels)`` with length ``T + K`` (``T`` without a
+    token); the new columns are attended to and never labels. Position ids count attended columns only,
+    so left padding does not shift positions.
     """
     if token is not None:
-        B, T, _ = embeds.shape
-        cols = torch.arange(T + 1, device=embeds.device).unsqueeze(0).expand(B, -1)
+        if token.dim() == 2:
+            token = token.unsqueeze(1)
+        B, T, H = embeds.shape
+        if token.dim() != 3 or token.size(0) != B or token.size(-1) != H:
+            raise ValueError(f"graph tokens must be [B={B}, K, H={H}] (or [B, H]), got {tuple(token.shape)}")
+        K = token.size(1)
+        cols = torch.arange(T + K, device=embeds.device).unsqueeze(0).expand(B, -1)
         pos = pos.to(embeds.device).view(B, 1)
-        src = (cols - (cols > pos).long()).clamp(max=T - 1)  # column of the original row to copy
-        at = cols == pos
-        embeds = torch.where(at.unsqueeze(-1), token.to(embeds.dtype).unsqueeze(1),
-                             embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, embeds.size(-1))))
+        slot = cols - pos  # 0..K-1 inside the inserted block
+        at = (slot >= 0) & (slot < K)
+        src = torch.where(cols >= pos + K, cols - K, cols).clamp(max=T - 1)  # column of the original row
+        inserted = token.to(embeds.dtype).gather(1, slot.clamp(0, K - 1).unsqueeze(-1).expand(-1, -1, H))
+        embeds = torch.where(at.unsqueeze(-1), inserted,
+                             embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, H)))
         attention_mask = torch.where(at, torch.ones_like(attention_mask[:, :1]), attention_mask.gather(1, src))
         if labels is not None:
             labels = torch.where(at, torch.full_like(labels[:, :1], IGNORE_INDEX), labels.gather(1, src))

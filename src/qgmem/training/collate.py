@@ -32,7 +32,8 @@ class PromptEncoder:
     """Tokenize (memory, question[, answer]) the way the frozen LM was chat-tuned to read them."""
 
     def __init__(self, tokenizer, max_prompt_tokens: int = 1024, max_answer_tokens: int = 64,
-                 enable_thinking: bool = False, system_prompt: str | None = SYSTEM_PROMPT):
+                 enable_thinking: bool = False, system_prompt: str | None = SYSTEM_PROMPT,
+                 with_memory_text: bool = True):
         if max_answer_tokens < 1:
             raise ValueError(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
         self.tokenizer = tokenizer
@@ -40,6 +41,7 @@ class PromptEncoder:
         self.max_answer_tokens = max_answer_tokens
         self.enable_thinking = enable_thinking
         self.system_prompt = system_prompt
+        self.with_memory_text = with_memory_text  # False: graph-only prompts (no textual working memory)
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
         self.head, self.tail = self._template_halves()
         self.head_ids = self._ids(self.head)
@@ -83,8 +85,8 @@ class PromptEncoder:
 
     def prompt(self, memory_text: str, question: str) -> EncodedPrompt:
         """Prompt ids ending where the answer starts; the memory text is trimmed (from its end) to fit."""
-        content = user_content(memory_text, question)
-        memory = memory_text.strip()
+        content = user_content(memory_text, question, self.with_memory_text)
+        memory = memory_text.strip() if self.with_memory_text else ""
         split = content.find(memory) if memory else -1
         if split < 0:  # no memory text: nothing to trim
             before, memory, after = content, "", ""
@@ -108,8 +110,10 @@ class GraphTextCollator:
     """``collator(items) -> batch`` for :class:`qgmem.training.module.QGMemModule` (see the data contract)."""
 
     def __init__(self, tokenizer, max_prompt_tokens: int = 1024, max_answer_tokens: int = 64,
-                 enable_thinking: bool = False, system_prompt: str | None = SYSTEM_PROMPT):
-        self.encoder = PromptEncoder(tokenizer, max_prompt_tokens, max_answer_tokens, enable_thinking, system_prompt)
+                 enable_thinking: bool = False, system_prompt: str | None = SYSTEM_PROMPT,
+                 with_memory_text: bool = True):
+        self.encoder = PromptEncoder(tokenizer, max_prompt_tokens, max_answer_tokens, enable_thinking, system_prompt,
+                                     with_memory_text)
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         if not items:

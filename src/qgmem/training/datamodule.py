@@ -65,13 +65,15 @@ def synthetic_items(n: int, feature_dim: int = 8, *, seed: int = 0, max_nodes: i
     from torch_geometric.data import Data
 
     gen = torch.Generator().manual_seed(seed)
+    fact_gen = torch.Generator().manual_seed(seed + 7919)  # its own stream: the graphs do not depend on it
     items = []
     for i in range(n):
         nodes = int(torch.randint(1, max_nodes + 1, (1,), generator=gen))
         edges = int(torch.randint(0, 2 * nodes, (1,), generator=gen))
         graph = Data(x=torch.randn(nodes, feature_dim, generator=gen),
                      edge_index=torch.randint(0, nodes, (2, edges), generator=gen),
-                     edge_attr=torch.randn(edges, feature_dim, generator=gen))
+                     edge_attr=torch.randn(edges, feature_dim, generator=gen),
+                     edge_fact=torch.randn(edges, feature_dim, generator=fact_gen))
         color = ["green", "blue", "red", "amber"][i % 4]
         items.append({"graph": graph, "memory_text": f"[M1] The user marks hot leads {color} in the spreadsheet.",
                       "question": "Which color marks hot leads?", "answer": color.capitalize(),
@@ -92,6 +94,8 @@ class QGMemDataModule(L.LightningDataModule):
     ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
     local copies). ``rebuild=True`` discards this key's dataset folder (not its shards or answers).
+    ``graph_only=True`` leaves the textual working memory out of the prompts (the question alone), so
+    the graph token is the only evidence; the cache is the same.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class QGMemDataModule(L.LightningDataModule):
         data_fingerprint: Literal["content", "stat"] = "content",
         rebuild: bool = False,
         prepare_data_per_node: bool = True,
+        graph_only: bool = False,
     ):
         super().__init__()
         if answer_filter not in RULES:
@@ -151,6 +156,7 @@ class QGMemDataModule(L.LightningDataModule):
         self.answer_device, self.strict, self.rebuild = answer_device, strict, rebuild
         self.data_fingerprint = data_fingerprint
         self.prepare_data_per_node = prepare_data_per_node
+        self.graph_only = graph_only
         self.feature_dim = sentence_encoder_dim(sentence_encoder)
         self._items: dict[str, Any] | None = None  # from_items
         self._tokenizer = None
@@ -266,7 +272,8 @@ class QGMemDataModule(L.LightningDataModule):
             from qgmem.training.collate import GraphTextCollator
 
             self._collator = GraphTextCollator(self.tokenizer, max_prompt_tokens=self.max_prompt_tokens,
-                                               max_answer_tokens=self.max_answer_tokens, enable_thinking=False)
+                                               max_answer_tokens=self.max_answer_tokens, enable_thinking=False,
+                                               with_memory_text=not self.graph_only)
         return self._collator
 
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
@@ -288,7 +295,8 @@ class QGMemDataModule(L.LightningDataModule):
     def from_items(cls, train_items: Sequence[dict[str, Any]], val_items: Sequence[dict[str, Any]] = (),
                    test_items: Sequence[dict[str, Any]] = (), *, tokenizer=None, lm: str = EMBEDDED_LM,
                    batch_size: int = 2, eval_batch_size: int | None = None, max_prompt_tokens: int = 256,
-                   max_answer_tokens: int = 32, feature_dim: int | None = None) -> QGMemDataModule:
+                   max_answer_tokens: int = 32, feature_dim: int | None = None,
+                   graph_only: bool = False) -> QGMemDataModule:
         """A data module over in-memory contract items: no data files, no memory building, no cache.
 
         ``feature_dim`` defaults to the first item's node-feature width. ``tokenizer`` defaults to
@@ -305,6 +313,7 @@ class QGMemDataModule(L.LightningDataModule):
         module.num_workers, module.max_prompt_tokens, module.max_answer_tokens = 0, max_prompt_tokens, max_answer_tokens
         module._splits, module._summary, module.cache_key = dict(items), None, None
         module.sentence_encoder, module.answer_filter = None, "none"
+        module.graph_only = graph_only
         return module
 
 
@@ -463,7 +472,7 @@ class _Replayer:
         for qa in case.qas:
             # LoCoMo questions carry no time of their own: the last session's date stands in for it
             memory = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
-            data = graph_to_data(memory.graph, self.encoder)
+            data = graph_to_data(memory.graph, self.encoder, facts=[u.fact for u in memory.units])
             rows.append(C.sample_row(
                 qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
                 category=qa.category, question=qa.question, question_time=qa.question_time, reference=qa.answer,

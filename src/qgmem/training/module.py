@@ -19,8 +19,10 @@ from torch_geometric.data import Batch, Data
 
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
+from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import answer_nll, greedy_generate, insert_token
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+from qgmem.model.readout import Readout
 from qgmem.training.collate import PromptEncoder
 from qgmem.training.metrics import AnswerScores
 
@@ -55,6 +57,10 @@ class QGMemModule(LightningModule):
         lm_dtype: dtype the frozen LM is loaded in (``auto`` = the checkpoint's; ``bfloat16`` on GPU).
         feature_dim: sentence-encoder dimension = node and edge feature width (linked from the data).
         encoder: graph encoder shape. projector_hidden: projector's inner width (default: max(in, out)).
+        features: memory content the encoder reads (``text`` = the paper's node/predicate texts;
+            ``edge_fact_sum``/``edge_fact_concat``/``node_fact`` add each unit's fact embedding, see
+            :mod:`qgmem.model.features`). readout: ``mean`` (one token, the paper) or ``queries``
+            (``num_queries`` learned queries over the nodes → that many graph tokens).
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
         lr, weight_decay, warmup_steps: AdamW with linear warm-up then cosine decay to 10%.
@@ -67,6 +73,7 @@ class QGMemModule(LightningModule):
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
+                 features: GraphFeatures = "text", readout: Readout = "mean", num_queries: int = 1,
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
@@ -84,7 +91,8 @@ class QGMemModule(LightningModule):
         self.prompt_encoder = PromptEncoder(self.tokenizer, enable_thinking=enable_thinking)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
-                                                  encoder=encoder, projector_hidden=projector_hidden))
+                                                  encoder=encoder, projector_hidden=projector_hidden,
+                                                  features=features, readout=readout, num_queries=num_queries))
         if match_embedding_scale:
             target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
             self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
@@ -127,7 +135,7 @@ class QGMemModule(LightningModule):
 
     # ------------------------------------------------------------------------------------ forward
     def graph_tokens(self, graph: Batch) -> torch.Tensor | None:
-        """``[B, lm_hidden]`` graph tokens (``None`` for ``graph: none``)."""
+        """``[B, K, lm_hidden]`` graph tokens (``None`` for ``graph: none``)."""
         mode = self.hparams.graph
         if mode == "none":
             return None
@@ -267,7 +275,7 @@ def describe_datamodule(datamodule) -> dict[str, Any]:
         return {}
     info: dict[str, Any] = {}
     for name in ("dataset", "sentence_encoder", "feature_dim", "cache_key", "lm", "max_prompt_tokens",
-                 "max_answer_tokens", "answer_filter", "construction", "activation", "summary"):
+                 "max_answer_tokens", "answer_filter", "construction", "activation", "summary", "graph_only"):
         try:
             value = getattr(datamodule, name, None)
         except Exception:  # e.g. a summary that is not built yet: the export just lacks it

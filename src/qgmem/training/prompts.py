@@ -14,14 +14,21 @@ SYSTEM_PROMPT = (
 )
 
 
-def user_content(memory_text: str, question: str) -> str:
-    """The user turn: the textual working memory, then the question."""
+def user_content(memory_text: str, question: str, with_memory_text: bool = True) -> str:
+    """The user turn: the textual working memory, then the question.
+
+    ``with_memory_text=False`` is the graph-only setting: the question alone, so the graph token is the
+    only evidence the LM gets.
+    """
+    if not with_memory_text:
+        return f"Question: {question.strip()}"
     memory = memory_text.strip() or "(no memory entries)"
     return f"Memory:\n{memory}\n\nQuestion: {question.strip()}"
 
 
-def build_messages(memory_text: str, question: str, system_prompt: str | None = SYSTEM_PROMPT) -> list[dict[str, str]]:
+def build_messages(memory_text: str, question: str, system_prompt: str | None = SYSTEM_PROMPT,
+                   with_memory_text: bool = True) -> list[dict[str, str]]:
     """Chat messages for the frozen LM (system prompt omitted when ``None``)."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": user_content(memory_text, question)})
+    messages.append({"role": "user", "content": user_content(memory_text, question, with_memory_text)})
     return messages
