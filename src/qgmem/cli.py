@@ -2,6 +2,10 @@
 
 Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported
 lazily so ``qgmem --help`` stays fast and a stage's heavy imports load only when it runs.
+
+A user's error (a :class:`~qgmem.errors.UserError`, or a missing / wrong-kind path from the OS) prints
+one line ``qgmem COMMAND: error: ...`` and exits 2 with no traceback; ``--debug`` (anywhere on the
+line) prints the traceback as well. Any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,6 +13,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+
+from qgmem.errors import USER_ERROR_EXIT, UserError
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -18,22 +25,62 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
 }
 
+#: OS errors that, reaching the command line, mean the user named a wrong path (their message names it)
+PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+DEBUG_FLAG = "--debug"
+
+
+def _print_error(prog: str, exc: BaseException, debug: bool) -> int:
+    if debug:
+        traceback.print_exception(exc)
+    message = str(exc) or type(exc).__name__
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    if not debug:
+        print(f"{prog}: (run again with {DEBUG_FLAG} for the traceback)", file=sys.stderr)
+    return USER_ERROR_EXIT
+
+
+def run_command(prog: str, command, argv: list[str], debug: bool = False) -> int:
+    """Run ``command(argv)`` under the user-error convention; reusable by entry points outside ``COMMANDS``."""
+    try:
+        return int(command(argv) or 0)
+    except (UserError, *PATH_ERRORS) as exc:
+        return _print_error(prog, exc, debug)
+
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv
+    argv = [a for a in argv if a != DEBUG_FLAG]
+    parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0],
+                                     epilog=f"{DEBUG_FLAG}: show the traceback of an error (any command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        parser.print_help() if not argv or argv[0] in ("-h", "--help") else parser.parse_args(argv)
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    if argv[0] not in COMMANDS:
+        try:
+            parser.parse_args(argv)  # prints the usage and the choices, exits 2
+        except SystemExit as exc:
+            return int(exc.code or 0)
+        return USER_ERROR_EXIT
     name = argv[0]
-    module = importlib.import_module(COMMANDS[name][0])
-    cmd_parser = argparse.ArgumentParser(prog=f"qgmem {name}", description=COMMANDS[name][1])
-    module.add_arguments(cmd_parser)
-    args = cmd_parser.parse_args(argv[1:])
-    return int(module.run(args) or 0)
+    prog = f"qgmem {name}"
+
+    def command(rest: list[str]) -> int:
+        module = importlib.import_module(COMMANDS[name][0])
+        cmd_parser = argparse.ArgumentParser(prog=prog, description=COMMANDS[name][1])
+        module.add_arguments(cmd_parser)
+        cmd_parser.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
+        try:
+            args = cmd_parser.parse_args(rest)
+        except SystemExit as exc:  # --help (0) or a bad flag (2: argparse printed usage and the reason)
+            return int(exc.code or 0)
+        return module.run(args)
+
+    return run_command(prog, command, argv[1:], debug)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -160,7 +160,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    metrics = json.loads(Path(args.metrics).read_text()) if args.metrics else None
-    out = export_checkpoint(args.ckpt, args.out, metrics)
+    from qgmem.errors import as_user_error
+
+    with as_user_error(ValueError):  # not a checkpoint, no graph-token weights, unreadable metrics JSON
+        metrics = json.loads(Path(args.metrics).read_text()) if args.metrics else None
+        out = export_checkpoint(args.ckpt, args.out, metrics)
     print(f"exported {args.ckpt} -> {out}")
     return 0

@@ -25,7 +25,9 @@ from qgmem.activation.config import ActivationConfig
 from qgmem.activation.metrics import evidence_metrics, mean_metrics, percentiles
 from qgmem.activation.rerank import make_reranker
 from qgmem.activation.serialize import count_tokens
+from qgmem.data.loaders import DATASETS, add_load_arguments
 from qgmem.data.records import Case
+from qgmem.errors import as_user_error
 from qgmem.memory.store import MemoryStore
 
 
@@ -144,8 +146,9 @@ def select_cases(cases: list[Case], limit: int | None = None, per_category: int 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=["convomem", "locomo", "longmemeval"])
+    parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data file or folder")
+    add_load_arguments(parser)
     parser.add_argument("--k", type=int, default=10, help="working-memory size and metric cutoff (default 10)")
     parser.add_argument("--pool-size", type=int, default=100, help="fused candidate pool n (default 100)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N cases")
@@ -211,10 +214,15 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
         faiss.omp_set_num_threads(args.threads)
-    cases = select_cases(load_cases(args.dataset, args.path).cases, args.limit, args.limit_per_category)
-    config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
-                              reranker_path=args.reranker_path, superseded=args.superseded,
-                              channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
+    loaded = load_cases(args.dataset, args.path, strict=args.strict)
+    if loaded.report.get("skipped"):
+        print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
+              + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)
+    cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
+    with as_user_error(ValueError, prefix="bad option: "):
+        config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
+                                  reranker_path=args.reranker_path, superseded=args.superseded,
+                                  channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
     encoder = SentenceEncoder(args.encoder)
     tokenizer = None
     if args.tokenizer and args.tokenizer.lower() != "none":
@@ -229,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
     summary = evaluate_cases(cases, _construction(args, encoder), encoder, config, tokenizer, reranker,
                              progress=not args.json)
     summary["dataset"] = args.dataset
+    summary["load_skipped"] = loaded.report.get("skipped", 0)
     summary["tokenizer"] = args.tokenizer if tokenizer is not None else None
     _print_table(summary, config.k)
     if args.json:

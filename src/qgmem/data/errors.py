@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from qgmem.errors import UserError
 
-class DataFormatError(ValueError):
+
+class DataFormatError(UserError, ValueError):
     """A record that does not have the documented shape.
 
-    The message always says where: ``file``, ``item`` (index in the file) and ``field``.
+    The message always says where: ``file``, ``item`` (index in the file) and ``field``. It is a
+    :class:`~qgmem.errors.UserError`, so the command line prints it as one line and exits 2.
     """
 
     def __init__(self, message: str, *, file: str | None = None, item: int | str | None = None,

@@ -5,6 +5,7 @@ Later stages call only this, so adding a data set means adding a module and a li
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from qgmem.data.convomem import load_convomem
 from qgmem.data.locomo import load_locomo
 from qgmem.data.longmemeval import load_longmemeval
 
-__all__ = ["DATASETS", "LOADERS", "LoadedData", "load_cases"]
+__all__ = ["DATASETS", "LOADERS", "LoadedData", "add_load_arguments", "load_cases"]
 
 LOADERS: dict[str, Callable[..., LoadedData]] = {
     "convomem": load_convomem,
@@ -37,3 +38,15 @@ def load_cases(dataset: str, path: str | Path, *, strict: bool = True, **options
     except KeyError:
         raise ValueError(f"unknown dataset {dataset!r}; expected one of {', '.join(DATASETS)}") from None
     return loader(path, strict=strict, **options)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--strict`` (default) / ``--lenient``: the same loading policy flags on every data-reading command.
+
+    The parsed value is ``args.strict``; pass it as ``load_cases(..., strict=args.strict)``.
+    """
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--strict", dest="strict", action="store_true", default=True,
+                      help="stop at the first bad record, naming its file, item and field (default)")
+    mode.add_argument("--lenient", dest="strict", action="store_false",
+                      help="skip bad records, count them and list each reason")

@@ -13,20 +13,17 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from qgmem.data.loaders import DATASETS, LoadedData, load_cases
+from qgmem.data.loaders import DATASETS, LoadedData, add_load_arguments, load_cases
 from qgmem.data.records import Case
 from qgmem.data.splits import SPLITS, split_cases
+from qgmem.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="local file or folder (ConvoMem: also a hub id)")
     parser.add_argument("--json", action="store_true", help="end with one line of JSON")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--strict", dest="strict", action="store_true", default=True,
-                      help="stop at the first bad record (default)")
-    mode.add_argument("--lenient", dest="strict", action="store_false",
-                      help="skip bad records, count and list them")
+    add_load_arguments(parser)
     parser.add_argument("--split-ratios", type=float, nargs=3, default=(0.7, 0.15, 0.15),
                         metavar=("TRAIN", "VAL", "TEST"))
     parser.add_argument("--group-key", choices=("person", "dialogue"), default="person")
@@ -100,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {}
     if args.distractor_conversations is not None:
         if args.dataset != "convomem":
-            raise SystemExit("--distractor-conversations applies to --dataset convomem only")
+            raise UserError("--distractor-conversations applies to --dataset convomem only")
         options["distractor_conversations"] = args.distractor_conversations
     if args.dataset == "convomem":
         options["seed"] = args.seed

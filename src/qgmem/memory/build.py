@@ -18,7 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-DATASETS = ("convomem", "locomo", "longmemeval")
+from qgmem.data.loaders import DATASETS, add_load_arguments
+from qgmem.errors import as_user_error
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -34,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extractor", default="heuristic", choices=("heuristic", "llm"))
     parser.add_argument("--limit", type=int, default=None, help="build only the first N dialogues")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
-    parser.add_argument("--lenient", action="store_true", help="skip (and report) bad records instead of failing")
+    add_load_arguments(parser)
     parser.add_argument("--encoder", default=None, help="sentence-transformers folder (default: embedded MiniLM)")
     parser.add_argument("--window-size", type=int, default=6)
     parser.add_argument("--window-overlap", type=int, default=2)
@@ -72,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     out = Path(args.out)
-    config = ConstructionConfig(window_size=args.window_size, window_overlap=args.window_overlap,
-                                extractor=args.extractor, consolidation=args.consolidation)
-    loaded = load_cases(args.dataset, args.path, strict=not args.lenient)
+    with as_user_error(ValueError, prefix="bad option: "):
+        config = ConstructionConfig(window_size=args.window_size, window_overlap=args.window_overlap,
+                                    extractor=args.extractor, consolidation=args.consolidation)
+    loaded = load_cases(args.dataset, args.path, strict=args.strict)
     dialogues, seen = [], set()
     for case in loaded.cases:  # one store per dialogue, even when several cases share it
         if case.dialogue.id not in seen:
