@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.training.collate import IGNORE_INDEX, GraphTextCollator, PromptEncoder
-from qgmem.training.prompts import SYSTEM_PROMPT
+from qgmem.training.prompts import GRAPH_ONLY_SYSTEM_PROMPT, SYSTEM_PROMPT
 
 
 def item(i: int, memory: str, question: str, answer: str, nodes: int = 2) -> dict:
@@ -65,7 +65,7 @@ def test_graph_only_prompt_has_no_memory_text(smollm2_tokenizer):
         assert user_turn.startswith(f"Question: {it['question']}")
         assert "Memory:" not in user_turn and "no memory entries" not in user_turn
         assert not it["memory_text"] or it["memory_text"].splitlines()[0] not in tok.decode(only["input_ids"][b])
-        assert pos == int(full["graph_pos"][b])
+        assert GRAPH_ONLY_SYSTEM_PROMPT in tok.decode(only["input_ids"][b, :pos])
         answer = only["labels"][b][only["labels"][b] != IGNORE_INDEX]
         assert torch.equal(answer, full["labels"][b][full["labels"][b] != IGNORE_INDEX])
     assert only["input_ids"].shape[1] < full["input_ids"].shape[1]

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch_geometric.data import Batch
 
-from qgmem.training.prompts import SYSTEM_PROMPT, build_messages, user_content
+from qgmem.training.prompts import GRAPH_ONLY_SYSTEM_PROMPT, SYSTEM_PROMPT, build_messages, user_content
 
 IGNORE_INDEX = -100
 _MARK = "\u2063qgmem-slot\u2063"  # invisible separator around a word no template produces
@@ -29,7 +29,11 @@ class EncodedPrompt:
 
 
 class PromptEncoder:
-    """Tokenize (memory, question[, answer]) the way the frozen LM was chat-tuned to read them."""
+    """Tokenize (memory, question[, answer]) the way the frozen LM was chat-tuned to read them.
+
+    ``with_memory_text=False`` (graph-only) drops the textual working memory and uses
+    ``GRAPH_ONLY_SYSTEM_PROMPT`` in place of the default system prompt.
+    """
 
     def __init__(self, tokenizer, max_prompt_tokens: int = 1024, max_answer_tokens: int = 64,
                  enable_thinking: bool = False, system_prompt: str | None = SYSTEM_PROMPT,
@@ -40,6 +44,8 @@ class PromptEncoder:
         self.max_prompt_tokens = max_prompt_tokens
         self.max_answer_tokens = max_answer_tokens
         self.enable_thinking = enable_thinking
+        if not with_memory_text and system_prompt == SYSTEM_PROMPT:  # the default one speaks of [M1] entries
+            system_prompt = GRAPH_ONLY_SYSTEM_PROMPT
         self.system_prompt = system_prompt
         self.with_memory_text = with_memory_text  # False: graph-only prompts (no textual working memory)
         self.has_template = bool(getattr(tokenizer, "chat_template", None))

@@ -13,6 +13,10 @@ SYSTEM_PROMPT = (
     "short sentence."
 )
 
+# Graph-only prompts have no "[M1]" entries to refer to; a short system prompt also keeps them cheap.
+GRAPH_ONLY_SYSTEM_PROMPT = ("You answer questions about a user's conversation history from the memory given. "
+                            "Answer in one short sentence.")
+
 
 def user_content(memory_text: str, question: str, with_memory_text: bool = True) -> str:
     """The user turn: the textual working memory, then the question.
