@@ -76,7 +76,8 @@ def test_export_config_and_model_card(exported):
                                      "encoder": {"hidden": 16, "heads": 2, "layers": 2, "dropout": 0.0,
                                                  "attention_dropout": 0.0}, **net}
     assert config["readout"] == {"kind": net["readout"], "graph_tokens": net["num_queries"]}
-    assert config["features"] == net["features"] and config["prompt"]["with_memory_text"] is True
+    assert config["features"] == net["features"] and config["prompt"]["include_memory_text"] is True
+    assert config["prompt"]["graph_tokens"] == net["num_queries"]
     assert config["lm"]["hidden_size"] == 32 and config["lm"]["dtype"] == "float32"
     assert config["qgmem_version"] and config["graph_mode"] == "token" and config["lora"] is None
     assert config["metrics"]["val"]["val/em"] == 0.25  # picked up from the run's metrics.json

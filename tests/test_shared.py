@@ -1,4 +1,4 @@
-"""The shared pieces every stage uses: records, sentence encoder, LM loading, prompts, CLI."""
+"""The shared pieces every stage uses: records, sentence encoder, LM loading, CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from qgmem.data.errors import DataFormatError, SkipReport
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 from qgmem.memory.records import MemoryTrace, MemoryUnit
 from qgmem.memory.store import MemoryStore
-from qgmem.training.prompts import SYSTEM_PROMPT, build_messages
 
 
 def _case() -> Case:
@@ -73,15 +72,6 @@ def test_memory_store_lookups():
     assert store.trace_of(unit) is trace
     assert (unit.turn_start, unit.turn_end) == ("s1:0", "s1:0")
     assert MemoryUnit.from_dict(unit.to_dict()) == unit
-
-
-def test_prompt_puts_memory_before_question():
-    messages = build_messages("[M1] User lives in Zürich", "Where does the user live?")
-    assert [m["role"] for m in messages] == ["system", "user"]
-    assert messages[0]["content"] == SYSTEM_PROMPT
-    content = messages[1]["content"]
-    assert content.index("[M1]") < content.index("Question: Where does the user live?")
-    assert build_messages("", "Q?", system_prompt=None)[0]["content"].startswith("Memory:\n(no memory entries)")
 
 
 def test_cli_help_lists_every_command(capsys):

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from qgmem import __version__
+from qgmem.prompting import PromptSettings
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
 ADAPTER_FILE = "lm_lora_adapter.safetensors"
@@ -60,6 +61,15 @@ def find_metrics(ckpt_path: Path, levels: int = 4) -> dict[str, Any] | None:
     return None
 
 
+def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
+    """The run's prompt contract from a checkpoint (older checkpoints kept its parts in two places)."""
+    if hp.get("prompt"):
+        return PromptSettings.from_dict(hp["prompt"])
+    legacy = {"enable_thinking": hp.get("enable_thinking"), "max_prompt_tokens": info.get("max_prompt_tokens"),
+              "max_answer_tokens": info.get("max_answer_tokens")}
+    return PromptSettings(**{k: v for k, v in legacy.items() if v is not None})
+
+
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
     """Write the export folder for ``ckpt_path``; returns ``out_dir``."""
     ckpt_path, out = Path(ckpt_path), Path(out_dir)
@@ -82,10 +92,8 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
         "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
-        "prompt": {"enable_thinking": hp.get("enable_thinking", False),
-                   "max_prompt_tokens": info.get("max_prompt_tokens"), "max_answer_tokens": info.get("max_answer_tokens"),
-                   "graph_token_position": "before the first token of the user content",
-                   "with_memory_text": not info.get("graph_only", False)},
+        "prompt": prompt_settings(hp, info).to_dict(),
+        "graph_token_position": "before the first token of the user content",
         "sentence_encoder": {"id": info.get("sentence_encoder"), "dim": info.get("feature_dim", graph_token.get("feature_dim"))},
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},
         "activation": activation,

@@ -1,8 +1,8 @@
 """Serving an exported graph-token encoder: load it, check it fits the LM, answer with it.
 
 Needs torch, PyG, safetensors and transformers only: neither Lightning nor the training loop. The
-prompt is built with the same :class:`~qgmem.training.collate.PromptEncoder` the model was trained with
-(a tokenizer-only helper), so the graph token lands exactly where it was during training.
+prompt is built with the shared :class:`~qgmem.prompting.PromptEncoder` under the export's prompt
+settings, so the graph token lands exactly where it was during training.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class GraphTokenAnswerer:
     def __init__(self, encoder: GraphTokenEncoder, lm: Any = None, tokenizer: Any = None,
                  max_prompt_tokens: int | None = None, max_new_tokens: int = 64, lm_dtype: str = "auto"):
         from qgmem.lm import load_causal_lm, load_tokenizer
-        from qgmem.training.collate import PromptEncoder
+        from qgmem.prompting import PromptEncoder, PromptSettings
 
         cfg = encoder.export_config
         lm_id = cfg["lm"]["id"]
@@ -98,16 +98,17 @@ class GraphTokenAnswerer:
             raise HiddenSizeMismatch(f"graph tokens are {encoder.config.lm_hidden}-d but the LM's embeddings are "
                                      f"{hidden}-d (export trained for {lm_id!r})")
         self.encoder = encoder.to(self.lm.device)
-        prompt = cfg.get("prompt") or {}
-        self.prompts = PromptEncoder(self.tokenizer, max_prompt_tokens=max_prompt_tokens or prompt.get("max_prompt_tokens") or 4096,
-                                     enable_thinking=bool(prompt.get("enable_thinking", False)),
-                                     with_memory_text=bool(prompt.get("with_memory_text", True)))
+        settings = PromptSettings.from_dict(cfg.get("prompt"))
+        if max_prompt_tokens:
+            settings.max_prompt_tokens = max_prompt_tokens
+        self.prompts = PromptEncoder(self.tokenizer, settings)
         self.max_new_tokens = max_new_tokens
         self.use_graph = cfg.get("graph_mode", "token") != "none"
 
     @torch.no_grad()
     def answer(self, graph: Data, memory_text: str, question: str) -> str:
-        from qgmem.model.fusion import greedy_generate, insert_token
+        from qgmem.model.fusion import insert_token
+        from qgmem.prompting import final_answer, generate
 
         encoded = self.prompts.prompt(memory_text, question)
         device = self.lm.device
@@ -116,9 +117,11 @@ class GraphTokenAnswerer:
         token = self.encoder.encode(graph) if self.use_graph else None
         embeds, mask, positions, _ = insert_token(embeds, torch.ones_like(ids), torch.tensor([encoded.graph_pos]),
                                                   token)
-        new_ids = greedy_generate(self.lm, embeds, mask, positions, self.max_new_tokens,
-                                  eos_token_id=self.prompts.eot_id, pad_token_id=self.prompts.pad_id)
-        return self.tokenizer.decode(new_ids[0], skip_special_tokens=True).strip()
+        settings = self.prompts.settings
+        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
+                       stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
+                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        return final_answer(out.texts[0], settings.first_line)
 
     def answer_working_memory(self, working_memory: Any, sentence_encoder: Any, reverse_edges: bool | None = None) -> str:
         """Answer from a :class:`qgmem.activation.records.WorkingMemory` (graph features built here)."""

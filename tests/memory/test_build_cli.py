@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from qgmem.cli import main
@@ -38,6 +39,38 @@ def test_heuristic_build_on_convomem_sample_then_resume(tmp_path, convomem_path,
     assert main(args) == 0
     again = _last_json(capsys)
     assert again["reused_dialogues"] == 2 and again["units"] == summary["units"]
+
+
+def _flip_middle(path, n=32):
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + n):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_and_half_written_stores_are_rebuilt_not_reused(tmp_path, convomem_path, capsys, fake_encoder):
+    args = ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
+            "--limit", "3", "--json"]
+    assert main(args) == 0
+    first = _last_json(capsys)
+    index = [json.loads(line) for line in (tmp_path / "index.jsonl").read_text().splitlines()]
+    folders = [tmp_path / row["folder"] for row in index]
+    good = MemoryStore.load(folders[0]).embeddings
+    _flip_middle(folders[0] / "embeddings.safetensors")  # flipped bytes
+    units = folders[1] / "units.jsonl"
+    units.write_bytes(units.read_bytes()[:100])  # truncated
+    stale = tmp_path / "stores" / f".{folders[2].name}.tmp-999999999"  # a killed build's leftovers
+    stale.mkdir()
+    (stale / "units.jsonl").write_text("{")
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    again = json.loads(captured.out.strip().splitlines()[-1])
+    assert again["reused_dialogues"] == 1 and again["rebuilt_corrupt"] == 2 and again["removed_temp"] == 1
+    assert "embeddings.safetensors: checksum mismatch" in again["rebuilt_corrupt_examples"][0]
+    assert "units.jsonl: truncated" in again["rebuilt_corrupt_examples"][1]
+    assert "rebuilt 2 stores that failed their integrity check" in captured.out and not stale.exists()
+    np.testing.assert_array_equal(MemoryStore.load(folders[0]).embeddings, good)
+    assert again["units"] == first["units"]
 
 
 def test_llm_build_through_a_flaky_http_server(tmp_path, convomem_path, capsys, fake_encoder):

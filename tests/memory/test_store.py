@@ -7,6 +7,7 @@ import pytest
 
 from qgmem.memory.builder import MemoryBuilder
 from qgmem.memory.config import ConstructionConfig
+from qgmem.errors import IntegrityError
 from qgmem.memory.store import MemoryStore, StoreMismatchError
 
 from .helpers import BagOfWordsEncoder, make_dialogue
@@ -62,8 +63,10 @@ def test_incomplete_or_foreign_folders_fail_clearly(built, tmp_path):
         MemoryStore.load(tmp_path)
     lines = (folder / "units.jsonl").read_text().splitlines()
     (folder / "units.jsonl").write_text("\n".join(lines[:-1]) + "\n")
-    with pytest.raises(ValueError, match="incomplete or was edited"):
+    with pytest.raises(IntegrityError, match="units.jsonl: truncated"):
         MemoryStore.load(folder)
+    with pytest.raises(IntegrityError, match="incomplete or was edited"):  # the count check, unverified
+        MemoryStore.load(folder, verify=False)
     meta = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps({**meta, "format_version": 99}))
     with pytest.raises(StoreMismatchError, match="version 99"):
@@ -74,3 +77,89 @@ def test_mismatched_embeddings_refuse_to_save(tmp_path):
     store = MemoryStore("d", embeddings=np.zeros((2, 4), dtype=np.float32))
     with pytest.raises(ValueError, match="2 embeddings for 0 units"):
         store.save(tmp_path / "bad")
+
+
+def _flip(path, n=32):
+    """Invert ``n`` bytes in the middle of a file (the fault a bad disk or a bad copy gives)."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    for i in range(mid, min(mid + n, len(data))):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["embeddings.safetensors", "units.jsonl", "traces.jsonl"])
+def test_flipped_bytes_are_detected_naming_the_file(built, name):
+    _, _, folder = built
+    _flip(folder / name, n=8)
+    with pytest.raises(IntegrityError, match=f"{name}: checksum mismatch") as err:
+        MemoryStore.load(folder)
+    assert str(folder / name) in str(err.value) and "qgmem build-memory" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["embeddings.safetensors", "units.jsonl"])
+def test_truncated_file_names_path_and_fix(built, name):
+    _, _, folder = built
+    path = folder / name
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 3])
+    with pytest.raises(IntegrityError, match=rf"{name}: truncated \(\d+ bytes, \d+ written\)") as err:
+        MemoryStore.load(folder)
+    assert str(path) in str(err.value) and "rebuild it with `qgmem build-memory" in str(err.value)
+
+
+def test_truncated_embeddings_unverified_still_name_the_path(built):
+    _, _, folder = built
+    path = folder / "embeddings.safetensors"
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(IntegrityError, match="embeddings.safetensors: unreadable"):
+        MemoryStore.load(folder, verify=False)
+
+
+def test_store_without_checksums_is_refused(built):
+    _, _, folder = built
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["files"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(IntegrityError, match="no checksums recorded"):
+        MemoryStore.load(folder)
+
+
+def test_garbled_meta_is_an_integrity_error(built):
+    _, _, folder = built
+    (folder / "meta.json").write_text('{"format": "qgmem-memory-st')
+    with pytest.raises(IntegrityError, match="meta.json: unreadable"):
+        MemoryStore.load(folder)
+
+
+def test_nan_embeddings_written_by_hand_are_refused(built):
+    from safetensors.numpy import save_file
+
+    from qgmem.integrity import manifest
+    from qgmem.memory.store import DATA_FILES
+
+    _, store, folder = built
+    bad = store.embeddings.copy()
+    bad[0, 0] = np.nan
+    save_file({"embeddings": bad}, str(folder / "embeddings.safetensors"))
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps({**meta, "files": manifest(folder, DATA_FILES)}))  # checksums agree
+    with pytest.raises(IntegrityError, match="non-finite embedding values"):
+        MemoryStore.load(folder)
+
+
+def test_save_replaces_atomically_and_stale_temp_is_cleaned(built, tmp_path):
+    from qgmem.integrity import temp_path
+    from qgmem.memory.store import clean_stale_temp
+
+    _, store, folder = built
+    (folder / "stray.txt").write_text("left by an older save")
+    store.save(folder)  # replaces the whole folder
+    assert sorted(p.name for p in folder.iterdir()) == ["embeddings.safetensors", "meta.json", "traces.jsonl",
+                                                         "units.jsonl"]
+    dead = folder.parent / ".other.tmp-999999999"  # no such process
+    dead.mkdir()
+    (dead / "units.jsonl").write_text("half")
+    live = temp_path(folder.parent / "mine")  # this process: still being written
+    live.mkdir()
+    assert clean_stale_temp(folder.parent) == [dead]
+    assert not dead.exists() and live.exists() and folder.exists()

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch_geometric.data import Data
 
-from qgmem.training.collate import IGNORE_INDEX, GraphTextCollator, PromptEncoder
-from qgmem.training.prompts import GRAPH_ONLY_SYSTEM_PROMPT, SYSTEM_PROMPT
+from qgmem.prompting import SYSTEM_PROMPT, PromptSettings
+from qgmem.training.collate import IGNORE_INDEX, GraphTextCollator
 
 
 def item(i: int, memory: str, question: str, answer: str, nodes: int = 2) -> dict:
@@ -53,24 +53,6 @@ def test_graph_slot_is_start_of_user_content(smollm2_tokenizer):
         assert after.startswith("Memory:\n") and it["question"] in after
 
 
-def test_graph_only_prompt_has_no_memory_text(smollm2_tokenizer):
-    """Graph-only: the user turn is the question alone, the graph slot and labels are unchanged."""
-    tok = smollm2_tokenizer
-    full = GraphTextCollator(tok)(ITEMS)
-    only = GraphTextCollator(tok, with_memory_text=False)(ITEMS)
-    for b, it in enumerate(ITEMS):
-        n = int(only["attention_mask"][b].sum())
-        pos = int(only["graph_pos"][b])
-        user_turn = tok.decode(only["input_ids"][b, pos:n])
-        assert user_turn.startswith(f"Question: {it['question']}")
-        assert "Memory:" not in user_turn and "no memory entries" not in user_turn
-        assert not it["memory_text"] or it["memory_text"].splitlines()[0] not in tok.decode(only["input_ids"][b])
-        assert GRAPH_ONLY_SYSTEM_PROMPT in tok.decode(only["input_ids"][b, :pos])
-        answer = only["labels"][b][only["labels"][b] != IGNORE_INDEX]
-        assert torch.equal(answer, full["labels"][b][full["labels"][b] != IGNORE_INDEX])
-    assert only["input_ids"].shape[1] < full["input_ids"].shape[1]
-
-
 def test_truncation_trims_memory_only(smollm2_tokenizer):
     long_memory = "\n".join(f"[M{i}] The user mentioned detail number {i} about the garden." for i in range(1, 60))
     items = [item(0, long_memory, "How many tomato plants do I have?", "Twelve plants")]
@@ -104,28 +86,16 @@ def test_graphs_and_metadata(smollm2_tokenizer):
     assert batch["qa_id"] == ["q0", "q1", "q2"] and batch["answer"][1] == "Bees, three hives of them"
 
 
-@pytest.mark.parametrize("max_answer_tokens", [1, 3])
-def test_answer_truncation_keeps_end_of_turn(smollm2_tokenizer, max_answer_tokens):
-    enc = PromptEncoder(smollm2_tokenizer, max_answer_tokens=max_answer_tokens)
-    ids = enc.answer("Bees, three hives of them")
-    assert len(ids) == max_answer_tokens and ids[-1] == enc.eot_id
-
-
-def test_tokenizer_without_chat_template(smollm2_tokenizer):
-    import copy
-
-    tok = copy.deepcopy(smollm2_tokenizer)
-    tok.chat_template = None
-    enc = PromptEncoder(tok)
-    assert enc.eot_id == tok.eos_token_id and not enc.has_template
-    prompt = enc.prompt("[M1] fact", "Question?")
-    text = tok.decode(prompt.ids)
-    assert text.startswith(tok.bos_token + SYSTEM_PROMPT) and text.endswith("\nAnswer: ")
-    assert tok.decode(prompt.ids[prompt.graph_pos:]).startswith("Memory:")
-
-
 def test_missing_field_names_the_item(smollm2_tokenizer):
     bad = dict(ITEMS[0])
     del bad["question"]
     with pytest.raises(KeyError, match="item 1 .*'question'"):
         GraphTextCollator(smollm2_tokenizer)([ITEMS[1], bad])
+
+
+def test_collator_uses_the_given_prompt_settings(smollm2_tokenizer):
+    settings = PromptSettings(max_prompt_tokens=4096, include_memory_text=False)
+    batch = GraphTextCollator(smollm2_tokenizer, settings)(ITEMS[:1])
+    assert batch["input_ids"].shape[0] == 1
+    text = smollm2_tokenizer.decode(batch["input_ids"][0])
+    assert "Lisbon" in text and "Ana lives" not in text and "Memory:" not in text  # answer kept, memory left out

@@ -1,29 +1,15 @@
-"""Answer metrics agree with torchmetrics' SQuAD scoring and handle the edge cases."""
+"""AnswerScores: the run-level mean of the shared exact match and token F1."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from torchmetrics.text import SQuAD
 
-from qgmem.training.metrics import AnswerScores, contains_answer, exact_match, normalize_answer, token_f1
+from qgmem.text import exact_match, token_f1
+from qgmem.training.metrics import AnswerScores
 
 PAIRS = [("The Eiffel Tower.", "eiffel tower"), ("blue and green", "Blue"), ("It is in Paris, France", "Paris"),
          ("no idea", "Lisbon"), ("An apple a day", "apple day"), ("", "")]
-
-
-@pytest.mark.parametrize("text,expected", [("The  Quick, brown FOX!", "quick brown fox"), ("a an the", ""),
-                                           ("Theater", "theater")])
-def test_normalize_answer(text, expected):
-    assert normalize_answer(text) == expected
-
-
-@pytest.mark.parametrize("pred,ref", PAIRS)
-def test_scores_match_torchmetrics_squad(pred, ref):
-    squad = SQuAD()(
-        [{"prediction_text": pred, "id": "0"}], [{"answers": {"answer_start": [0], "text": [ref]}, "id": "0"}])
-    assert exact_match(pred, ref) == pytest.approx(squad["exact_match"].item() / 100)
-    assert token_f1(pred, ref) == pytest.approx(squad["f1"].item() / 100, abs=1e-6)
 
 
 def test_answer_scores_accumulate():
@@ -42,8 +28,3 @@ def test_answer_scores_accumulate():
     with pytest.raises(ValueError, match="2 predictions for 1 references"):
         metric.update(["a", "b"], ["a"])
 
-
-@pytest.mark.parametrize("pred,ref,expected", [("It is in Paris, France", "paris", True), ("Parisian", "Paris", False),
-                                               ("anything", "", False)])
-def test_contains_answer(pred, ref, expected):
-    assert contains_answer(pred, ref) is expected

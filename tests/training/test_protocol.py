@@ -118,7 +118,7 @@ def tiny(tmp_path_factory):
 def test_three_conditions_on_one_model(tiny, graph_only):
     module, tok = tiny
     items = synthetic_items(6, 8, seed=4)
-    collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, with_memory_text=not graph_only)
+    collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=not graph_only)
     scores, pairing = score_conditions(module, items, collator, batch_size=4, generate=["own"])
     assert set(scores.nll) == {"own", "shuffled", "none"} and all(len(v) == 6 for v in scores.nll.values())
     assert pairing["shuffled_same_graph"] == 0 and pairing["distinct_graphs"] == 6

@@ -60,6 +60,8 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     config = json.loads((root / "export" / "config.json").read_text())
     assert config["graph_token"]["encoder"]["layers"] == 3 and config["graph_token"]["feature_dim"] == 8
     assert config["metrics"]["test"] == saved["test"] and config["lm"]["id"] == lm_path
+    # the prompt contract is set on the data side and reaches the export through the model
+    assert config["prompt"]["max_prompt_tokens"] == 96 and config["prompt"]["max_answer_tokens"] == 8
 
     again = main(tiny_args(root, lm_path, "--model.encoder.layers", "3", "--trainer.max_steps", "5",
                            "--ckpt_path", "last"), datamodule_class=TinyData)

@@ -2,7 +2,8 @@
 
 Loads from a folder, a hub id (with a network or warm hub cache), or ``embedded:SmolLM2-135M-Instruct``
 through :mod:`qgmem.lm`. Prompts are rendered with the tokenizer's chat template; left padding keeps
-every prompt's last token at the same position so one ``generate`` call serves the whole batch.
+every prompt's last token at the same position so one call of the shared generation helper
+(:func:`qgmem.prompting.generate`) serves the whole batch.
 """
 
 from __future__ import annotations
@@ -42,27 +43,20 @@ class TransformersChatBackend(LLMBackend):
         return results
 
     def _generate(self, batch: list[Conversation], max_new_tokens: int, temperature: float) -> list[ChatResult]:
-        import torch
+        from qgmem.prompting import generate, stop_token_ids
 
         prompts = [self.render(m) for m in batch]
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        device = next(self.model.parameters()).device
-        enc = {k: v.to(device) for k, v in enc.items()}
-        sampling = {"do_sample": True, "temperature": float(temperature)} if temperature > 0 else {"do_sample": False}
-        with torch.inference_mode():
-            out = self.model.generate(**enc, max_new_tokens=int(max_new_tokens),
-                                      pad_token_id=self.tokenizer.pad_token_id, **sampling)
-        prompt_len = enc["input_ids"].shape[1]
+        out = generate(self.model, self.tokenizer, enc["attention_mask"], input_ids=enc["input_ids"],
+                       max_new_tokens=int(max_new_tokens), stop_ids=self._stop_ids(stop_token_ids),
+                       pad_id=self.tokenizer.pad_token_id, temperature=temperature)
         prompt_tokens = enc["attention_mask"].sum(dim=1).tolist()
-        results = []
-        for row, n_prompt in zip(out[:, prompt_len:], prompt_tokens):
-            ids = row.tolist()
-            n_new = len(ids)
-            eos = {self.tokenizer.eos_token_id, self.tokenizer.pad_token_id}
-            for i, tok in enumerate(ids):
-                if tok in eos:
-                    n_new = i + 1
-                    break
-            text = self.tokenizer.decode(ids[:n_new], skip_special_tokens=True)
-            results.append(ChatResult(text, int(n_prompt), n_new))
-        return results
+        return [ChatResult(text, int(n_prompt), n_new)
+                for text, n_prompt, n_new in zip(out.texts, prompt_tokens, out.num_tokens)]
+
+    def _stop_ids(self, stop_token_ids) -> list[int]:
+        """End of turn, eos and pad: a finished row is padded, so pad ends a reply too."""
+        ids = stop_token_ids(self.tokenizer)
+        if self.tokenizer.pad_token_id is not None and self.tokenizer.pad_token_id not in ids:
+            ids.append(self.tokenizer.pad_token_id)
+        return ids

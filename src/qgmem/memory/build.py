@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem.data.loaders import DATASETS, add_load_arguments
-from qgmem.errors import as_user_error
+from qgmem.errors import UserError, as_user_error
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -54,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _summary_line(stats: dict[str, Any]) -> str:
-    return (f"dialogues {stats['dialogues']} (reused {stats['reused_dialogues']}), turns {stats['turns']}, "
+    return (f"dialogues {stats['dialogues']} (reused {stats['reused_dialogues']}, rebuilt corrupt "
+            f"{stats.get('rebuilt_corrupt', 0)}), turns {stats['turns']}, "
             f"windows {stats['windows']} (skipped {stats['skipped_windows']}), units {stats['units']}, "
             f"traces {stats['traces']} (updates {stats['updates']}, supplements {stats['supplements']}), "
             f"LLM calls {stats['llm_calls']} (cache hits {stats['llm_cache_hits']}), tokens "
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from qgmem.embed import SentenceEncoder
     from qgmem.memory.builder import BuildStats, MemoryBuilder
     from qgmem.memory.config import ConstructionConfig
-    from qgmem.memory.store import MemoryStore, StoreMismatchError
+    from qgmem.memory.store import MemoryStore, StoreMismatchError, clean_stale_temp
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -99,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
     builder = MemoryBuilder(config, SentenceEncoder(args.encoder), llm=llm)
     expected = builder.expected_meta()
     (out / "stores").mkdir(parents=True, exist_ok=True)
-    index, reused = [], 0
+    stale = clean_stale_temp(out / "stores")
+    if stale:
+        print(f"removed {len(stale)} half-written store folders of killed builds", file=sys.stderr)
+    index, reused, rejected = [], 0, []
     for dialogue in tqdm(dialogues, desc="build-memory", unit="dialogue", file=sys.stderr,
                          disable=not sys.stderr.isatty() and args.json):
         folder = out / "stores" / dialogue_folder(dialogue.id)
@@ -111,7 +115,10 @@ def run(args: argparse.Namespace) -> int:
                 counts = {k: v for k, v in store.meta.get("counts", {}).items()
                           if k in BuildStats.__dataclass_fields__ and not k.startswith(("llm_", "prompt_", "completion_"))}
                 builder.stats.merge(BuildStats(**{**counts, "skip_reasons": Counter(counts.get("skip_reasons", {}))}))
-            except (StoreMismatchError, ValueError, FileNotFoundError):
+            except StoreMismatchError:  # other parameters: rebuilt, as asked
+                store = None
+            except (UserError, ValueError, OSError) as exc:  # corrupt, truncated, edited: rebuilt, reported
+                rejected.append(f"{folder}: {exc}")
                 store = None
         if store is None:
             store = builder.build(dialogue)
@@ -121,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "index.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in index),
                                      encoding="utf-8")
     stats = builder.stats.to_dict()
-    stats.update(dialogues=len(dialogues), reused_dialogues=reused, seconds=round(time.perf_counter() - started, 3),
+    stats.update(dialogues=len(dialogues), reused_dialogues=reused, rebuilt_corrupt=len(rejected),
+                 rebuilt_corrupt_examples=rejected[:10], removed_temp=len(stale), seconds=round(time.perf_counter() - started, 3),
                  dataset=args.dataset, extractor=config.extractor, out=str(out),
                  load_skipped=loaded.report.get("skipped", 0))
     if llm is not None:
@@ -129,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
         llm.close()
     (out / "summary.json").write_text(json.dumps(stats, indent=1, ensure_ascii=False), encoding="utf-8")
     print(_summary_line(stats))
+    if rejected:
+        print(f"rebuilt {len(rejected)} stores that failed their integrity check: " + "; ".join(rejected[:3]))
     if stats["skipped_examples"]:
         print("skipped windows (first ones): " + "; ".join(stats["skipped_examples"][:5]))
     if args.json:

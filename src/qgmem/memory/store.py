@@ -9,6 +9,12 @@ On disk a store is one folder (no pickle anywhere)::
     traces.jsonl            one MemoryTrace per line
     embeddings.safetensors  tensor "embeddings": float32 [U, D], row i belongs to units.jsonl line i
 
+``meta.json`` also records ``files``: the size and SHA-256 of the three other files, written at save and
+checked at load (:mod:`qgmem.integrity`), so flipped bytes or a truncated file are an
+:class:`~qgmem.errors.IntegrityError` naming the file, never data used as if it were good. A store is
+written into a temporary folder beside its final one and renamed into place when complete; a killed
+save leaves a ``.<name>.tmp-<pid>`` folder that :func:`clean_stale_temp` removes.
+
 ``load(directory, expected_meta)`` compares every key given in ``expected_meta`` (recursively, e.g.
 ``{"extractor": "heuristic", "params": {"window_size": 6}}``) with the stored meta and raises
 :class:`StoreMismatchError` naming each difference, or only warns with ``strict=False``.
@@ -17,6 +23,7 @@ On disk a store is one folder (no pickle anywhere)::
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +31,20 @@ from typing import Any
 
 import numpy as np
 
+from qgmem.errors import InputPathError, IntegrityError
+from qgmem.integrity import manifest, remove_stale_temp, replace_dir, temp_path, verify_files
 from qgmem.memory.records import MemoryTrace, MemoryUnit
 
 STORE_FORMAT = "qgmem-memory-store"
 STORE_FORMAT_VERSION = 1
+DATA_FILES = ("units.jsonl", "traces.jsonl", "embeddings.safetensors")
+#: what fixes a store that fails its check (build-memory rebuilds such stores instead of reusing them)
+REBUILD_HINT = "rebuild it with `qgmem build-memory ... --out <build folder>`, which rebuilds stores that fail this check"
+
+
+def clean_stale_temp(stores_dir: str | Path) -> list[Path]:
+    """Remove half-written store folders left in ``stores_dir`` by killed builds; returns them."""
+    return remove_stale_temp(stores_dir)
 
 
 class StoreMismatchError(ValueError):
@@ -83,46 +100,56 @@ class MemoryStore:
         return self._trace_index.get(unit.trace_id) if unit.trace_id else None
 
     def save(self, directory: str | Path) -> Path:
-        """Write the store into ``directory`` (created); files are replaced atomically one by one."""
+        """Write the store to ``directory``: built in a temp folder beside it, then renamed into place."""
         from safetensors.numpy import save_file
 
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         embeddings = np.ascontiguousarray(self.embeddings, dtype=np.float32)
         if embeddings.shape[0] != len(self.units):
             raise ValueError(f"store {self.dialogue_id!r}: {embeddings.shape[0]} embeddings for "
                              f"{len(self.units)} units")
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path(directory)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        (tmp / "units.jsonl").write_text(
+            "".join(json.dumps(u.to_dict(), ensure_ascii=False) + "\n" for u in self.units), encoding="utf-8")
+        (tmp / "traces.jsonl").write_text(
+            "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in self.traces), encoding="utf-8")
+        save_file({"embeddings": embeddings}, str(tmp / "embeddings.safetensors"), metadata={"format": STORE_FORMAT})
         meta = {**self.meta, "format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                 "dialogue_id": self.dialogue_id, "num_units": len(self.units), "num_traces": len(self.traces),
-                "embedding_dim": int(embeddings.shape[1]) if embeddings.ndim == 2 else 0}
-
-        def write(name: str, text: str) -> None:
-            tmp = directory / f".{name}.tmp"
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(directory / name)
-
-        write("units.jsonl", "".join(json.dumps(u.to_dict(), ensure_ascii=False) + "\n" for u in self.units))
-        write("traces.jsonl", "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in self.traces))
-        tmp = directory / ".embeddings.safetensors.tmp"
-        save_file({"embeddings": embeddings}, str(tmp), metadata={"format": STORE_FORMAT})
-        tmp.replace(directory / "embeddings.safetensors")
-        write("meta.json", json.dumps(meta, ensure_ascii=False, indent=1, sort_keys=True))  # last: marks complete
-        return directory
+                "embedding_dim": int(embeddings.shape[1]) if embeddings.ndim == 2 else 0,
+                "files": manifest(tmp, DATA_FILES)}
+        (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1, sort_keys=True),
+                                       encoding="utf-8")
+        return replace_dir(tmp, directory)
 
     @classmethod
     def load(cls, directory: str | Path, expected_meta: dict[str, Any] | None = None,
-             strict: bool = True) -> MemoryStore:
-        """Read a store written by :meth:`save`; check ``expected_meta`` (see the module docstring)."""
+             strict: bool = True, verify: bool = True) -> MemoryStore:
+        """Read a store written by :meth:`save`; check ``expected_meta`` (see the module docstring).
+
+        ``verify`` (default) checks each file's size and checksum against ``meta.json`` first and
+        raises :class:`~qgmem.errors.IntegrityError` naming the file when one differs.
+        """
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
         directory = Path(directory)
         meta_path = directory / "meta.json"
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{meta_path}: not a memory store (no meta.json; was the build interrupted?)")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        if meta.get("format") != STORE_FORMAT or meta.get("format_version") != STORE_FORMAT_VERSION:
-            raise StoreMismatchError(f"{meta_path}: format {meta.get('format')!r} version "
-                                     f"{meta.get('format_version')!r}, expected {STORE_FORMAT!r} "
+        if not meta_path.is_file():
+            raise InputPathError(f"{meta_path}: not a memory store (no meta.json; was the build interrupted?)")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise IntegrityError(f"{meta_path}: unreadable ({exc})", hint=REBUILD_HINT) from None
+        if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT or \
+                meta.get("format_version") != STORE_FORMAT_VERSION:
+            found = meta if isinstance(meta, dict) else {}
+            raise StoreMismatchError(f"{meta_path}: format {found.get('format')!r} version "
+                                     f"{found.get('format_version')!r}, expected {STORE_FORMAT!r} "
                                      f"version {STORE_FORMAT_VERSION}")
         if expected_meta:
             diffs = meta_differences(expected_meta, meta)
@@ -131,6 +158,11 @@ class MemoryStore:
                 if strict:
                     raise StoreMismatchError(message)
                 warnings.warn(message, stacklevel=2)
+        if verify:
+            if not isinstance(meta.get("files"), dict) or set(meta["files"]) != set(DATA_FILES):
+                raise IntegrityError(f"{meta_path}: no checksums recorded for {', '.join(DATA_FILES)} "
+                                     "(written before stores carried them, or edited)", hint=REBUILD_HINT)
+            verify_files(directory, meta["files"], hint=REBUILD_HINT)
 
         def read_jsonl(name: str, record):
             path = directory / name
@@ -139,14 +171,20 @@ class MemoryStore:
                 if line.strip():
                     try:
                         out.append(record.from_dict(json.loads(line)))
-                    except (json.JSONDecodeError, TypeError) as e:
-                        raise ValueError(f"{path}, line {line_no}: {e}") from None
+                    except (json.JSONDecodeError, TypeError, KeyError) as e:
+                        raise IntegrityError(f"{path}, line {line_no}: {e}", hint=REBUILD_HINT) from None
             return out
 
         units = read_jsonl("units.jsonl", MemoryUnit)
         traces = read_jsonl("traces.jsonl", MemoryTrace)
-        embeddings = load_file(str(directory / "embeddings.safetensors"))["embeddings"]
+        emb_path = directory / "embeddings.safetensors"
+        try:
+            embeddings = load_file(str(emb_path))["embeddings"]
+        except (SafetensorError, OSError, KeyError) as exc:
+            raise IntegrityError(f"{emb_path}: unreadable ({type(exc).__name__}: {exc})", hint=REBUILD_HINT) from None
         if len(units) != meta.get("num_units", len(units)) or embeddings.shape[0] != len(units):
-            raise ValueError(f"{directory}: {len(units)} units, {embeddings.shape[0]} embeddings, meta says "
-                             f"{meta.get('num_units')}: the store is incomplete or was edited")
+            raise IntegrityError(f"{directory}: {len(units)} units, {embeddings.shape[0]} embeddings, meta says "
+                                 f"{meta.get('num_units')}: the store is incomplete or was edited", hint=REBUILD_HINT)
+        if embeddings.size and not np.isfinite(embeddings).all():
+            raise IntegrityError(f"{emb_path}: non-finite embedding values", hint=REBUILD_HINT)
         return cls(dialogue_id=meta["dialogue_id"], units=units, traces=traces, embeddings=embeddings, meta=meta)

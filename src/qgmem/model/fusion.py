@@ -1,12 +1,11 @@
 """Graph-text fusion: put the graph token(s) into a frozen causal LM's input embeddings.
 
-Three jobs, kept free of Lightning so serving reuses them:
+Two jobs, kept free of Lightning so serving reuses them (decoding is :func:`qgmem.prompting.generate`):
 
 - :func:`insert_token` places ``K`` vectors per row at ``pos`` (right- or left-padded rows alike) and keeps
   the attention mask, labels and position ids consistent with the padding;
 - :func:`answer_nll` runs the LM's base model and applies the output head **only** at positions whose
-  next token is a label, so no full-vocabulary logits are computed over the prompt;
-- :func:`greedy_generate` decodes from embeddings with the LM's own ``generate``.
+  next token is a label, so no full-vocabulary logits are computed over the prompt.
 """
 
 from __future__ import annotations
@@ -77,12 +76,3 @@ def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_
     per_row.index_add_(0, keep.nonzero()[:, 0], nll)
     return per_row / keep.sum(1).clamp(min=1)
 
-
-@torch.no_grad()
-def greedy_generate(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                    max_new_tokens: int, eos_token_id: int | list[int], pad_token_id: int) -> torch.Tensor:
-    """Greedy continuation of left-padded prompt embeddings; returns only the new token ids ``[B, <=max]``."""
-    del position_ids  # generate derives positions from the attention mask, identically for left padding
-    return lm.generate(inputs_embeds=embeds, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                       do_sample=False, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                       num_beams=1)

@@ -2,8 +2,9 @@
 
 A ``LightningCLI`` over ``QGMemModule`` and ``QGMemDataModule``: every value is a YAML key and a flag
 (``--trainer.devices 8``, ``--model.encoder.layers 3``, ``--data.num_cases 1200``). ``model.lm`` is the
-single source of the LM id (linked into the data module) and the sentence encoder's width is linked
-into the model once the data module exists. Everything a run writes lives under
+single source of the LM id (linked into the data module); the sentence encoder's width and the prompt
+contract (``data.max_prompt_tokens``, ``data.enable_thinking``, ...) are linked into the model once the
+data module exists. Everything a run writes lives under
 ``--trainer.default_root_dir``: TensorBoard logs, ``checkpoints/`` (best by ``val/nll`` + ``last.ckpt``),
 ``metrics.json`` and ``export/``.
 """
@@ -40,6 +41,7 @@ class QGMemCLI(LightningCLI):
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=_checkpoint_dir)
         parser.link_arguments("model.lm", "data.lm")
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
+        parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
         parser.add_argument("--ckpt_path", type=str | None, default=None,
                             help="resume fit from this checkpoint ('last' = the run root's last.ckpt)")
         parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end")

@@ -29,6 +29,7 @@ from qgmem.activation.config import ActivationConfig
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
+from qgmem.prompting import GRAPH_ONLY_SYSTEM_PROMPT, PromptSettings
 from qgmem.training import cache as C
 from qgmem.training.answer_filter import (RUBRIC_CATEGORIES, RULES, FilterReport, JudgeItem, LMAnswerer, MatchRule,
                                           decide, make_judge)
@@ -94,8 +95,8 @@ class QGMemDataModule(L.LightningDataModule):
     ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
     local copies). ``rebuild=True`` discards this key's dataset folder (not its shards or answers).
-    ``graph_only=True`` leaves the textual working memory out of the prompts (the question alone), so
-    the graph token is the only evidence; the cache is the same.
+    ``graph_only=True`` leaves the textual working memory out of the prompts (the question alone, under
+    ``GRAPH_ONLY_SYSTEM_PROMPT``), so the graph token is the only evidence; the cache is the same.
     """
 
     def __init__(
@@ -122,6 +123,7 @@ class QGMemDataModule(L.LightningDataModule):
         num_workers: int = 0,
         max_prompt_tokens: int = 320,
         max_answer_tokens: int = 48,
+        enable_thinking: bool = False,
         answer_batch_size: int = 8,
         answer_max_new_tokens: int = 32,
         answer_device: str | None = None,
@@ -152,6 +154,7 @@ class QGMemDataModule(L.LightningDataModule):
         self.cache_dir = Path(cache_dir)
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_prompt_tokens, self.max_answer_tokens = max_prompt_tokens, max_answer_tokens
+        self.enable_thinking = enable_thinking
         self.answer_batch_size, self.answer_max_new_tokens = answer_batch_size, answer_max_new_tokens
         self.answer_device, self.strict, self.rebuild = answer_device, strict, rebuild
         self.data_fingerprint = data_fingerprint
@@ -194,9 +197,17 @@ class QGMemDataModule(L.LightningDataModule):
                 "judge": judge if self.answer_filter == "llm" else None,
                 "match": asdict(self.match_rule) if self.answer_filter == "match" else None}
 
+    @property
+    def prompt_settings(self) -> PromptSettings:
+        """The run's one prompt contract: the collator, the answer filter, the model and the export use it."""
+        graph_only = getattr(self, "graph_only", False)
+        extra = {"include_memory_text": False, "system_prompt": GRAPH_ONLY_SYSTEM_PROMPT} if graph_only else {}
+        return PromptSettings(max_prompt_tokens=self.max_prompt_tokens, max_answer_tokens=self.max_answer_tokens,
+                              enable_thinking=self.enable_thinking, **extra)
+
     def answerer(self) -> LMAnswerer:
-        return LMAnswerer(self.lm, batch_size=self.answer_batch_size, max_new_tokens=self.answer_max_new_tokens,
-                          max_prompt_tokens=self.max_prompt_tokens, device=self.answer_device)
+        return LMAnswerer(self.lm, prompt=self.prompt_settings, batch_size=self.answer_batch_size,
+                          max_new_tokens=self.answer_max_new_tokens, device=self.answer_device)
 
     @property
     def samples_dir(self) -> Path:
@@ -271,9 +282,7 @@ class QGMemDataModule(L.LightningDataModule):
         if self._collator is None:
             from qgmem.training.collate import GraphTextCollator
 
-            self._collator = GraphTextCollator(self.tokenizer, max_prompt_tokens=self.max_prompt_tokens,
-                                               max_answer_tokens=self.max_answer_tokens, enable_thinking=False,
-                                               with_memory_text=not self.graph_only)
+            self._collator = GraphTextCollator(self.tokenizer, self.prompt_settings)
         return self._collator
 
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
@@ -311,6 +320,7 @@ class QGMemDataModule(L.LightningDataModule):
         module.lm, module._tokenizer, module._collator = lm, tokenizer, None
         module.batch_size, module.eval_batch_size = batch_size, eval_batch_size or batch_size
         module.num_workers, module.max_prompt_tokens, module.max_answer_tokens = 0, max_prompt_tokens, max_answer_tokens
+        module.enable_thinking = False
         module._splits, module._summary, module.cache_key = dict(items), None, None
         module.sentence_encoder, module.answer_filter = None, "none"
         module.graph_only = graph_only

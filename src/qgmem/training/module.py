@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -20,10 +20,10 @@ from torch_geometric.data import Batch, Data
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
-from qgmem.model.fusion import answer_nll, greedy_generate, insert_token
+from qgmem.model.fusion import answer_nll, insert_token
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.readout import Readout
-from qgmem.training.collate import PromptEncoder
+from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.training.metrics import AnswerScores
 
 # The frozen LM is absent from checkpoints and in eval mode during fit, both on purpose.
@@ -68,7 +68,10 @@ class QGMemModule(LightningModule):
             (per process) that are also decoded and scored; test_generate_batches: ``None`` = all.
         num_examples: generations logged as text per validation epoch.
         gradient_checkpointing: recompute LM layers in backward (long contexts); the LM stays in eval mode.
-        lora: LoRA settings, ``None`` = off. enable_thinking: chat-template switch (Qwen3: keep False).
+        lora: LoRA settings, ``None`` = off.
+        prompt: the run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
+            from the data module (``data.prompt_settings``), so the collator, the answer filter, this
+            module's generations and the export all use one setting.
     """
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
@@ -77,18 +80,21 @@ class QGMemModule(LightningModule):
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
-                 enable_thinking: bool = False, match_embedding_scale: bool = True):
+                 prompt: PromptSettings | None = None, match_embedding_scale: bool = True):
         super().__init__()
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
+        prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
+        prompt = replace(prompt, graph_tokens=num_queries)  # the prompt holds as many slots as the readout gives
         if graph not in ("token", "none", "shuffled"):
             raise ValueError(f"graph must be 'token', 'none' or 'shuffled', got {graph!r}")
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
+        self.hparams["prompt"] = prompt.to_dict()
 
         self.lm = load_causal_lm(lm, dtype=lm_dtype)
         self.tokenizer = load_tokenizer(lm)
-        self.prompt_encoder = PromptEncoder(self.tokenizer, enable_thinking=enable_thinking)
+        self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
                                                   encoder=encoder, projector_hidden=projector_hidden,
@@ -174,10 +180,12 @@ class QGMemModule(LightningModule):
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any]) -> list[str]:
-        embeds, mask, positions, _ = self.fused_inputs(batch, generation=True)
-        new_ids = greedy_generate(self.lm, embeds, mask, positions, self.hparams.max_new_tokens,
-                                  eos_token_id=self.prompt_encoder.eot_id, pad_token_id=self.prompt_encoder.pad_id)
-        return [t.strip() for t in self.tokenizer.batch_decode(new_ids, skip_special_tokens=True)]
+        embeds, mask, _, _ = self.fused_inputs(batch, generation=True)
+        enc, settings = self.prompt_encoder, self.prompt_encoder.settings
+        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.hparams.max_new_tokens,
+                       stop_ids=enc.stop_ids, pad_id=enc.pad_id,
+                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        return [final_answer(t, settings.first_line) for t in out.texts]
 
     # -------------------------------------------------------------------------------------- steps
     def _step(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> torch.Tensor:
@@ -209,7 +217,7 @@ class QGMemModule(LightningModule):
 
     def _log_scores(self, stage: str) -> None:
         scores = self.val_scores if stage == "val" else self.test_scores
-        if scores.squad.total.item() == 0 and not torch.distributed.is_initialized():
+        if scores.total.item() == 0 and not torch.distributed.is_initialized():
             return
         for name, value in scores.compute().items():
             self.log(f"{stage}/{name}", value, sync_dist=False)  # already reduced across processes
@@ -250,7 +258,19 @@ class QGMemModule(LightningModule):
             name for name, _ in self.named_buffers() if not name.startswith("lm.")}
 
     def on_fit_start(self) -> None:
-        self.data_info = describe_datamodule(getattr(self.trainer, "datamodule", None))
+        datamodule = getattr(self.trainer, "datamodule", None)
+        self.data_info = describe_datamodule(datamodule)
+        self.use_prompt_settings(getattr(datamodule, "prompt_settings", None))
+
+    def use_prompt_settings(self, settings: PromptSettings | None) -> None:
+        """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
+        if settings is None:
+            return
+        settings = replace(settings, graph_tokens=self.net.config.num_tokens)
+        if settings.to_dict() == self.hparams["prompt"]:
+            return
+        self.prompt_encoder = PromptEncoder(self.tokenizer, settings)
+        self.hparams["prompt"] = settings.to_dict()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only trainable weights (+ non-LM buffers): the frozen LM is reloaded from its id."""
@@ -275,7 +295,7 @@ def describe_datamodule(datamodule) -> dict[str, Any]:
         return {}
     info: dict[str, Any] = {}
     for name in ("dataset", "sentence_encoder", "feature_dim", "cache_key", "lm", "max_prompt_tokens",
-                 "max_answer_tokens", "answer_filter", "construction", "activation", "summary", "graph_only"):
+                 "max_answer_tokens", "answer_filter", "construction", "activation", "summary"):
         try:
             value = getattr(datamodule, name, None)
         except Exception:  # e.g. a summary that is not built yet: the export just lacks it

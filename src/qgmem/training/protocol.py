@@ -137,7 +137,7 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
     Also the mean NLL per condition and EM/F1 per condition where generations exist. Every run must
     score the same samples (same ``qa_id`` order), which holds for seeds of one protocol.
     """
-    from qgmem.training.metrics import exact_match, token_f1
+    from qgmem.text import exact_match, token_f1
 
     if not runs:
         raise ValueError("no runs to summarize")
@@ -188,7 +188,8 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
     ``generate``: conditions whose greedy answers are also decoded (for EM/F1). Returns the scores and
     a report on the pairing (ties, how many partners differ).
     """
-    from qgmem.model.fusion import answer_nll, greedy_generate, insert_token
+    from qgmem.model.fusion import answer_nll, insert_token
+    from qgmem.prompting import final_answer, generate as generate_text
 
     module.eval()
     signatures = [graph_signature(it["graph"]) for it in items]
@@ -215,11 +216,14 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
             rows.extend(answer_nll(module.lm, *fused, reduction="none").float().cpu().tolist())
             if condition in generate:
                 gen_embeds = module.lm.get_input_embeddings()(batch["gen_input_ids"])
-                g = insert_token(gen_embeds, batch["gen_attention_mask"], batch["gen_graph_pos"], token)
-                new = greedy_generate(module.lm, *g[:3], module.hparams.max_new_tokens,
-                                      eos_token_id=module.prompt_encoder.eot_id,
-                                      pad_token_id=module.prompt_encoder.pad_id)
-                predictions.extend(t.strip() for t in module.tokenizer.batch_decode(new, skip_special_tokens=True))
+                g_embeds, g_mask, _, _ = insert_token(gen_embeds, batch["gen_attention_mask"], batch["gen_graph_pos"],
+                                                      token)
+                enc = collator.encoder
+                out = generate_text(module.lm, module.tokenizer, g_mask, inputs_embeds=g_embeds,
+                                    max_new_tokens=module.hparams.max_new_tokens, stop_ids=enc.stop_ids,
+                                    pad_id=enc.pad_id,
+                                    stop_at_newline=enc.settings.first_line and not enc.settings.enable_thinking)
+                predictions.extend(final_answer(t, enc.settings.first_line) for t in out.texts)
         if not all(math.isfinite(x) for x in rows):
             raise FloatingPointError(f"non-finite answer NLL under condition {condition!r}")
         scores.nll[condition] = rows

@@ -1,0 +1,138 @@
+"""Integrity of what is written to disk: size + SHA-256 per file, checked at load; stale temp folders.
+
+Whatever writes a cache or a store records :func:`file_record` of each file it wrote (in its own meta
+file, written last), and whatever reads it calls :func:`verify_files` first. A mismatch raises
+:class:`~qgmem.errors.IntegrityError` naming the file and what differs, with the caller's ``hint`` (the
+command that rebuilds it). The size is checked before the hash, so a truncated file is reported as
+truncated without reading it all.
+
+Temporary folders follow one naming rule, ``.<name>.tmp-<pid>`` next to the final folder
+(:func:`temp_path`); a build that is killed leaves one behind, and :func:`remove_stale_temp` deletes
+those whose process is gone (or that are older than ``max_age_s``, in case the pid was reused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from qgmem.errors import IntegrityError
+
+_CHUNK = 1 << 20
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks (memory stays flat for large files)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def file_record(path: str | Path) -> dict[str, Any]:
+    """``{"size": bytes, "sha256": hex}`` of one file, for a manifest."""
+    path = Path(path)
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+
+def manifest(directory: str | Path, names: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """:func:`file_record` of each named file in ``directory``."""
+    directory = Path(directory)
+    return {name: file_record(directory / name) for name in names}
+
+
+def verify_file(path: str | Path, expected: dict[str, Any], hint: str | None = None) -> None:
+    """Raise :class:`IntegrityError` unless ``path`` has the recorded size and SHA-256."""
+    path = Path(path)
+    if not path.is_file():
+        raise IntegrityError(f"{path}: missing (or not a file) although it was written with the rest", hint=hint)
+    size = path.stat().st_size
+    if "size" in expected and size != expected["size"]:
+        kind = "truncated" if size < expected["size"] else "longer than written"
+        raise IntegrityError(f"{path}: {kind} ({size} bytes, {expected['size']} written)", hint=hint)
+    if "sha256" in expected and sha256_file(path) != expected["sha256"]:
+        raise IntegrityError(f"{path}: checksum mismatch (the file changed after it was written: corrupt or "
+                             "edited)", hint=hint)
+
+
+def verify_files(directory: str | Path, records: dict[str, dict[str, Any]], hint: str | None = None) -> None:
+    """:func:`verify_file` for every entry of a manifest written by :func:`manifest`."""
+    for name, expected in records.items():
+        verify_file(Path(directory) / name, expected, hint=hint)
+
+
+def temp_path(final: str | Path, kind: str = "tmp") -> Path:
+    """Where to build ``final`` before renaming it into place: ``.<name>.<kind>-<pid>`` beside it."""
+    final = Path(final)
+    return final.parent / f".{final.name}.{kind}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> list[Path]:
+    """Temp folders/files (see :func:`temp_path`) in ``parent`` left by dead processes or too old."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return []
+    now, out = time.time(), []
+    for entry in parent.iterdir():
+        m = _TEMP.match(entry.name)
+        if m is None:
+            continue
+        try:
+            age = now - entry.lstat().st_mtime
+        except FileNotFoundError:  # removed meanwhile by its owner
+            continue
+        if not _alive(int(m.group("pid"))) or age > max_age_s:
+            out.append(entry)
+    return sorted(out)
+
+
+def remove_stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> list[Path]:
+    """Delete :func:`stale_temp` entries of ``parent``; returns what was removed (to count and report)."""
+    removed = []
+    for entry in stale_temp(parent, max_age_s):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def replace_dir(tmp: str | Path, final: str | Path) -> Path:
+    """Move a fully written ``tmp`` folder to ``final``, replacing an old ``final``.
+
+    A rename is atomic, but a folder cannot be renamed onto a non-empty one: the old folder is first
+    renamed aside (``.<name>.old-<pid>``) and removed after. A kill between the two renames leaves no
+    ``final`` and a ``.old-`` folder that :func:`remove_stale_temp` cleans; never a half-written ``final``.
+    """
+    tmp, final = Path(tmp), Path(final)
+    old = None
+    if final.exists():
+        old = temp_path(final, "old")
+        if old.exists():
+            shutil.rmtree(old)
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return final

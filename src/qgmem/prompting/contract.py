@@ -1,0 +1,86 @@
+"""The answer prompt's wording and settings: one contract for the answer filter, training, eval and serving.
+
+The frozen LM must read the same prompt when the training data is filtered, when the graph token is
+trained and evaluated, and when an export is served; :class:`PromptSettings` is set once (on the data
+side of a training run), saved in checkpoints and written into every export's ``config.json``, and
+:mod:`qgmem.serving` rebuilds the prompt from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+SYSTEM_PROMPT = (
+    "You answer questions about a user's long conversation history using only the memory entries "
+    "given. Entries are labelled [M1], [M2], ...; when entries conflict, the latest state of a "
+    "trajectory wins. If the memory does not contain the answer, say you don't know. Answer in one "
+    "short sentence."
+)
+NO_MEMORY_TEXT = "(no memory entries)"
+# The graph-only prompt has no "[M1]" entries to refer to; a short system turn also keeps it cheap.
+GRAPH_ONLY_SYSTEM_PROMPT = ("You answer questions about a user's conversation history from the memory given. "
+                            "Answer in one short sentence.")
+
+
+@dataclass
+class PromptSettings:
+    """How a (memory, question) pair becomes the LM's prompt and how its answer is read back.
+
+    Args:
+        max_prompt_tokens: prompt length cap in text tokens (graph tokens not counted); the memory text
+            is trimmed from its end to fit, never the question.
+        max_answer_tokens: supervised answer length, end-of-turn token included.
+        enable_thinking: the chat template's thinking switch (Qwen3); off for answers in one sentence.
+        system_prompt: the system turn (``None``: no system turn).
+        graph_tokens: ``K``, the graph-token slots placed together right before the user content.
+        include_memory_text: ``False`` is the graph-only prompt: the textual working memory is left out
+            and the graph tokens are the only memory the LM sees.
+        first_line: an answer is its first non-empty line (generation stops at a line break when thinking
+            is off): the prompt asks for one short sentence and a small LM that goes on only costs time.
+    """
+
+    max_prompt_tokens: int = 1024
+    max_answer_tokens: int = 64
+    enable_thinking: bool = False
+    system_prompt: str | None = SYSTEM_PROMPT
+    graph_tokens: int = 1
+    include_memory_text: bool = True
+    first_line: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_prompt_tokens < 1:
+            raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        if self.max_answer_tokens < 1:
+            raise ValueError(f"max_answer_tokens must be >= 1, got {self.max_answer_tokens}")
+        if self.graph_tokens < 1:
+            raise ValueError(f"graph_tokens must be >= 1, got {self.graph_tokens}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> PromptSettings:
+        """Settings from a saved dict; unknown keys are refused by name, missing ones take defaults."""
+        data = dict(data or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown prompt setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in data.items() if v is not None or k == "system_prompt"})
+
+
+def user_content(memory_text: str, question: str, include_memory: bool = True) -> str:
+    """The user turn: the textual working memory (unless left out), then the question."""
+    if not include_memory:
+        return f"Question: {question.strip()}"
+    memory = memory_text.strip() or NO_MEMORY_TEXT
+    return f"Memory:\n{memory}\n\nQuestion: {question.strip()}"
+
+
+def build_messages(memory_text: str, question: str, system_prompt: str | None = SYSTEM_PROMPT,
+                   include_memory: bool = True) -> list[dict[str, str]]:
+    """Chat messages for the frozen LM (system turn omitted when ``system_prompt`` is ``None``)."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": user_content(memory_text, question, include_memory)})
+    return messages

@@ -1,0 +1,68 @@
+"""The one answer normalizer and the scores built on it (SQuAD convention).
+
+Training metrics, the answer filter, ``qgmem eval-qa`` and serving all compare answers through
+:func:`normalize_answer`, so a prediction judged correct in one place is correct in all of them. The
+rule is SQuAD's (lower-case, punctuation removed, English articles removed, whitespace squeezed), so
+scores agree with the published SQuAD script and ``torchmetrics``; two additions run first: a thinking
+block (``<think>…</think>``) is dropped and typographic apostrophes become ASCII ones, so ``don’t`` and
+``don't`` both normalize to ``dont``.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = frozenset(string.punctuation)
+_THINK = re.compile(r"<think>.*?(</think>|$)", flags=re.DOTALL)
+_QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
+
+#: normalized phrases that say the memory does not hold the answer (matched at word boundaries)
+ABSTAIN_PHRASES = (
+    "no information", "not mentioned", "dont know", "do not know", "not enough information", "cannot answer",
+    "cant answer", "unable to answer", "no record", "not available in", "doesnt contain", "does not contain",
+    "not provided", "no mention",
+)
+
+
+def strip_thinking(text: str) -> str:
+    """``text`` without thinking blocks (an unclosed block runs to the end), whitespace trimmed."""
+    return _THINK.sub(" ", text or "").strip()
+
+
+def normalize_answer(text: str) -> str:
+    """Lower-case, drop punctuation and articles, squeeze whitespace (thinking blocks removed first)."""
+    text = strip_thinking(text).translate(_QUOTES).lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, reference: str) -> float:
+    """1.0 when the normalized answers are equal, else 0.0."""
+    return float(normalize_answer(prediction) == normalize_answer(reference))
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """Bag-of-tokens F1 of the normalized answers; 1.0 when both are empty, 0.0 when only one is."""
+    pred, ref = normalize_answer(prediction).split(), normalize_answer(reference).split()
+    if not pred or not ref:
+        return float(pred == ref)
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def contains_answer(prediction: str, reference: str) -> bool:
+    """The normalized reference occurs in the normalized prediction as a whole-word span."""
+    ref = normalize_answer(reference)
+    return bool(ref) and f" {ref} " in f" {normalize_answer(prediction)} "
+
+
+def is_abstention(text: str) -> bool:
+    """Whether an answer says the information is not there (one of :data:`ABSTAIN_PHRASES`)."""
+    norm = f" {normalize_answer(text)} "
+    return any(f" {p} " in norm for p in ABSTAIN_PHRASES)

@@ -1,0 +1,35 @@
+"""The prompt wording and PromptSettings: messages, graph-only prompts, saved settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from qgmem.prompting import NO_MEMORY_TEXT, SYSTEM_PROMPT, PromptSettings, build_messages, user_content
+
+
+def test_prompt_puts_memory_before_question():
+    messages = build_messages("[M1] User lives in Zürich", "Where does the user live?")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[0]["content"] == SYSTEM_PROMPT
+    content = messages[1]["content"]
+    assert content.index("[M1]") < content.index("Question: Where does the user live?")
+    assert build_messages("", "Q?", system_prompt=None)[0]["content"] == f"Memory:\n{NO_MEMORY_TEXT}\n\nQuestion: Q?"
+
+
+def test_graph_only_prompt_leaves_memory_text_out():
+    assert user_content("[M1] fact", " Where? ", include_memory=False) == "Question: Where?"
+
+
+def test_settings_round_trip_and_refuse_unknown_fields():
+    settings = PromptSettings(max_prompt_tokens=96, enable_thinking=True, graph_tokens=4, include_memory_text=False,
+                              system_prompt=None)
+    assert PromptSettings.from_dict(settings.to_dict()) == settings
+    assert PromptSettings.from_dict({}) == PromptSettings()
+    with pytest.raises(ValueError, match=r"unknown prompt setting\(s\) \['max_promt_tokens'\]"):
+        PromptSettings.from_dict({"max_promt_tokens": 3})
+
+
+@pytest.mark.parametrize("field,value", [("max_prompt_tokens", 0), ("max_answer_tokens", 0), ("graph_tokens", 0)])
+def test_settings_refuse_non_positive_sizes(field, value):
+    with pytest.raises(ValueError, match=field):
+        PromptSettings(**{field: value})

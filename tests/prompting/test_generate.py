@@ -1,0 +1,96 @@
+"""The one generation helper: ids vs embeddings, left padding, stop tokens, and reading the answer back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate, left_pad
+
+
+@pytest.fixture(scope="module")
+def tiny_lm(smollm2_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, pad_token_id=smollm2_tokenizer.pad_token_id,
+                         eos_token_id=smollm2_tokenizer.eos_token_id)
+    return LlamaForCausalLM(config).eval()
+
+
+PAIRS = [("[M1] The user keeps bees.", "What do I keep?"), ("", "Anything?"),
+         ("[M1] a\n[M2] a much longer memory text " * 3, "What?")]
+
+
+def _prompts(tokenizer):
+    enc = PromptEncoder(tokenizer, PromptSettings(max_prompt_tokens=128))
+    return enc, [enc.prompt(m, q).ids for m, q in PAIRS]
+
+
+def test_left_pad():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+
+
+def test_ids_and_embeddings_decode_alike_and_batching_changes_nothing(tiny_lm, smollm2_tokenizer):
+    enc, rows = _prompts(smollm2_tokenizer)
+    ids, mask = left_pad(rows, enc.pad_id)
+    common = {"max_new_tokens": 5, "stop_ids": enc.stop_ids, "pad_id": enc.pad_id}
+    from_ids = generate(tiny_lm, smollm2_tokenizer, mask, input_ids=ids, **common)
+    embeds = tiny_lm.get_input_embeddings()(ids)
+    from_embeds = generate(tiny_lm, smollm2_tokenizer, mask, inputs_embeds=embeds, **common)
+    assert from_ids.ids == from_embeds.ids and from_ids.texts == from_embeds.texts
+    assert all(1 <= n <= 5 for n in from_ids.num_tokens)
+    for b, row in enumerate(rows):
+        one_ids, one_mask = left_pad([row], enc.pad_id)
+        single = generate(tiny_lm, smollm2_tokenizer, one_mask, input_ids=one_ids, **common)
+        assert single.ids[0] == from_ids.ids[b]
+
+
+def test_generate_needs_exactly_one_input(tiny_lm, smollm2_tokenizer):
+    mask = torch.ones(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match="exactly one"):
+        generate(tiny_lm, smollm2_tokenizer, mask, max_new_tokens=1, stop_ids=[0], pad_id=0)
+
+
+class ScriptedLM(torch.nn.Module):
+    """Replies with fixed token rows, to check how the helper cuts and decodes them."""
+
+    def __init__(self, rows):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.rows = torch.tensor(rows)
+        self.kwargs = {}
+
+    def generate(self, **kwargs):
+        self.kwargs = kwargs
+        return self.rows
+
+
+def test_rows_are_cut_after_the_first_stop_token(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    a, b = tok("Green", add_special_tokens=False)["input_ids"], tok("Blue sky", add_special_tokens=False)["input_ids"]
+    eot, pad = tok.convert_tokens_to_ids("<|im_end|>"), 7
+    width = max(len(a), len(b)) + 3
+    rows = [a + [eot] + [a[0]] * (width - len(a) - 1), b + [pad] * (width - len(b))]
+    lm = ScriptedLM(rows)
+    out = generate(lm, tok, torch.ones(2, 1, dtype=torch.long), inputs_embeds=torch.zeros(2, 1, 4), max_new_tokens=width,
+                   stop_ids=[eot], pad_id=pad, stop_at_newline=True)
+    assert out.ids[0] == a + [eot] and out.texts[0] == "Green"
+    assert out.ids[1] == rows[1] and out.texts[1].startswith("Blue sky")  # no stop token: the whole row
+    assert lm.kwargs["do_sample"] is False and lm.kwargs["stop_strings"] == ["\n"]
+    assert lm.kwargs["eos_token_id"] == [eot] and lm.kwargs["pad_token_id"] == pad
+
+
+@pytest.mark.parametrize("text,first_line,expected", [
+    ("  Green.\nAnd then more.", True, "Green."),
+    ("\n\nGreen.\nMore", True, "Green."),
+    ("Green.\nMore", False, "Green.\nMore"),
+    ("<think>\nthe user said green\n</think>\n\nGreen.", True, "Green."),
+    ("<think>unfinished", True, ""),
+    ("", True, ""),
+])
+def test_final_answer(text, first_line, expected):
+    assert final_answer(text, first_line) == expected

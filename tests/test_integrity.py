@@ -1,0 +1,76 @@
+"""Size + SHA-256 manifests, atomic folder replacement and stale temp cleanup (qgmem.integrity)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from qgmem.errors import IntegrityError, UserError
+from qgmem.integrity import (manifest, remove_stale_temp, replace_dir, sha256_file, stale_temp, temp_path,
+                             verify_file, verify_files)
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    (tmp_path / "a.bin").write_bytes(bytes(range(256)) * 8)
+    (tmp_path / "b.txt").write_text("hello\n")
+    return tmp_path
+
+
+def test_manifest_round_trip(folder):
+    records = manifest(folder, ["a.bin", "b.txt"])
+    assert records["a.bin"]["size"] == 2048 and len(records["b.txt"]["sha256"]) == 64
+    verify_files(folder, records)  # unchanged: no error
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (lambda p: p.write_bytes(p.read_bytes()[:100]), r"truncated \(100 bytes, 2048 written\)"),
+    (lambda p: p.write_bytes(p.read_bytes() + b"x"), r"longer than written \(2049 bytes"),
+    (lambda p: p.write_bytes(bytes(b ^ (i == 1000) for i, b in enumerate(p.read_bytes()))), "checksum mismatch"),
+    (lambda p: p.unlink(), "missing"),
+    (lambda p: (p.unlink(), p.mkdir()), "missing .or not a file."),
+])
+def test_each_damage_names_the_file(folder, damage, message):
+    records = manifest(folder, ["a.bin"])
+    damage(folder / "a.bin")
+    with pytest.raises(IntegrityError, match=message) as err:
+        verify_file(folder / "a.bin", records["a.bin"], hint="rebuild with X")
+    assert str(folder / "a.bin") in str(err.value) and str(err.value).endswith("(rebuild with X)")
+    assert isinstance(err.value, UserError)
+
+
+def test_sha256_matches_hashlib(folder):
+    import hashlib
+
+    assert sha256_file(folder / "a.bin") == hashlib.sha256((folder / "a.bin").read_bytes()).hexdigest()
+
+
+def test_replace_dir_swaps_whole_folder(tmp_path):
+    final = tmp_path / "store"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    tmp = temp_path(final)
+    tmp.mkdir()
+    (tmp / "new.txt").write_text("new")
+    assert replace_dir(tmp, final) == final
+    assert [p.name for p in final.iterdir()] == ["new.txt"] and not tmp.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["store"]  # the ".old-" folder is gone too
+
+
+def test_stale_temp_by_dead_pid_or_age(tmp_path):
+    dead = tmp_path / ".x.tmp-999999999"
+    dead.mkdir()
+    mine_old = tmp_path / f".y.tmp-{os.getpid()}"
+    mine_old.mkdir()
+    mine_new = tmp_path / f".z.old-{os.getpid()}"
+    mine_new.mkdir()
+    unrelated = tmp_path / ".hidden"
+    unrelated.mkdir()
+    past = time.time() - 3 * 24 * 3600
+    os.utime(mine_old, (past, past))
+    assert stale_temp(tmp_path) == sorted([dead, mine_old])
+    assert remove_stale_temp(tmp_path) == sorted([dead, mine_old])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", f".z.old-{os.getpid()}"]
+    assert stale_temp(tmp_path / "missing") == []

@@ -1,0 +1,68 @@
+"""The one answer normalizer and its scores: SQuAD convention, agreement with torchmetrics, edge cases."""
+
+from __future__ import annotations
+
+import pytest
+from torchmetrics.text import SQuAD
+
+from qgmem.text import contains_answer, exact_match, is_abstention, normalize_answer, strip_thinking, token_f1
+
+PAIRS = [("The Eiffel Tower.", "eiffel tower"), ("blue and green", "Blue"), ("It is in Paris, France", "Paris"),
+         ("no idea", "Lisbon"), ("An apple a day", "apple day"), ("", ""), ("", "x"), ("I don't know", "dont know")]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("The  Quick, brown FOX!", "quick brown fox"),
+    ("a an the", ""),
+    ("Theater", "theater"),
+    ("Innovate$2024!Lead", "innovate2024lead"),
+    ("$2,000", "2000"),
+    ("<think>maybe red</think> Blue", "blue"),
+    ("", ""),
+])
+def test_normalize_answer(text, expected):
+    assert normalize_answer(text) == expected
+
+
+@pytest.mark.parametrize("variant", ["I don't know.", "I don’t know", "i DONT know!"])
+def test_apostrophes_normalize_alike(variant):
+    assert normalize_answer(variant) == "i dont know"
+
+
+@pytest.mark.parametrize("pred,ref", PAIRS)
+def test_scores_match_torchmetrics_squad(pred, ref):
+    squad = SQuAD()(
+        [{"prediction_text": pred, "id": "0"}], [{"answers": {"answer_start": [0], "text": [ref]}, "id": "0"}])
+    assert exact_match(pred, ref) == pytest.approx(squad["exact_match"].item() / 100)
+    assert token_f1(pred, ref) == pytest.approx(squad["f1"].item() / 100, abs=1e-6)
+
+
+@pytest.mark.parametrize("pred,ref,expected", [
+    ("green red", "green", 2 * 0.5 * 1.0 / 1.5),
+    ("", "", 1.0),  # two empty answers agree
+    ("", "green", 0.0),
+    ("green", "", 0.0),
+    ("blue", "green", 0.0),
+    ("the the", "a", 1.0),  # both empty after normalization
+])
+def test_token_f1_values(pred, ref, expected):
+    assert token_f1(pred, ref) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("pred,ref,expected", [("It is in Paris, France", "paris", True), ("Parisian", "Paris", False),
+                                               ("anything", "", False)])
+def test_contains_answer(pred, ref, expected):
+    assert contains_answer(pred, ref) is expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("I don't know.", True), ("I don’t know.", True), ("There is no information about that.", True),
+    ("The memory does not contain it.", True), ("Green", False), ("", False)])
+def test_is_abstention(text, expected):
+    assert is_abstention(text) is expected
+
+
+@pytest.mark.parametrize("text,expected", [("<think>\nhmm\n</think>\n\n Green ", "Green"),
+                                           ("<think>never closed", ""), ("plain", "plain")])
+def test_strip_thinking(text, expected):
+    assert strip_thinking(text) == expected
