@@ -65,6 +65,9 @@ def test_adversarial_gold_option(locomo_file, mode, answer):
 
 def test_folder_of_files(tmp_path, locomo_file):
     (tmp_path / "a.json").write_text(locomo_file.read_text(encoding="utf-8"), encoding="utf-8")
-    (tmp_path / "b.json").write_text(locomo_file.read_text(encoding="utf-8"), encoding="utf-8")
+    other = json.loads(locomo_file.read_text(encoding="utf-8"))
+    for sample in other:
+        sample["sample_id"] = f"{sample['sample_id']}-b"
+    (tmp_path / "b.json").write_text(json.dumps(other), encoding="utf-8")
     loaded = load_cases("locomo", tmp_path)
     assert loaded.report["files_read"] == ["a.json", "b.json"] and len(loaded.cases) == 4

@@ -99,3 +99,37 @@ def test_llm_build_through_a_flaky_http_server(tmp_path, convomem_path, capsys, 
     # the rerun replays successes from the cache; only the invalid replies are asked again
     assert replay["units"] == summary["units"] and replay["llm_cache_hits"] >= summary["windows"] - summary["skipped_windows"]
     assert len(server.requests) - requests_first == replay["llm_calls"]
+
+
+def test_duplicate_sample_ids_stop_the_build_or_are_counted(tmp_path, capsys, fake_encoder):
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parents[1] / "fixtures" / "locomo_small.json").read_text(encoding="utf-8"))
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps([doc[0], doc[0]]), encoding="utf-8")
+    args = ["build-memory", "--dataset", "locomo", "--path", str(twice), "--out", str(tmp_path / "out"), "--json"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"item 1, field sample_id: duplicate sample_id {doc[0]['sample_id']!r}: already used at file " \
+           "twice.json, item 0" in err and "Traceback" not in err
+    assert main([*args, "--lenient"]) == 0
+    captured = capsys.readouterr().out
+    summary = json.loads(captured.strip().splitlines()[-1])
+    assert summary["dialogues"] == 1 and summary["load_skipped"] == 1 and "skipped 1 bad records" in captured
+
+
+def test_long_turn_is_cut_with_a_counted_warning(tmp_path, capsys, fake_encoder):
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).parents[1] / "fixtures" / "locomo_small.json").read_text(encoding="utf-8"))
+    doc[0]["conversation"]["session_1"][0]["text"] = "I moved to Lisbon last spring. " * 40_000  # ~1.2 MB
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(doc[:1]), encoding="utf-8")
+    args = ["build-memory", "--dataset", "locomo", "--path", str(path), "--out", str(tmp_path / "out"), "--json",
+            "--max-turn-chars", "2000"]
+    assert main(args) == 0
+    captured = capsys.readouterr().out
+    summary = json.loads(captured.strip().splitlines()[-1])
+    assert summary["load_truncated_turns"] == 1 and "1 turns cut at --max-turn-chars 2000" in captured
+    store = MemoryStore.load(tmp_path / "out" / json.loads((tmp_path / "out" / "index.jsonl").read_text())["folder"])
+    assert max(len(u.source_text) for u in store.units) <= 2000 and max(len(u.fact) for u in store.units) <= 2000

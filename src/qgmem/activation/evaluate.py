@@ -25,7 +25,7 @@ from qgmem.activation.config import ActivationConfig
 from qgmem.activation.metrics import evidence_metrics, mean_metrics, percentiles
 from qgmem.activation.rerank import make_reranker
 from qgmem.activation.serialize import count_tokens
-from qgmem.data.loaders import DATASETS, add_load_arguments
+from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.data.records import Case
 from qgmem.errors import as_user_error
 from qgmem.memory.store import MemoryStore
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
         faiss.omp_set_num_threads(args.threads)
-    loaded = load_cases(args.dataset, args.path, strict=args.strict)
+    loaded = load_cases(args.dataset, args.path, **load_arguments(args))
     if loaded.report.get("skipped"):
         print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)

@@ -17,8 +17,13 @@ from typing import Any
 from qgmem.data.errors import DataFormatError, SkipReport
 from qgmem.data.evidence import EvidenceCounts
 from qgmem.data.records import Case
+from qgmem.errors import InputPathError
 
 logger = logging.getLogger("qgmem.data")
+
+#: default cap on one turn's text, in characters (~5k tokens: far above any real turn of the three data
+#: sets, far below the 1 MB pastes that would otherwise become one giant memory unit)
+DEFAULT_MAX_TURN_CHARS = 20_000
 
 _TYPE_NAMES = {str: "string", int: "integer", float: "number", list: "list", dict: "object", bool: "boolean"}
 
@@ -32,7 +37,13 @@ class LoadedData:
 
 
 def read_json(path: Path, rel: str) -> Any:
-    """Parse one JSON file; malformed JSON names the file, line and column."""
+    """Parse one JSON file; malformed JSON names the file, line and column.
+
+    A folder where a file is expected (``data/x.json/``) is an :class:`InputPathError` even in a
+    lenient load: it is a mistake in the layout, not a bad record.
+    """
+    if path.is_dir():
+        raise InputPathError(f"{path}: is a folder, but a JSON file is expected here (file {rel})")
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
@@ -80,14 +91,48 @@ def _json_type(value: Any) -> str:
 class LoadContext:
     """Strict/lenient policy plus the counters a loader reports (files, items, skips, evidence)."""
 
-    def __init__(self, dataset: str, root: Path, strict: bool):
+    def __init__(self, dataset: str, root: Path, strict: bool, max_turn_chars: int = DEFAULT_MAX_TURN_CHARS):
+        if not isinstance(max_turn_chars, int) or isinstance(max_turn_chars, bool) or max_turn_chars < 1:
+            raise ValueError(f"max_turn_chars must be an integer >= 1, got {max_turn_chars!r}")
         self.dataset = dataset
         self.root = root
         self.strict = strict
+        self.max_turn_chars = max_turn_chars
         self.files_read: list[str] = []
         self.items = 0
         self.skips = SkipReport()
         self.evidence = EvidenceCounts()
+        self.truncated_turns = 0
+        self.truncated_examples: list[str] = []
+        self._ids: dict[str, str] = {}
+
+    def cap_turn(self, text: str, *, file: str, item: int | str | None, field: str) -> str:
+        """``text`` cut to ``max_turn_chars`` (at a space when one is near), counted and logged."""
+        if len(text) <= self.max_turn_chars:
+            return text
+        cut = text[: self.max_turn_chars]
+        space = cut.rfind(" ", self.max_turn_chars - 200)
+        if space > 0:
+            cut = cut[:space]
+        self.truncated_turns += 1
+        where = f"file {file}, item {item}, field {field}"
+        if len(self.truncated_examples) < 10:
+            self.truncated_examples.append(f"{where}: {len(text)} chars cut to {len(cut)}")
+        logger.warning("%s: turn of %d chars cut to %d (max_turn_chars %d)", where, len(text), len(cut),
+                       self.max_turn_chars)
+        return cut
+
+    def claim_id(self, kind: str, value: str, *, file: str, item: int | str | None, field: str) -> None:
+        """Record that ``value`` (a dialogue or question id) is used at this place; a second use is an error.
+
+        The error names both places, so the two records can be compared and one of them fixed.
+        """
+        key = f"{kind}\0{value}"
+        here = f"file {file}, item {item}"
+        if key in self._ids:
+            raise DataFormatError(f"duplicate {kind} {value!r}: already used at {self._ids[key]}", file=file,
+                                  item=item, field=field)
+        self._ids[key] = here
 
     def rel(self, path: Path) -> str:
         """A path relative to the loaded root (what error messages and ``Case.source`` carry)."""
@@ -118,23 +163,29 @@ class LoadContext:
             "skipped": len(self.skips),
             "skip_reasons": list(self.skips.skipped),
             "evidence": self.evidence.as_dict(),
+            "max_turn_chars": self.max_turn_chars,
+            "truncated_turns": self.truncated_turns,
+            "truncated_examples": list(self.truncated_examples),
             "categories": dict(sorted(categories.items())),
         }
 
 
-def load_json_lists(dataset: str, path: str | Path, strict: bool, what: str, parse) -> tuple[LoadContext, list[Case]]:
+def load_json_lists(dataset: str, path: str | Path, strict: bool, what: str, parse, id_kind: str,
+                    max_turn_chars: int = DEFAULT_MAX_TURN_CHARS) -> tuple[LoadContext, list[Case]]:
     """Read a JSON file (or every ``*.json`` in a folder) whose top level is a list of ``what``.
 
     ``parse(raw, rel, index, ctx)`` turns one element into a ``Case``; a ``DataFormatError`` from it
-    (or from reading a file) stops a strict load and is counted as a skip in a lenient one.
+    (or from reading a file) stops a strict load and is counted as a skip in a lenient one. Case ids
+    (``id_kind``: ``sample_id``, ``question_id``) must be unique over all files: a repeat is such an
+    error naming both places (lenient: the later one is skipped).
     """
     root = Path(path)
     if not root.exists():
-        raise FileNotFoundError(f"no such file or folder: {root}")
+        raise InputPathError(f"no such file or folder: {root}")
     files = sorted(root.glob("*.json")) if root.is_dir() else [root]
     if not files:
-        raise FileNotFoundError(f"no *.json files in {root}")
-    ctx = LoadContext(dataset, root if root.is_dir() else root.parent, strict)
+        raise InputPathError(f"no *.json files in {root}")
+    ctx = LoadContext(dataset, root if root.is_dir() else root.parent, strict, max_turn_chars)
     cases: list[Case] = []
     for file in files:
         rel = ctx.rel(file)
@@ -150,7 +201,10 @@ def load_json_lists(dataset: str, path: str | Path, strict: bool, what: str, par
         for i, raw in enumerate(doc):
             ctx.items += 1
             try:
-                cases.append(parse(raw, rel, i, ctx))
+                case = parse(raw, rel, i, ctx)
+                ctx.claim_id(id_kind, case.id, file=rel, item=i, field=id_kind)
             except DataFormatError as exc:
                 ctx.fail(exc)
+            else:
+                cases.append(case)
     return ctx, cases

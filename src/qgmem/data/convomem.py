@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import LoadContext, LoadedData, need, read_json
+from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, need, read_json
 from qgmem.data.errors import DataFormatError
 from qgmem.data.evidence import DEFAULT_FUZZY_THRESHOLD, SpanMatcher
 from qgmem.data.history import (DEFAULT_DISTRACTORS, Conversation, Message, case_rng, draw_distractors,
@@ -61,19 +61,24 @@ class _Item:
 
 def load_convomem(path: str | Path, *, strict: bool = True,
                   distractor_conversations: int = DEFAULT_DISTRACTORS, seed: int = 0,
-                  fuzzy_threshold: float = DEFAULT_FUZZY_THRESHOLD, form: str = "auto") -> LoadedData:
+                  fuzzy_threshold: float = DEFAULT_FUZZY_THRESHOLD, form: str = "auto",
+                  max_turn_chars: int = DEFAULT_MAX_TURN_CHARS) -> LoadedData:
     """Read a local ConvoMem folder (or file, or the hub id where a network exists) into cases.
 
     ``form`` picks the files: ``"core"`` (evidence_questions), ``"pre_mixed"`` (pre_mixed_testcases)
     or ``"auto"`` (core files when there are any, else pre-mixed ones). The two forms hold the same
     evidence items, so reading both would count items twice.
+
+    A conversation id used by two evidence items of one person (core) is an error naming both places
+    (lenient: the later item is skipped); a message longer than
+    ``max_turn_chars`` is cut there (counted in ``report["truncated_turns"]``).
     """
     if not isinstance(distractor_conversations, int) or distractor_conversations < 0:
         raise ValueError(f"distractor_conversations must be an integer >= 0, got {distractor_conversations!r}")
     if form not in ("auto", "core", "pre_mixed"):
         raise ValueError(f"form must be 'auto', 'core' or 'pre_mixed', got {form!r}")
     root = _resolve(path, form)
-    ctx = LoadContext("convomem", root if root.is_dir() else root.parent, strict)
+    ctx = LoadContext("convomem", root if root.is_dir() else root.parent, strict, max_turn_chars)
     matcher = SpanMatcher(fuzzy_threshold)
     core: list[_Item] = []
     cases: list[Case] = []
@@ -104,9 +109,9 @@ def load_convomem(path: str | Path, *, strict: bool = True,
         else:
             forms["core"] += 1
             core.extend(_core_items(doc, rel, category, count, ctx, file.stem))
-    cases = _core_cases(core, distractor_conversations, seed, ctx, matcher) + cases
+    cases = _core_cases(_unique_conversations(core, ctx), distractor_conversations, seed, ctx, matcher) + cases
     report = ctx.report(cases, {"distractor_conversations": distractor_conversations, "seed": seed,
-                                "fuzzy_threshold": fuzzy_threshold, "form": form})
+                                "fuzzy_threshold": fuzzy_threshold, "form": form, "max_turn_chars": max_turn_chars})
     report["forms"] = forms
     report["persons"] = len({c.source["person_id"] for c in cases})
     return LoadedData(cases=cases, report=report)
@@ -161,7 +166,7 @@ def _core_items(doc: Any, rel: str, category: str, count: int, ctx: LoadContext,
         ctx.items += 1
         try:
             item = _parse_item(raw, f"{base}#{i}", rel, i, category, count, person_from_name,
-                               conv_key="conversations")
+                               conv_key="conversations", ctx=ctx)
         except DataFormatError as exc:
             ctx.fail(exc)
             continue
@@ -171,7 +176,7 @@ def _core_items(doc: Any, rel: str, category: str, count: int, ctx: LoadContext,
 
 
 def _parse_item(raw: Any, key: str, rel: str, index: int | str, category: str, count: int,
-                person_fallback: str | None, conv_key: str, where: str = "",
+                person_fallback: str | None, conv_key: str, ctx: LoadContext, where: str = "",
                 require_conversations: bool = True) -> _Item:
     """Validate one evidence item (snake_case fields, as in both forms)."""
     def get(k, types, **kw):
@@ -188,7 +193,7 @@ def _parse_item(raw: Any, key: str, rel: str, index: int | str, category: str, c
                       need(ev, "text", str, file=rel, item=index, where=w)))
     convs_raw = get(conv_key, list, optional=not require_conversations, default=[])
     conversations = [
-        parse_conversation(c, key, rel, index, f"{where + '.' if where else ''}{conv_key}[{j}]")
+        parse_conversation(c, key, rel, index, f"{where + '.' if where else ''}{conv_key}[{j}]", ctx)
         for j, c in enumerate(convs_raw)
     ]
     if require_conversations and not conversations:
@@ -212,8 +217,12 @@ def _parse_item(raw: Any, key: str, rel: str, index: int | str, category: str, c
                          "benchmark_category": category, "evidence_count": count})
 
 
-def parse_conversation(raw: Any, owner: str, rel: str, index: int | str, where: str) -> Conversation:
-    """One ``{messages: [{speaker, text}], id, containsEvidence, model_name}``; empty ones are errors."""
+def parse_conversation(raw: Any, owner: str, rel: str, index: int | str, where: str,
+                       ctx: LoadContext | None = None) -> Conversation:
+    """One ``{messages: [{speaker, text}], id, containsEvidence, model_name}``; empty ones are errors.
+
+    With ``ctx``, a message longer than its ``max_turn_chars`` is cut (and counted).
+    """
     messages_raw = need(raw, "messages", list, file=rel, item=index, where=where)
     if not messages_raw:
         raise DataFormatError("empty conversation (no messages)", file=rel, item=index, field=f"{where}.messages")
@@ -225,13 +234,43 @@ def parse_conversation(raw: Any, owner: str, rel: str, index: int | str, where: 
         if role is None:
             raise DataFormatError(f"unknown speaker {speaker!r} (expected 'User' or 'Assistant')",
                                   file=rel, item=index, field=f"{w}.speaker")
-        messages.append(Message(speaker=speaker, role=role, text=need(m, "text", str, file=rel, item=index, where=w)))
+        text = need(m, "text", str, file=rel, item=index, where=w)
+        if ctx is not None:
+            text = ctx.cap_turn(text, file=rel, item=index, field=f"{w}.text")
+        messages.append(Message(speaker=speaker, role=role, text=text))
     conv_id = need(raw, "id", str, file=rel, item=index, where=where, optional=True, default="")
     meta = {"contains_evidence": need(raw, "containsEvidence", bool, file=rel, item=index, where=where,
                                       optional=True, nullable=True),
             "model_name": need(raw, "model_name", str, file=rel, item=index, where=where, optional=True,
                                nullable=True)}
     return Conversation(id=conv_id, messages=messages, owner=owner, meta=meta)
+
+
+def _unique_conversations(items: list[_Item], ctx: LoadContext) -> list[_Item]:
+    """Items whose conversation ids no earlier item of the same person uses (distractors come from that pool).
+
+    One conversation claimed by two items would be one item's evidence and another's distractor, or
+    appear twice in a history; the error names both places (lenient: the later item is skipped). A
+    repeat *inside* one item is kept as two sessions (``id~2``), as documented.
+    """
+    first_use: dict[tuple[str, str], str] = {}
+    kept = []
+    for item in items:
+        try:
+            mine: dict[tuple[str, str], str] = {}
+            for j, conv in enumerate(item.conversations):
+                key = (item.person_id, conv.id)
+                if conv.id and key in first_use:
+                    raise DataFormatError(f"duplicate conversation id {conv.id!r} of person {item.person_id!r}: "
+                                          f"already used at {first_use[key]}", file=item.file, item=item.index,
+                                          field=f"conversations[{j}].id")
+                mine.setdefault(key, f"file {item.file}, item {item.index}, field conversations[{j}].id")
+        except DataFormatError as exc:
+            ctx.fail(exc)
+            continue
+        first_use.update(mine)
+        kept.append(item)
+    return kept
 
 
 def _core_cases(items: list[_Item], n_distractors: int, seed: int, ctx: LoadContext,
@@ -268,13 +307,13 @@ def _premixed_cases(doc: Any, rel: str, category: str, count: int, ctx: LoadCont
             evidence_raw = need(group, "evidenceItems", list, file=rel, item=g)
             convs_raw = need(group, "conversations", list, file=rel, item=g)
             context_size = need(group, "contextSize", int, file=rel, item=g, optional=True)
-            conversations = [parse_conversation(c, dialogue_id, rel, g, f"conversations[{j}]")
+            conversations = [parse_conversation(c, dialogue_id, rel, g, f"conversations[{j}]", ctx)
                              for j, c in enumerate(convs_raw)]
             if not conversations:
                 raise DataFormatError("a test case needs at least one conversation", file=rel, item=g,
                                       field="conversations")
             items = [_parse_item(e, f"{dialogue_id}/{j}", rel, g, category, count, None,
-                                 conv_key="conversations", where=f"evidenceItems[{j}]",
+                                 conv_key="conversations", ctx=ctx, where=f"evidenceItems[{j}]",
                                  require_conversations=False)
                      for j, e in enumerate(evidence_raw)]
         except DataFormatError as exc:

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import LoadContext, LoadedData, load_json_lists, need
+from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, load_json_lists, need
 from qgmem.data.dates import to_iso
 from qgmem.data.errors import DataFormatError
 from qgmem.data.evidence import normalize_dia_ids
@@ -29,18 +29,22 @@ ABSTAIN_ANSWER = "Not mentioned in the conversation"
 _SESSION = re.compile(r"^session_(\d+)$")
 
 
-def load_locomo(path: str | Path, *, strict: bool = True, adversarial_gold: str = "adversarial_answer") -> LoadedData:
+def load_locomo(path: str | Path, *, strict: bool = True, adversarial_gold: str = "adversarial_answer",
+                max_turn_chars: int = DEFAULT_MAX_TURN_CHARS) -> LoadedData:
     """Read a LoCoMo JSON file (or every ``*.json`` in a folder) into cases.
 
     ``adversarial_gold`` chooses the answer of a category-5 question that has no ``answer``:
     ``"adversarial_answer"`` (the field's text) or ``"abstain"`` (:data:`ABSTAIN_ANSWER`, which is what
-    LoCoMo's evaluation scores as correct). Both keep the other text in ``QA.meta``.
+    LoCoMo's evaluation scores as correct). Both keep the other text in ``QA.meta``. A turn longer than
+    ``max_turn_chars`` is cut there (counted in ``report["truncated_turns"]``).
     """
     if adversarial_gold not in ("adversarial_answer", "abstain"):
         raise ValueError(f"adversarial_gold must be 'adversarial_answer' or 'abstain', got {adversarial_gold!r}")
     ctx, cases = load_json_lists("locomo", path, strict, "samples",
-                                 lambda raw, rel, i, ctx: _sample(raw, rel, i, ctx, adversarial_gold))
-    return LoadedData(cases=cases, report=ctx.report(cases, {"adversarial_gold": adversarial_gold}))
+                                 lambda raw, rel, i, ctx: _sample(raw, rel, i, ctx, adversarial_gold),
+                                 id_kind="sample_id", max_turn_chars=max_turn_chars)
+    return LoadedData(cases=cases, report=ctx.report(cases, {"adversarial_gold": adversarial_gold,
+                                                             "max_turn_chars": max_turn_chars}))
 
 
 def _sample(raw: Any, rel: str, i: int, ctx: LoadContext, adversarial_gold: str) -> Case:
@@ -68,12 +72,16 @@ def _sample(raw: Any, rel: str, i: int, ctx: LoadContext, adversarial_gold: str)
         for j, t in enumerate(turns_raw):
             w = f"conversation.{key}[{j}]"
             speaker = need(t, "speaker", str, file=rel, item=i, where=w)
+            if speaker not in speakers:
+                raise DataFormatError(f"unknown speaker {speaker!r} (expected speaker_a {conv['speaker_a']!r} "
+                                      f"or speaker_b {conv['speaker_b']!r})", file=rel, item=i, field=f"{w}.speaker")
             text = need(t, "text", str, file=rel, item=i, where=w)
             caption = need(t, "blip_caption", str, file=rel, item=i, where=w, optional=True, nullable=True)
             if caption:
                 text = f"{text} [shares an image: {caption}]" if text else f"[shares an image: {caption}]"
+            text = ctx.cap_turn(text, file=rel, item=i, field=f"{w}.text")
             turns.append(Turn(id=need(t, "dia_id", str, file=rel, item=i, where=w).strip(), session_id=sid,
-                              speaker=speaker, role=speakers.get(speaker, "other"), text=text, time=time))
+                              speaker=speaker, role=speakers[speaker], text=text, time=time))
         sessions.append(Session(id=sid, turns=turns, time=time, meta={"date_time": date_raw}))
     dialogue = Dialogue(id=sample_id, sessions=sessions,
                         meta={"speaker_a": conv["speaker_a"], "speaker_b": conv["speaker_b"]})

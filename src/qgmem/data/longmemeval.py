@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import LoadContext, LoadedData, load_json_lists, need
+from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, load_json_lists, need
 from qgmem.data.dates import to_iso
 from qgmem.data.errors import DataFormatError
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
@@ -19,10 +19,15 @@ from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 _ROLES = ("user", "assistant")
 
 
-def load_longmemeval(path: str | Path, *, strict: bool = True) -> LoadedData:
-    """Read a LongMemEval JSON file (or every ``*.json`` in a folder) into cases."""
-    ctx, cases = load_json_lists("longmemeval", path, strict, "questions", _entry)
-    return LoadedData(cases=cases, report=ctx.report(cases, {}))
+def load_longmemeval(path: str | Path, *, strict: bool = True,
+                     max_turn_chars: int = DEFAULT_MAX_TURN_CHARS) -> LoadedData:
+    """Read a LongMemEval JSON file (or every ``*.json`` in a folder) into cases.
+
+    ``question_id`` s must be unique; a turn longer than ``max_turn_chars`` is cut there (counted).
+    """
+    ctx, cases = load_json_lists("longmemeval", path, strict, "questions", _entry, id_kind="question_id",
+                                 max_turn_chars=max_turn_chars)
+    return LoadedData(cases=cases, report=ctx.report(cases, {"max_turn_chars": max_turn_chars}))
 
 
 def _iso(value: str, rel: str, i: int, field: str) -> str:
@@ -75,7 +80,8 @@ def _entry(raw: Any, rel: str, i: int, ctx: LoadContext) -> Case:
             if role not in _ROLES:
                 raise DataFormatError(f"unknown role {role!r} (expected 'user' or 'assistant')", file=rel,
                                       item=i, field=f"{w}.role")
-            content = need(turn, "content", str, file=rel, item=i, where=w)
+            content = ctx.cap_turn(need(turn, "content", str, file=rel, item=i, where=w), file=rel, item=i,
+                                   field=f"{w}.content")
             tid = f"{sid}:{t}"
             if need(turn, "has_answer", bool, file=rel, item=i, where=w, optional=True, default=False):
                 evidence.append(tid)

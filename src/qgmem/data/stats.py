@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from qgmem.data.loaders import DATASETS, LoadedData, add_load_arguments, load_cases
+from qgmem.data.loaders import DATASETS, LoadedData, add_load_arguments, load_arguments, load_cases
 from qgmem.data.records import Case
 from qgmem.data.splits import SPLITS, split_cases
 from qgmem.errors import UserError
@@ -67,6 +67,9 @@ def compute_stats(loaded: LoadedData, ratios: Sequence[float] = (0.7, 0.15, 0.15
         "items": report["items"],
         "skipped": report["skipped"],
         "skip_reasons": report["skip_reasons"],
+        "truncated_turns": report.get("truncated_turns", 0),
+        "truncated_examples": report.get("truncated_examples", []),
+        "max_turn_chars": report.get("max_turn_chars"),
     }
 
 
@@ -90,6 +93,9 @@ def format_table(stats: dict[str, Any]) -> str:
     lines += [f"  unmatched: {u}" for u in ev["unmatched_examples"]]
     lines += [f"warning: {w}" for w in stats["split_warnings"]]
     lines += [f"skipped: {s}" for s in stats["skip_reasons"]]
+    if stats.get("truncated_turns"):
+        lines.append(f"warning: {stats['truncated_turns']} turns cut at --max-turn-chars {stats['max_turn_chars']}")
+        lines += [f"  cut: {t}" for t in stats["truncated_examples"]]
     return "\n".join(lines)
 
 
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         options["distractor_conversations"] = args.distractor_conversations
     if args.dataset == "convomem":
         options["seed"] = args.seed
-    loaded = load_cases(args.dataset, args.path, strict=args.strict, **options)
+    loaded = load_cases(args.dataset, args.path, **load_arguments(args), **options)
     stats = compute_stats(loaded, args.split_ratios, seed=args.seed, group_key=args.group_key)
     print(format_table(stats))
     if args.json:

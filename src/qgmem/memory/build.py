@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from qgmem.data.loaders import DATASETS, add_load_arguments
+from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError, as_user_error
 
 
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     with as_user_error(ValueError, prefix="bad option: "):
         config = ConstructionConfig(window_size=args.window_size, window_overlap=args.window_overlap,
                                     extractor=args.extractor, consolidation=args.consolidation)
-    loaded = load_cases(args.dataset, args.path, strict=args.strict)
+    loaded = load_cases(args.dataset, args.path, **load_arguments(args))
     dialogues, seen = [], set()
     for case in loaded.cases:  # one store per dialogue, even when several cases share it
         if case.dialogue.id not in seen:
@@ -131,12 +131,19 @@ def run(args: argparse.Namespace) -> int:
     stats.update(dialogues=len(dialogues), reused_dialogues=reused, rebuilt_corrupt=len(rejected),
                  rebuilt_corrupt_examples=rejected[:10], removed_temp=len(stale), seconds=round(time.perf_counter() - started, 3),
                  dataset=args.dataset, extractor=config.extractor, out=str(out),
-                 load_skipped=loaded.report.get("skipped", 0))
+                 load_skipped=loaded.report.get("skipped", 0),
+                 load_truncated_turns=loaded.report.get("truncated_turns", 0))
     if llm is not None:
         stats["llm"] = {"backend": llm.name, "model": llm.model_id}
         llm.close()
     (out / "summary.json").write_text(json.dumps(stats, indent=1, ensure_ascii=False), encoding="utf-8")
     print(_summary_line(stats))
+    if stats["load_skipped"]:
+        print(f"skipped {stats['load_skipped']} bad records (--lenient): "
+              + "; ".join(loaded.report["skip_reasons"][:3]))
+    if stats["load_truncated_turns"]:
+        print(f"warning: {stats['load_truncated_turns']} turns cut at --max-turn-chars {args.max_turn_chars}: "
+              + "; ".join(loaded.report["truncated_examples"][:3]))
     if rejected:
         print(f"rebuilt {len(rejected)} stores that failed their integrity check: " + "; ".join(rejected[:3]))
     if stats["skipped_examples"]:
