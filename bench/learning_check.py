@@ -146,6 +146,27 @@ def usable(split) -> tuple[list[dict[str, Any]], list[str], int]:
     return items, groups, left_out
 
 
+def progress_callback(every: int, label: str):
+    """Print the running training NLL every ``every`` steps (a bar is useless in a log file)."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Progress(Callback):
+        def __init__(self):
+            self.started, self.losses = time.perf_counter(), []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            if loss is not None:
+                self.losses.append(float(loss))
+            step = trainer.global_step
+            if step % every == 0 and self.losses:
+                recent = self.losses[-every:]
+                print(f"  [{label}] step {step}: train NLL {sum(recent) / len(recent):.3f} "
+                      f"({time.perf_counter() - self.started:.0f} s)", flush=True)
+
+    return Progress()
+
+
 def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, args) -> dict[str, Any]:
     import torch
     from lightning.pytorch import Trainer, seed_everything
@@ -160,7 +181,8 @@ def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, args
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=max(1, steps // 10),
                       gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
-                      precision=trainer_cfg.get("precision", "32-true"))
+                      precision=trainer_cfg.get("precision", "32-true"),
+                      callbacks=[progress_callback(max(1, steps // 6), f"seed {seed}")])
     t = time.perf_counter()
     trainer.fit(module, train_dataloaders=dm.train_dataloader())
     train_s = time.perf_counter() - t

@@ -124,3 +124,42 @@ def test_padding_does_not_change_hidden_states(tiny_lm):
         h1 = base_model(tiny_lm)(inputs_embeds=e1, attention_mask=m1, position_ids=p1).last_hidden_state
         h2 = base_model(tiny_lm)(inputs_embeds=e2, attention_mask=m2, position_ids=p2).last_hidden_state
     torch.testing.assert_close(h1[:, -1], h2[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("K", [1, 2])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_shared_prefix_gives_the_same_loss_and_gradients(tiny_lm, K, reduction):
+    """The shared head run once as a cache equals running it in every row (loss and token gradient)."""
+    from qgmem.model.fusion import shared_prefix_length
+
+    g = torch.Generator().manual_seed(3)
+    B, T, P = 3, 12, 4
+    ids = torch.randint(5, 200, (B, T), generator=g)
+    ids[:, :P] = ids[0, :P]  # the template head
+    lengths = torch.tensor([T, T - 2, T - 3])
+    mask = (torch.arange(T) < lengths[:, None]).long()
+    labels = torch.full((B, T), IGNORE_INDEX)
+    for b, n in enumerate(lengths.tolist()):
+        labels[b, n - 3:n] = ids[b, n - 3:n]
+    pos = torch.full((B,), P)
+    assert shared_prefix_length(ids, mask, pos) == P
+    results = []
+    for shared in (0, P):
+        token = torch.randn(B, K, tiny_lm.config.hidden_size, generator=torch.Generator().manual_seed(4),
+                            requires_grad=True)
+        fused = insert_token(tiny_lm.get_input_embeddings()(ids).detach(), mask, pos, token, labels)
+        loss = answer_nll(tiny_lm, *fused, reduction=reduction, shared_prefix=shared)
+        loss.sum().backward()
+        results.append((loss.detach(), token.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_length_stops_at_the_first_difference():
+    from qgmem.model.fusion import shared_prefix_length
+
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 9, 4, 5]])
+    mask = torch.ones_like(ids)
+    assert shared_prefix_length(ids, mask, torch.tensor([4, 4])) == 2
+    assert shared_prefix_length(ids, mask, torch.tensor([1, 4])) == 1
+    assert shared_prefix_length(ids, torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]), torch.tensor([4, 4])) == 0

@@ -55,16 +55,46 @@ def base_model(lm):
     return lm.get_decoder()
 
 
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, pos: torch.Tensor) -> int:
+    """Leading columns that are the same attended token in every row and lie before every graph slot.
+
+    In right-padded training batches this is the chat-template head (system prompt + user header): its
+    states do not depend on the sample or the graph token, so :func:`answer_nll` computes them once.
+    """
+    limit = int(pos.min()) if pos.numel() else 0
+    if limit <= 0:
+        return 0
+    same = (input_ids[:, :limit] == input_ids[:1, :limit]).all(0) & attention_mask[:, :limit].bool().all(0)
+    return limit if bool(same.all()) else int(same.long().cumprod(0).sum())
+
+
 def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-               labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+               labels: torch.Tensor, reduction: str = "mean", shared_prefix: int = 0) -> torch.Tensor:
     """Cross-entropy of the label tokens, with the LM head applied only where a label follows.
 
     Equals the loss of the full-logits path (``lm(inputs_embeds=..., labels=...)``) while computing
     ``[num_answer_tokens, vocab]`` logits instead of ``[B, T, vocab]``. ``reduction="none"`` gives the
-    per-row mean (rows without labels give 0) for per-sample reporting.
+    per-row mean (rows without labels give 0) for per-sample reporting. ``shared_prefix`` = ``P`` > 0
+    says the first ``P`` columns are identical in every row and carry no labels (see
+    :func:`shared_prefix_length`): they run once, for one row and without gradients, as a key/value
+    cache the rest of the batch attends to; the loss is the same, the prefix costs ``1/B`` of its
+    forward and nothing in backward.
     """
-    hidden = base_model(lm)(inputs_embeds=embeds, attention_mask=attention_mask,
-                            position_ids=position_ids, use_cache=False).last_hidden_state
+    decoder = base_model(lm)
+    P = int(shared_prefix)
+    if P > 0:
+        if (labels[:, : P + 1] != IGNORE_INDEX).any():
+            raise ValueError(f"a shared prefix of {P} columns must not hold labels")
+        with torch.no_grad():
+            cache = decoder(inputs_embeds=embeds[:1, :P], attention_mask=attention_mask[:1, :P],
+                            position_ids=position_ids[:1, :P], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(embeds.size(0))
+        hidden = decoder(inputs_embeds=embeds[:, P:], attention_mask=attention_mask,
+                         position_ids=position_ids[:, P:], past_key_values=cache, use_cache=True).last_hidden_state
+        labels = labels[:, P:]
+    else:
+        hidden = decoder(inputs_embeds=embeds, attention_mask=attention_mask,
+                         position_ids=position_ids, use_cache=False).last_hidden_state
     target = labels[:, 1:]
     keep = target != IGNORE_INDEX
     head = lm.get_output_embeddings()

@@ -20,7 +20,7 @@ from torch_geometric.data import Batch, Data
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
-from qgmem.model.fusion import answer_nll, insert_token
+from qgmem.model.fusion import answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
@@ -173,10 +173,21 @@ class QGMemModule(LightningModule):
         labels = None if generation else batch["labels"]
         return insert_token(embeds, batch[f"{prefix}attention_mask"], batch[f"{prefix}graph_pos"], token, labels)
 
-    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Mean answer-token NLL of a batch."""
+    def forward(self, batch: dict[str, Any], reduction: str = "mean") -> torch.Tensor:
+        """Mean answer-token NLL of a batch (``reduction="none"``: one value per row)."""
         embeds, mask, positions, labels = self.fused_inputs(batch)
-        return answer_nll(self.lm, embeds, mask, positions, labels)
+        return answer_nll(self.lm, embeds, mask, positions, labels, reduction=reduction,
+                          shared_prefix=self.shared_prefix(batch))
+
+    def shared_prefix(self, batch: dict[str, Any]) -> int:
+        """Columns every row shares before the graph slot (the template head), run once as a cache.
+
+        Not with LoRA (the adapters change those states and must get their gradients), nor with
+        gradient checkpointing (transformers turns the key/value cache off for recomputed layers).
+        """
+        if self.hparams.lora is not None or self.hparams.gradient_checkpointing:
+            return 0
+        return shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["graph_pos"])
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any]) -> list[str]:

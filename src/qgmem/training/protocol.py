@@ -213,7 +213,8 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
             embeds = module.lm.get_input_embeddings()(batch["input_ids"])
             token = None if condition == "none" else module.net(batch["graph"])
             fused = insert_token(embeds, batch["attention_mask"], batch["graph_pos"], token, batch["labels"])
-            rows.extend(answer_nll(module.lm, *fused, reduction="none").float().cpu().tolist())
+            rows.extend(answer_nll(module.lm, *fused, reduction="none", shared_prefix=module.shared_prefix(batch))
+                        .float().cpu().tolist())
             if condition in generate:
                 gen_embeds = module.lm.get_input_embeddings()(batch["gen_input_ids"])
                 g_embeds, g_mask, _, _ = insert_token(gen_embeds, batch["gen_attention_mask"], batch["gen_graph_pos"],
