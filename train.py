@@ -1,13 +1,12 @@
-"""Train the QGMem graph token: ``python train.py`` runs the embedded default (configs/default.yaml).
+"""Train the QGMem graph token: ``python train.py`` runs the embedded default (preset ``default``).
 
 Cache → fit → checkpoint selection on validation → test of the best checkpoint → export. Any value can
 be overridden, e.g. ``python train.py --trainer.max_epochs 3 --model.encoder.layers 3``; the paper's
-setting is ``python train.py --config configs/qwen3_8b.yaml``; ``--ckpt_path last`` resumes.
+setting is ``python train.py --config qwen3_8b`` (a preset name or a YAML path); ``--ckpt_path last``
+resumes. One stage at a time: ``qgmem fit|validate|test --config ...``.
 """
-
-from pathlib import Path
 
 from qgmem.training.cli import main
 
 if __name__ == "__main__":
-    main(default_config=Path(__file__).resolve().parent / "configs" / "default.yaml")
+    main(default_config="default")

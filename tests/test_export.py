@@ -123,6 +123,17 @@ def test_export_subcommand(exported, tmp_path):
         export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "x")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_export_refuses_nonfinite_weights(exported, tmp_path, value):
+    ckpt = torch.load(exported[0], map_location="cpu", weights_only=True)
+    name = sorted(ckpt["state_dict"])[1]
+    ckpt["state_dict"][name].view(-1)[3] = value
+    torch.save(ckpt, tmp_path / "bad.ckpt")
+    with pytest.raises(ValueError, match=rf"bad.ckpt: 1 of \d+ weight tensors hold NaN or inf \({name[4:]}\); refusing"):
+        export_checkpoint(tmp_path / "bad.ckpt", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_serving_loads_without_lightning_or_training_code(exported):
     _, out = exported
     code = ("import sys; from qgmem.serving import GraphTokenEncoder; "

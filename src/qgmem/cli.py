@@ -22,7 +22,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data-stats": ("qgmem.data.stats", "Count cases, sessions, turns, QAs and evidence mapping of a data set."),
     "build-memory": ("qgmem.memory.build", "Build per-dialogue memory stores (units, traces, embeddings)."),
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
+    "graph-stats": ("qgmem.training.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
+}
+
+#: training stages through LightningCLI, which parses its own arguments: name -> one-line help
+TRAINING_COMMANDS: dict[str, str] = {
+    "fit": "Train the graph token (--config FILE|PRESET); `python train.py` runs the whole job.",
+    "validate": "Validate a checkpoint (--ckpt_path) without retraining.",
+    "test": "Test a checkpoint (--ckpt_path) without retraining; writes test_predictions.jsonl.",
 }
 
 #: OS errors that, reaching the command line, mean the user named a wrong path (their message names it)
@@ -55,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0],
                                      epilog=f"{DEBUG_FLAG}: show the traceback of an error (any command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_, help_text) in COMMANDS.items():
+    for name, help_text in [*((n, h) for n, (_, h) in COMMANDS.items()), *TRAINING_COMMANDS.items()]:
         sub.add_parser(name, help=help_text, add_help=False)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
+    if argv[0] in TRAINING_COMMANDS:
+        from qgmem.training.cli import run_subcommand
+
+        return run_command(f"qgmem {argv[0]}", run_subcommand, argv, debug)
     if argv[0] not in COMMANDS:
         try:
             parser.parse_args(argv)  # prints the usage and the choices, exits 2

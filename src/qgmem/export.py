@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from qgmem import __version__
+from qgmem.finite import nonfinite_names
 from qgmem.prompting import PromptSettings
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
@@ -79,6 +80,10 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     lm_info = dict(ckpt.get("qgmem_lm") or {})
     weights = {k[len(NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(NET_PREFIX)}
     adapter = {k: v.contiguous() for k, v in state.items() if k.startswith("lm.")}
+    bad = nonfinite_names({**weights, **adapter})
+    if bad:  # a NaN model must never ship: refuse before anything is written
+        raise ValueError(f"{ckpt_path}: {len(bad)} of {len(weights) + len(adapter)} weight tensors hold NaN or inf "
+                         f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to export them")
     graph_token = dict(ckpt.get("qgmem_graph_token") or {})
     if not graph_token:
         raise ValueError(f"{ckpt_path}: the checkpoint has no graph-token config ('qgmem_graph_token')")

@@ -70,7 +70,7 @@ def test_stats_accumulate_over_dialogues_and_meta_records_the_build():
     stats = builder.stats.to_dict()
     assert (stats["dialogues"], stats["turns"], stats["windows"], stats["units"]) == (2, 4, 2, 3)
     assert stats["llm_calls"] == 0 and stats["seconds"] >= 0
-    assert first.meta["extractor"] == "heuristic" and first.meta["llm"] is None
+    assert first.meta["extractor"] == "parser" and first.meta["llm"] is None
     assert first.meta["counts"]["units"] == 1 and first.meta["encoder"] == "test:bag-of-words"
 
 

@@ -38,7 +38,7 @@ def test_round_trip_keeps_units_traces_embeddings(built):
 
 
 @pytest.mark.parametrize("expected,names", [
-    ({"extractor": "llm"}, "extractor: expected 'llm', stored 'heuristic'"),
+    ({"extractor": "llm"}, "extractor: expected 'llm', stored 'parser'"),
     ({"params": {"window_size": 8, "trace_threshold": 0.8}}, "params.window_size: expected 8, stored 6"),
     ({"encoder": "BAAI/bge-base-en-v1.5"}, "encoder: expected"),
     ({"not_there": 1}, "not_there: expected 1, not recorded"),

@@ -78,6 +78,51 @@ def test_text_only_fit_runs_its_steps(lm_path, tmp_path):
     assert t.global_step == 3 and "val/nll" in t.callback_metrics
 
 
+
+def test_sample_nll_weighted_by_answer_tokens_is_the_batch_nll(lm_path):
+    module = make_module(lm_path).eval()
+    batch = a_batch(lm_path, module, n=3)
+    per_row, counts = module.sample_nll(batch)
+    assert per_row.shape == (3,) and counts.shape == (3,) and bool((counts > 0).all())
+    torch.testing.assert_close((per_row * counts).sum() / counts.sum(), module(batch))
+
+
+@pytest.mark.parametrize("name,expected", [("AdamW", torch.optim.AdamW), ("SGD", torch.optim.SGD),
+                                           ("torch.optim.Adam", torch.optim.Adam)])
+def test_optimizer_is_chosen_by_name_with_lr_and_weight_decay(lm_path, name, expected):
+    module = make_module(lm_path, optimizer=name, lr=0.02, weight_decay=0.5,
+                         optimizer_kwargs={"momentum": 0.9} if name == "SGD" else None)
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert type(optimizer) is expected
+    group = optimizer.param_groups[0]
+    assert group["weight_decay"] == 0.5 and group["initial_lr"] == 0.02
+    assert sum(p.numel() for p in group["params"]) == sum(p.numel() for p in module.net.parameters())
+    if name == "SGD":
+        assert group["momentum"] == 0.9
+
+
+def test_default_schedule_is_transformers_cosine_warmup_to_a_tenth(lm_path):
+    module = make_module(lm_path, lr=1.0, warmup_steps=2)
+    module._trainer = type("T", (), {"estimated_stepping_batches": 10})()  # a run of 10 optimizer steps
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"
+    lrs = []
+    for _ in range(11):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[:3] == pytest.approx([0.0, 0.5, 1.0])  # linear warm-up over 2 steps
+    assert lrs[10] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
+
+
+@pytest.mark.parametrize("kwargs,match", [({"optimizer": "AdamWW"}, "AdamWW"), ({"optimizer": "torch.nn.Linear"}, "Linear"),
+                                          ({"lr_schedule": "cosine_typo"}, "cosine_typo")])
+def test_unknown_optimizer_or_schedule_fails_at_construction(lm_path, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_module(lm_path, **kwargs)
+
+
 def test_shuffled_pairs_each_sample_with_another_graph(lm_path):
     module = make_module(lm_path, graph="shuffled").eval()
     batch = a_batch(lm_path, module)

@@ -12,7 +12,7 @@ import torch
 
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.random_lm import save_random_lm
-from qgmem.training.cli import main
+from qgmem.training.cli import main, run_subcommand
 from qgmem.training.datamodule import QGMemDataModule, synthetic_items
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +62,16 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert config["metrics"]["test"] == saved["test"] and config["lm"]["id"] == lm_path
     # the prompt contract is set on the data side and reaches the export through the model
     assert config["prompt"]["max_prompt_tokens"] == 96 and config["prompt"]["max_answer_tokens"] == 8
+    # per-category scalars, test predictions next to metrics.json, hp_metric = the best checkpoint's score
+    categories = {"user_evidence", "changing_evidence"}
+    assert {f"test/{c}/{m}" for c in categories for m in ("nll", "em", "f1")} <= set(saved["test"])
+    rows = [json.loads(line) for line in (root / "test_predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and {r["category"] for r in rows} == categories and f"predictions:        {root}" in out
+    assert {"qa_id", "question", "answer", "prediction", "em", "f1", "nll"} <= set(rows[0])
+    assert sum(r["em"] for r in rows) / 4 == pytest.approx(saved["test"]["test/em"])
+    scalars = read_scalars(root)
+    assert scalars["hp_metric"][-1] == pytest.approx(saved["best_score"])
+    assert "lr-AdamW" in scalars and {f"val/{c}/nll" for c in categories} <= set(scalars)
 
     again = main(tiny_args(root, lm_path, "--model.encoder.layers", "3", "--trainer.max_steps", "5",
                            "--ckpt_path", "last"), datamodule_class=TinyData)
@@ -69,37 +79,79 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert last["global_step"] == 5 and again["test"]
 
 
-@pytest.mark.parametrize("config,expected", [("default.yaml", "embedded:SmolLM2-135M-Instruct"),
-                                             ("qwen3_8b.yaml", "Qwen/Qwen3-8B")])
-def test_shipped_configs_parse(config, expected, capsys):
+def read_scalars(root: Path) -> dict[str, list[float]]:
+    """Every scalar of the run's TensorBoard event files, in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars: dict[str, list[float]] = {}
+    for folder in sorted({p.parent for p in (root / "lightning_logs").rglob("events.*")}):
+        events = EventAccumulator(str(folder))
+        events.Reload()
+        for tag in events.Tags()["scalars"]:
+            scalars.setdefault(tag, []).extend(e.value for e in events.Scalars(tag))
+    return scalars
+
+
+def test_subcommands_fit_then_test_and_validate_a_checkpoint_without_retraining(lm_path, tmp_path, capsys):
+    root = tmp_path / "run"
+    run_subcommand(["fit", *tiny_args(root, lm_path, "--model.encoder.layers", "3",
+                                      "--trainer.enable_progress_bar", "true")], datamodule_class=TinyData)
+    out = capsys.readouterr().out
+    assert "step (epoch 0): 100%" in out and "3/3" in out and "Epoch" not in out  # the bar counts steps
+    best = next(p for p in (root / "checkpoints").glob("*.ckpt") if p.name != "last.ckpt")
+    assert torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
+    assert not (root / "metrics.json").exists() and not (root / "export").exists()  # fit only fits
+
+    # the YAML says 2 encoder layers; the checkpoint's hyperparameters (3) build the model
+    run_subcommand(["test", *tiny_args(root, lm_path), "--ckpt_path", str(best)], datamodule_class=TinyData)
+    rows = [json.loads(line) for line in (root / "test_predictions.jsonl").read_text().splitlines()]
+    assert sorted(r["qa_id"] for r in rows) == [f"synthetic#{i}" for i in range(4)]
+    run_subcommand(["validate", *tiny_args(root, lm_path), "--ckpt_path", str(best)], datamodule_class=TinyData)
+    scalars = read_scalars(root)
+    assert len(scalars["val/nll"]) == 2 and len(scalars["test/nll"]) == 1  # fit's validation + validate's
+    assert scalars["val/nll"][-1] == pytest.approx(float(best.stem.split("val_nll")[1]), abs=1e-4)
+
+
+@pytest.mark.parametrize("config,expected", [("default", "embedded:SmolLM2-135M-Instruct"),
+                                             ("qwen3_8b.yaml", "Qwen/Qwen3-8B"),
+                                             (str(REPO / "configs" / "qwen3_8b.yaml"), "Qwen/Qwen3-8B")])
+def test_shipped_configs_parse_by_name_or_path(config, expected, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        main(["--config", str(REPO / "configs" / config), "--print_config"])
+        main(["--config", config, "--print_config"])
     assert exit_info.value.code in (0, None)
     printed = capsys.readouterr().out
     assert printed.count(f"lm: {expected}") == 1  # model.lm; data.lm is linked to it, so not printed
     assert "feature_dim" not in printed  # linked from the data module when it is built
+    # construction and activation print resolved (the preset's values over the dataclass defaults)
+    assert "construction: null" not in printed and "activation: null" not in printed
+    assert "  construction:\n    window_size: 6\n" in printed and "    pool_size: 100\n" in printed
+    assert ("extractor: llm" in printed) == ("qwen3" in config)
 
 
-def test_command_line_overrides_reach_the_classes(capsys):
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])
+def test_subcommand_print_config_reads_presets(subcommand, capsys):
     with pytest.raises(SystemExit):
-        main(["--config", str(REPO / "configs" / "default.yaml"), "--trainer.devices", "8",
-              "--model.encoder.layers", "3", "--model.lm", "some/other-lm", "--print_config"])
+        run_subcommand([subcommand, "--config", "default", "--print_config"])
     printed = capsys.readouterr().out
-    assert re.search(r"devices: '?8'?\n", printed) and "layers: 3" in printed
-    assert printed.count("lm: some/other-lm") == 1 and "construction_llm" in printed
+    assert "lm: embedded:SmolLM2-135M-Instruct" in printed and "ckpt_path: null" in printed
 
 
-def test_data_summary_lines_report_kept_samples_fallback_and_left_out_categories():
-    from qgmem.training.cli import data_summary_lines
+def test_each_model_argument_has_its_own_help():
+    """Every constructor argument's help comes from its own docstring line, not a neighbour's."""
+    import inspect
 
-    summary = {
-        "cache_key": "abc",
-        "filter": {"rule": "none", "totals": {"train": {"kept": 32, "samples": 42}, "val": {"kept": 9, "samples": 9}},
-                   "left_out_categories": {"preference_evidence": "reference is a grading rubric"}},
-        "split": {"group_key": "person", "group_key_used": "dialogue"},
-    }
-    lines = data_summary_lines(summary)
-    assert lines[0] == "data:  samples kept (of built) train 32/42, val 9/9; answer filter 'none'; cache abc"
-    assert "grouped by 'dialogue' instead of 'person'" in lines[1]
-    assert lines[2] == "data:  preference_evidence: reference is a grading rubric"
-    assert data_summary_lines({}) == []
+    from lightning.pytorch.cli import LightningArgumentParser
+
+    from qgmem.training.module import QGMemModule
+
+    parser = LightningArgumentParser()
+    parser.add_lightning_class_args(QGMemModule, "model")
+    names = [n for n in inspect.signature(QGMemModule.__init__).parameters if n != "self"]
+    helps = {a.dest[len("model."):]: a.help or "" for a in parser._actions if a.dest.startswith("model.")}
+    helps.update({g.dest[len("model."):]: g.title or "" for g in parser._action_groups  # dataclass arguments
+                  if (getattr(g, "dest", None) or "").startswith("model.")})
+    for name in names:
+        text = helps.get(name, "")
+        assert text.strip(), f"--model.{name} has no help"
+        others = [o for o in names if o != name and re.search(rf"\b{o}:", text)]
+        assert not others, f"--model.{name}'s help holds the text of {others}: {text!r}"

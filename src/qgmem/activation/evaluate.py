@@ -154,8 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N cases")
     parser.add_argument("--limit-per-category", type=int, default=None,
                         help="evaluate only the first N cases of each question category")
-    parser.add_argument("--extractor", default="heuristic", choices=["heuristic", "llm"],
-                        help="memory construction extractor (default heuristic: no LLM)")
+    parser.add_argument("--extractor", default="parser", choices=["parser", "heuristic", "llm"],
+                        help="memory construction extractor (default parser: rules + spaCy parse, no LLM)")
     parser.add_argument("--reranker", default="embedding", choices=["embedding", "cross-encoder", "llm"])
     parser.add_argument("--reranker-path", default=None,
                         help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")

@@ -21,7 +21,10 @@ INVERSE_PREFIX = "inverse: "
 
 
 def build_local_graph(units: list[MemoryUnit], *, reverse_edges: bool = False) -> LocalGraph:
-    """One directed edge ``subject -[predicate]-> object`` per unit, in working-memory order.
+    """One directed edge ``subject -[predicate]-> object`` per unit triple, in working-memory order.
+
+    A unit's further ``relations`` (the parser extractor's ``[head, relation, tail]``) add edges after
+    its main one; every edge of a unit carries that unit's position in ``edge_unit``.
 
     Nodes are de-duplicated by normalized text (the first surface form is kept). A unit with an empty
     subject or object contributes no edge (an edge needs two ends); one with an empty predicate gets
@@ -38,12 +41,14 @@ def build_local_graph(units: list[MemoryUnit], *, reverse_edges: bool = False) -
         return ids[key]
 
     for position, unit in enumerate(units):
-        if not normalize_name(unit.subject) or not normalize_name(unit.object):
-            continue
-        head, tail = node(unit.subject), node(unit.object)
-        graph.edge_index.append((head, tail))
-        graph.edge_text.append(unit.predicate.strip() or "related to")
-        graph.edge_unit.append(position)
+        triples = [(unit.subject, unit.predicate, unit.object), *(tuple(r) for r in unit.relations if len(r) == 3)]
+        for subject, predicate, obj in triples:
+            if not normalize_name(subject) or not normalize_name(obj):
+                continue
+            head, tail = node(subject), node(obj)
+            graph.edge_index.append((head, tail))
+            graph.edge_text.append(predicate.strip() or "related to")
+            graph.edge_unit.append(position)
     return add_reverse_edges(graph) if reverse_edges else graph
 
 

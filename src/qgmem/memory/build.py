@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data set file or folder")
     parser.add_argument("--out", required=True, help="output folder for the stores")
-    parser.add_argument("--extractor", default="heuristic", choices=("heuristic", "llm"))
+    parser.add_argument("--extractor", default="parser", choices=("parser", "heuristic", "llm"),
+                        help="parser (default: rules + spaCy parse), heuristic (rules only) or llm")
     parser.add_argument("--limit", type=int, default=None, help="build only the first N dialogues")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
     add_load_arguments(parser)

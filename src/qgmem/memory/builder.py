@@ -14,6 +14,7 @@ from qgmem.llm.base import LLMBackend
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.extract_heuristic import HeuristicExtractor
 from qgmem.memory.extract_llm import LLMExtractor
+from qgmem.memory.extract_parser import ParserExtractor
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.store import STORE_FORMAT_VERSION, MemoryStore
 from qgmem.memory.traces import build_traces
@@ -87,6 +88,7 @@ class MemoryBuilder:
         if config.consolidation == "llm" and llm is None:
             raise ValueError("LLM consolidation needs an LLM backend (llm=...)")
         self.heuristic = HeuristicExtractor(config)
+        self.parser = ParserExtractor(config) if config.extractor == "parser" else None
         self.llm_extractor = LLMExtractor(llm, config) if llm is not None else None
         self.stats = BuildStats()
 
@@ -114,7 +116,9 @@ class MemoryBuilder:
         stats.windows = len(windows)
         session_times = {s.id: s.time for s in dialogue.sessions}
         units: list[MemoryUnit] = []
-        if self.config.extractor == "heuristic":
+        if self.config.extractor == "parser":
+            units.extend(self.parser.extract_windows(windows, dialogue.id, _user_name(dialogue), session_times))
+        elif self.config.extractor == "heuristic":
             user = _user_name(dialogue)
             for window in windows:
                 units.extend(self.heuristic.extract(window, dialogue.id, user, session_times.get(window.session_id)))

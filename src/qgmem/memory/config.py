@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-EXTRACTORS = ("heuristic", "llm")
+EXTRACTORS = ("parser", "heuristic", "llm")
 CONSOLIDATIONS = ("auto", "rule", "llm")
 
 
@@ -17,8 +17,10 @@ class ConstructionConfig:
     ``window_overlap`` turns (step = size - overlap = 4). Overlap turns are context only: a unit must be
     grounded in at least one of its window's new turns.
 
-    Extraction: ``extractor`` is ``"heuristic"`` (rules, no LLM, the embedded default) or ``"llm"`` (the
-    paper's prompted construction; needs a backend). ``max_new_tokens`` bounds one construction reply;
+    Extraction: ``extractor`` is ``"parser"`` (the embedded default: the heuristic rules choose the claims,
+    spaCy's dependency parse and NER read their triples, relations and attributes), ``"heuristic"``
+    (rules only, the earlier default, kept for comparison) or ``"llm"`` (the paper's prompted
+    construction; needs a backend). ``max_new_tokens`` bounds one construction reply;
     ``llm_retries`` is how many times an invalid reply is asked again with the validation error before
     the window is skipped. ``min_words`` drops sentences too short to carry a claim (heuristic).
 
@@ -32,7 +34,7 @@ class ConstructionConfig:
 
     window_size: int = 6
     window_overlap: int = 2
-    extractor: str = "heuristic"
+    extractor: str = "parser"
     neighbours: int = 20
     trace_threshold: float = 0.80
     min_fact_similarity: float = 0.35

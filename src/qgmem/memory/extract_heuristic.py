@@ -216,6 +216,14 @@ class Claim:
     object: str
     fact: str
     sentence: str
+    # How the sentence was read, for the parser extractor, which re-reads the triple from a parse:
+    # ``kind`` is clause | advice | reply | fragment | image; ``body`` the part of the sentence that
+    # states the claim (after interjections, vocatives and lead-ins); ``question`` what a reply answers.
+    kind: str = "clause"
+    body: str = ""
+    question: str = ""
+    asker: str = ""
+    antecedent: str | None = None
 
 
 def split_sentences(text: str) -> list[str]:
@@ -577,6 +585,7 @@ class HeuristicExtractor:
             context = _Rewriter(turn.speaker, listener)(_IMAGE.sub("", text).split()) if len(claims) == 0 else ""
             claim = image_claim(m.group(1), turn.speaker, context if len(context.split()) >= 3 else "")
             if claim is not None:
+                claim.kind, claim.body = "image", m.group(1).strip(" .:")
                 claims.append(claim)
         for raw in split_sentences(_IMAGE.sub("", text)):
             original = raw.strip()
@@ -596,8 +605,10 @@ class HeuristicExtractor:
             if not assistant and _NON_FACT_USER.match(sentence):
                 continue
             claim = None
+            kind, body = "clause", sentence
             if recommendation is not None:
                 claim = recommendation_claim(sentence, recommendation, turn.speaker, listener)
+                kind = "advice"
             elif len(words) >= self.config.min_words:
                 claim = parse_claim(sentence, turn.speaker, listener, assistant=assistant, antecedent=antecedent)
             if claim is None and question is None and len(words) >= self.config.min_words:
@@ -605,22 +616,29 @@ class HeuristicExtractor:
                 if conj is not None and len(sentence[conj.end():].split()) >= self.config.min_words:
                     claim = parse_claim(sentence[conj.end():], turn.speaker, listener, assistant=assistant,
                                         antecedent=antecedent)
+                    body = sentence[conj.end():]
             if claim is None:
+                body = bare
                 if question is not None and (len(words) >= 2 or len(bare.split()) >= 3):
                     claim = fragment_claim(bare, turn.speaker, listener, question, asker)
+                    kind = "reply"
                 elif len(words) >= self.config.min_words and (
                         _HAS_NUMBER.search(sentence) or find_entities(sentence)):
                     claim = fragment_claim(bare, turn.speaker, listener)
-            antecedent = _last_name(original, names) or antecedent
+                    kind = "fragment"
             if claim is not None:
                 claim.sentence = original  # dates, names and places are read from the whole sentence
+                claim.kind, claim.body, claim.antecedent = kind, body, antecedent
+                if kind == "reply":
+                    claim.question, claim.asker = question or "", asker or ""
                 claims.append(claim)
+            antecedent = _last_name(original, names) or antecedent
         return claims
 
-    def extract(self, window: Window, dialogue_id: str, user_name: str = "User",
-                session_time: str | None = None) -> list[MemoryUnit]:
-        """Units for the window's new turns; each is grounded in exactly its own turn."""
-        units: list[MemoryUnit] = []
+    def window_claims(self, window: Window, user_name: str = "User",
+                      session_time: str | None = None) -> list[tuple[Turn, str, str | None, Claim]]:
+        """``(turn, listener, utterance time, claim)`` for every claim of the window's new turns."""
+        out: list[tuple[Turn, str, str | None, Claim]] = []
         names = frozenset(t.speaker for t in window.turns)
         for i, turn in enumerate(window.turns):
             if i < window.overlap:
@@ -632,15 +650,23 @@ class HeuristicExtractor:
                 listener = user_name if turn.role.lower() == "assistant" else "Assistant"
             utterance_time = turn.time or session_time
             for claim in self.sentence_claims(turn, listener, previous, names):
-                fact_time, _ = find_fact_time(claim.sentence, utterance_time)
-                units.append(MemoryUnit(
-                    id=f"{window.id}.u{len(units)}", dialogue_id=dialogue_id, session_id=window.session_id,
-                    window_id=window.id, fact=claim.fact, subject=claim.subject, predicate=claim.predicate,
-                    object=claim.object, source_turn_ids=[turn.id], source_text=turn.text,
-                    speaker=turn.speaker, entities=find_entities(claim.sentence),
-                    location=find_location(claim.sentence), fact_time=fact_time,
-                    utterance_time=utterance_time, order=turn.index,
-                ))
+                out.append((turn, listener, utterance_time, claim))
+        return out
+
+    def extract(self, window: Window, dialogue_id: str, user_name: str = "User",
+                session_time: str | None = None) -> list[MemoryUnit]:
+        """Units for the window's new turns; each is grounded in exactly its own turn."""
+        units: list[MemoryUnit] = []
+        for turn, _, utterance_time, claim in self.window_claims(window, user_name, session_time):
+            fact_time, _ = find_fact_time(claim.sentence, utterance_time)
+            units.append(MemoryUnit(
+                id=f"{window.id}.u{len(units)}", dialogue_id=dialogue_id, session_id=window.session_id,
+                window_id=window.id, fact=claim.fact, subject=claim.subject, predicate=claim.predicate,
+                object=claim.object, source_turn_ids=[turn.id], source_text=turn.text,
+                speaker=turn.speaker, entities=find_entities(claim.sentence),
+                location=find_location(claim.sentence), fact_time=fact_time,
+                utterance_time=utterance_time, order=turn.index,
+            ))
         return units
 
 

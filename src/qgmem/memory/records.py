@@ -34,6 +34,9 @@ class MemoryUnit:
     utterance_time: str | None = None
     order: int = 0  # memory time order within the dialogue (turn index of the first source turn)
     trace_id: str | None = None
+    # further [head, relation, tail] triples of the same claim (the parser extractor's extra edges:
+    # "chat | with | R&D lead", "Omar | is | User's manager"); the main triple is subject/predicate/object
+    relations: list[list[str]] = field(default_factory=list)
 
     @property
     def turn_start(self) -> str:

@@ -56,6 +56,8 @@ NON_STATE_RELATIONS = {
     "agree", "understand", "imagine", "bet", "suppose", "gotta", "gonna", "realize", "forget", "lean",
     "answer", "reply", "respond", "share", "show", "ask", "help", "here", "notice", "decide",
 }
+# Advice and possibility ("should look into", "could try"): what someone might do, never a state.
+ADVICE_PREDICATE = re.compile(r"^(?:should|could|might|may|ought to)\b", re.IGNORECASE)
 # A person's own states that can change over time; a bare person's other relations are events ("User
 # finished the report", "User got an email"), which are never superseded, so they are not traced.
 PERSON_STATE_RELATIONS = {"lives in", "works at", "scheduled", "assigned to", "likes", "owns", "uses"}
@@ -117,6 +119,8 @@ def traceable(unit: MemoryUnit) -> bool:
     | is | …", "Cooper | likes | …") are traced on any relation but talk and thought.
     """
     relation = canonical_relation(unit.predicate)
+    if ADVICE_PREDICATE.match(unit.predicate):  # "User | should look into | Zapier": advice, not a state
+        return False
     if relation.split(" ")[0] in NON_STATE_RELATIONS or relation in ("mention", "answer", "share an image of"):
         return False
     bare_person = unit.subject.strip() in (unit.speaker, "User", "Assistant") and "'s" not in unit.subject

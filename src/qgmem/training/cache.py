@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 3  # 3: edge_fact (the unit's fact embedding per edge)
+CACHE_FORMAT_VERSION = 4  # 3: parser-extractor graphs; 4: edge_fact (the unit's fact embedding per edge)
 
 SPLITS = ("train", "val", "test")
 

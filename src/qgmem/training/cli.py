@@ -1,12 +1,15 @@
-"""The training entry point (``python train.py``): cache → fit → best checkpoint → test → export.
+"""Training commands: ``python train.py`` (the whole job) and ``qgmem fit|validate|test`` (one stage each).
 
 A ``LightningCLI`` over ``QGMemModule`` and ``QGMemDataModule``: every value is a YAML key and a flag
-(``--trainer.devices 8``, ``--model.encoder.layers 3``, ``--data.num_cases 1200``). ``model.lm`` is the
-single source of the LM id (linked into the data module); the sentence encoder's width and the prompt
-contract (``data.max_prompt_tokens``, ``data.enable_thinking``, ...) are linked into the model once the
-data module exists. Everything a run writes lives under
+(``--trainer.devices 8``, ``--model.encoder.layers 3``, ``--data.num_cases 1200``), and ``--config``
+takes a file or a preset's name (:mod:`qgmem.configs`). ``model.lm`` is the single source of the LM id
+(linked into the data module); the sentence encoder's width and the prompt contract
+(``data.max_prompt_tokens``, ``data.enable_thinking``, ...) are linked into the model once the data
+module exists. ``python train.py`` runs cache → fit → best checkpoint → test → export; the subcommands
+run one Lightning stage, so ``qgmem test --config default --ckpt_path …`` tests a checkpoint without
+retraining (its hyperparameters come from the checkpoint). Everything a run writes lives under
 ``--trainer.default_root_dir``: TensorBoard logs, ``checkpoints/`` (best by ``val/nll`` + ``last.ckpt``),
-``metrics.json`` and ``export/``.
+``metrics.json``, ``test_predictions.jsonl`` and ``export/``.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
+from qgmem.configs import resolve_config
+from qgmem.training.callbacks import PREDICTIONS_FILE, default_callbacks
+from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
+
 DEFAULT_ROOT = "checkpoints"
+DEFAULT_PRESET = "default"
+SUBCOMMANDS = ("fit", "validate", "test")
 
 
 def _checkpoint_dir(root: str | None) -> str:
@@ -29,10 +38,19 @@ def _checkpoint_dir(root: str | None) -> str:
 
 
 class QGMemCLI(LightningCLI):
-    """LightningCLI with the QGMem links, a checkpoint callback and the run's extra flags."""
+    """LightningCLI with the QGMem links, a checkpoint callback, default callbacks and the run's extra flags.
+
+    ``run=False`` is ``train.py``'s whole job (its own ``--ckpt_path``); ``run=True`` gives the
+    ``fit|validate|test`` subcommands, where ``--ckpt_path`` is the Lightning method's own argument.
+    """
+
+    def __init__(self, *args, run: bool = True, **kwargs) -> None:
+        self.whole_job = not run  # read by add_arguments_to_parser, which LightningCLI.__init__ calls
+        super().__init__(*args, run=run, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(FiniteModelCheckpoint, "checkpoint")  # never a NaN val/nll as best
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")  # --nonfinite.action stop|skip
         parser.set_defaults({"checkpoint.monitor": "val/nll", "checkpoint.mode": "min", "checkpoint.save_last": True,
                              "checkpoint.save_top_k": 1, "checkpoint.auto_insert_metric_name": False,
                              "checkpoint.filename": "epoch{epoch:02d}-step{step:05d}-val_nll{val/nll:.4f}",
@@ -42,10 +60,41 @@ class QGMemCLI(LightningCLI):
         parser.link_arguments("model.lm", "data.lm")
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
         parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
-        parser.add_argument("--ckpt_path", type=str | None, default=None,
-                            help="resume fit from this checkpoint ('last' = the run root's last.ckpt)")
-        parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end")
-        parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit")
+        _show_resolved_defaults(parser)
+        if self.whole_job:
+            parser.add_argument("--ckpt_path", type=str | None, default=None,
+                                help="resume fit from this checkpoint ('last' = the run root's last.ckpt)")
+        # accepted by the subcommands too, so one YAML (and a run's saved config.yaml) drives both
+        only = "" if self.whole_job else " (train.py's whole job only; `qgmem fit` only fits)"
+        parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end" + only)
+        parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit" + only)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Any:
+        given = [*(config.get("callbacks") or []), *callbacks]
+        return super()._instantiate_trainer(config, [*callbacks, *default_callbacks(config, given)])
+
+    def after_fit(self) -> None:
+        save_last(self.trainer)
+
+
+def _show_resolved_defaults(parser) -> None:
+    """Construction and activation settings print as their values (``--print_config``), not ``null``."""
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.memory.config import ConstructionConfig
+
+    for key, value in (("data.construction", ConstructionConfig()), ("data.activation", ActivationConfig())):
+        try:
+            parser.get_default(key)
+        except KeyError:  # a data module without the setting (tests' in-memory one)
+            continue
+        parser.set_defaults({key: value})
+
+
+def save_last(trainer) -> None:
+    """Write ``last.ckpt`` at the end of fit: steps after the last validation are not in it yet."""
+    callback = trainer.checkpoint_callback
+    if callback is not None and callback.save_last and callback.dirpath:
+        trainer.save_checkpoint(os.path.join(callback.dirpath, "last.ckpt"))
 
 
 class ValidationHistory(Callback):
@@ -68,11 +117,13 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
     history = ValidationHistory()
     trainer.callbacks.append(history)
     trainer.fit(model, datamodule=data, ckpt_path=cfg.get("ckpt_path"))
+    save_last(trainer)  # so `--ckpt_path last` continues from the end
     callback = trainer.checkpoint_callback
-    if callback is not None and callback.save_last and callback.dirpath:
-        # steps after the last validation are not in last.ckpt yet; `--ckpt_path last` should continue from the end
-        trainer.save_checkpoint(os.path.join(callback.dirpath, "last.ckpt"))
     best = callback.best_model_path if callback else ""
+    rejected = getattr(callback, "rejected", [])
+    if not best and rejected:
+        raise NonFiniteError(f"every validation gave a non-finite {callback.monitor} (steps "
+                             f"{[r['step'] for r in rejected]}): no checkpoint can be selected or exported")
     which = "best" if best else None
     # checkpoints hold only tensors and plain hyperparameters, so they load with weights_only=True
     best_step = _checkpoint_step(best)
@@ -90,6 +141,7 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         "monitor": trainer.checkpoint_callback.monitor if trainer.checkpoint_callback else None,
         "graph": model.hparams.graph,
         "data": _jsonable(getattr(data, "summary", None)),
+        "nonfinite": _nonfinite_report(trainer),
     }
     if trainer.is_global_zero:
         root.mkdir(parents=True, exist_ok=True)
@@ -100,8 +152,10 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
 
             export_dir = export_checkpoint(best, root / "export", metrics)
         log_dir = trainer.logger.log_dir if trainer.logger else None
+        predictions = root / PREDICTIONS_FILE if test else None
         print(f"\nlogs (TensorBoard): {log_dir}\nbest checkpoint:    {best or '-'}\n"
-              f"metrics:            {root / 'metrics.json'}\nexport:             {export_dir or '-'}")
+              f"metrics:            {root / 'metrics.json'}\npredictions:        {predictions or '-'}\n"
+              f"export:             {export_dir or '-'}")
         print("val:  " + json.dumps(metrics["val"]) + "\ntest: " + json.dumps(metrics["test"]))
         for line in data_summary_lines(metrics["data"] or {}):
             print(line)
@@ -125,6 +179,14 @@ def data_summary_lines(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _nonfinite_report(trainer) -> dict[str, Any]:
+    """Skipped training steps and validations kept out of the top-k, for ``metrics.json``."""
+    guard = next((c for c in trainer.callbacks if isinstance(c, NonFiniteGuard)), None)
+    callback = trainer.checkpoint_callback
+    return {"action": guard.action if guard else None, "skipped_steps": list(guard.skipped) if guard else [],
+            "rejected_validations": list(getattr(callback, "rejected", []))}
+
+
 def _checkpoint_step(path: str) -> int | None:
     if not path:
         return None
@@ -145,21 +207,49 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str)) if value is not None else None
 
 
-def main(args: list[str] | None = None, default_config: str | Path | None = None,
-         datamodule_class: type | None = None) -> dict[str, Any]:
-    """Parse ``args`` (default: ``sys.argv``); ``default_config`` is used when no ``--config`` is given.
+def with_config(args: list[str], default_config: str | Path | None) -> list[str]:
+    """``args`` with each ``--config``/``-c`` value resolved (a preset name → its file); ``default_config``
+    is put first when none is given."""
+    out: list[str] = []
+    it = iter(args)
+    for arg in it:
+        if arg in ("-c", "--config"):
+            value = next(it, None)
+            out += [arg] if value is None else [arg, resolve_config(value)]
+        elif arg.startswith("--config="):
+            out.append("--config=" + resolve_config(arg.split("=", 1)[1]))
+        else:
+            out.append(arg)
+    if default_config is not None and not any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
+        out = ["--config", resolve_config(str(default_config)), *out]
+    return out
 
-    ``datamodule_class`` replaces ``QGMemDataModule`` (tests use a small in-memory one).
-    """
+
+def _cli(args: list[str], run: bool, datamodule_class: type | None) -> QGMemCLI:
     from qgmem.training.module import QGMemModule
 
     if datamodule_class is None:
         from qgmem.training.datamodule import QGMemDataModule as datamodule_class
-    args = list(sys.argv[1:] if args is None else args)
-    if default_config is not None and not any(a in ("-c", "--config") or a.startswith("--config=") for a in args):
-        args = ["--config", str(default_config), *args]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        cli = QGMemCLI(QGMemModule, datamodule_class, run=False, args=args, save_config_kwargs={"overwrite": True},
-                       seed_everything_default=0, auto_configure_optimizers=False)
-    return run_training(cli)
+        return QGMemCLI(QGMemModule, datamodule_class, run=run, args=args, save_config_kwargs={"overwrite": True},
+                        seed_everything_default=0, auto_configure_optimizers=False)
+
+
+def main(args: list[str] | None = None, default_config: str | Path | None = DEFAULT_PRESET,
+         datamodule_class: type | None = None) -> dict[str, Any]:
+    """``python train.py``: parse ``args`` (default: ``sys.argv``) and run the whole job.
+
+    ``default_config`` (a file or preset name) is used when no ``--config`` is given;
+    ``datamodule_class`` replaces ``QGMemDataModule`` (tests use a small in-memory one).
+    """
+    args = with_config(list(sys.argv[1:] if args is None else args), default_config)
+    return run_training(_cli(args, run=False, datamodule_class=datamodule_class))
+
+
+def run_subcommand(args: list[str], datamodule_class: type | None = None) -> int:
+    """``qgmem fit|validate|test [--config FILE|PRESET] ...``: one Lightning stage through its subcommand."""
+    if args and args[0] in SUBCOMMANDS:
+        args = [args[0], *with_config(args[1:], None)]
+    _cli(args, run=True, datamodule_class=datamodule_class)
+    return 0

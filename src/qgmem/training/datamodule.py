@@ -286,7 +286,14 @@ class QGMemDataModule(L.LightningDataModule):
         return self._collator
 
     def _loader(self, name: str, batch_size: int, shuffle: bool) -> DataLoader:
-        return DataLoader(self.split(name), batch_size=batch_size, shuffle=shuffle, num_workers=self.num_workers,
+        if shuffle:  # the train loader: an order fixed by (seed, epoch) and a position saved in checkpoints
+            from qgmem.training.resume import EpochRandomSampler, ResumableDataLoader
+
+            return ResumableDataLoader(self.split(name), batch_size=batch_size,
+                                       sampler=EpochRandomSampler(self.split(name), getattr(self, "seed", 0)),
+                                       num_workers=self.num_workers, collate_fn=self.collator,
+                                       persistent_workers=self.num_workers > 0)
+        return DataLoader(self.split(name), batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
                           collate_fn=self.collator, persistent_workers=self.num_workers > 0)
 
     def train_dataloader(self) -> DataLoader:

@@ -8,7 +8,7 @@ the LM is rebuilt from its id on load, so a checkpoint of an 8B-LM run stays a f
 
 from __future__ import annotations
 
-import math
+import importlib
 import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any, Literal
@@ -16,27 +16,37 @@ from typing import Any, Literal
 import torch
 from lightning.pytorch import LightningModule
 from torch_geometric.data import Batch, Data
+from transformers import SchedulerType, get_scheduler
 
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
-from qgmem.model.fusion import answer_nll, insert_token, shared_prefix_length
+from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.training.metrics import AnswerScores
+from qgmem.training.records import EvalRecords, by_category
 
 # The frozen LM is absent from checkpoints and in eval mode during fit, both on purpose.
 warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 
 GraphMode = Literal["token", "none", "shuffled"]
+DEFAULT_SCHEDULE_KWARGS = {"min_lr_rate": 0.1}  # cosine decay to 10% of lr (never mutated)
 DATA_INFO_KEY = "qgmem_data_info"  # checkpoint entry: what the data side used (for export/serving)
 
 
 @dataclass
 class LoraSettings:
-    """LoRA on the frozen LM through ``peft`` (an extension; the paper trains only encoder + projector)."""
+    """LoRA on the frozen LM through ``peft`` (an extension; the paper trains only encoder + projector).
+
+    Args:
+        r: Rank of the adapter matrices.
+        alpha: Scaling numerator (the update is scaled by ``alpha / r``).
+        dropout: Dropout on the adapter's input.
+        target_modules: Names of the LM's linear layers that get adapters.
+    """
 
     r: int = 8
     alpha: int = 16
@@ -53,25 +63,38 @@ class QGMemModule(LightningModule):
     """Graph-token training over a frozen LM; batches come from ``GraphTextCollator``.
 
     Args:
-        lm: causal LM id, local folder, or ``embedded:SmolLM2-135M-Instruct``.
-        lm_dtype: dtype the frozen LM is loaded in (``auto`` = the checkpoint's; ``bfloat16`` on GPU).
-        feature_dim: sentence-encoder dimension = node and edge feature width (linked from the data).
-        encoder: graph encoder shape. projector_hidden: projector's inner width (default: max(in, out)).
-        features: memory content the encoder reads (``text`` = the paper's node/predicate texts;
+        lm: Causal LM id, local folder, or ``embedded:SmolLM2-135M-Instruct``.
+        lm_dtype: Dtype the frozen LM is loaded in (``auto`` = the checkpoint's; ``bfloat16`` on GPU).
+        feature_dim: Sentence-encoder dimension = node and edge feature width (linked from the data).
+        encoder: Graph encoder shape.
+        projector_hidden: Projector's inner width (``None`` = max(encoder width, LM width)).
+        features: Memory content the encoder reads (``text`` = the paper's node/predicate texts;
             ``edge_fact_sum``/``edge_fact_concat``/``node_fact`` add each unit's fact embedding, see
-            :mod:`qgmem.model.features`). readout: ``mean`` (one token, the paper) or ``queries``
-            (``num_queries`` learned queries over the nodes → that many graph tokens).
+            :mod:`qgmem.model.features`).
+        readout: ``mean`` (one token, the paper) or ``queries`` (``num_queries`` learned queries over
+            the nodes → that many graph tokens).
+        num_queries: Graph tokens of the ``queries`` readout (1 with ``mean``).
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
-        lr, weight_decay, warmup_steps: AdamW with linear warm-up then cosine decay to 10%.
-        max_new_tokens: greedy generation length for EM/F1. val_generate_batches: validation batches
-            (per process) that are also decoded and scored; test_generate_batches: ``None`` = all.
-        num_examples: generations logged as text per validation epoch.
-        gradient_checkpointing: recompute LM layers in backward (long contexts); the LM stays in eval mode.
-        lora: LoRA settings, ``None`` = off.
-        prompt: the run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
+        lr: Peak learning rate.
+        weight_decay: Weight decay passed to the optimizer.
+        warmup_steps: Linear warm-up steps at the start of the schedule.
+        max_new_tokens: Greedy generation length for EM/F1.
+        val_generate_batches: Validation batches (per process) that are also decoded and scored.
+        test_generate_batches: Test batches (per process) that are decoded and scored (``None`` = all).
+        num_examples: Generations logged as text per validation epoch.
+        gradient_checkpointing: Recompute LM layers in backward (long contexts); the LM stays in eval mode.
+        lora: LoRA adapters on the frozen LM (``None`` = off).
+        prompt: The run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
             from the data module (``data.prompt_settings``), so the collator, the answer filter, this
             module's generations and the export all use one setting.
+        match_embedding_scale: Scale the projector's output to the RMS of the LM's token embeddings at init.
+        optimizer: A ``torch.optim`` class, by name (``AdamW``, ``SGD``) or import path, built as
+            ``cls(params, lr=lr, weight_decay=weight_decay, **optimizer_kwargs)``.
+        optimizer_kwargs: Further optimizer arguments, e.g. ``{betas: [0.9, 0.95]}``.
+        lr_schedule: A ``transformers`` schedule (``cosine_with_min_lr``, ``cosine``, ``linear``,
+            ``constant_with_warmup``, ...), stepped every optimizer step over the run's estimated steps.
+        lr_schedule_kwargs: The schedule's own arguments; the default decays to 10% of ``lr``.
     """
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
@@ -80,8 +103,12 @@ class QGMemModule(LightningModule):
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
-                 prompt: PromptSettings | None = None, match_embedding_scale: bool = True):
+                 prompt: PromptSettings | None = None, match_embedding_scale: bool = True,
+                 optimizer: str = "AdamW", optimizer_kwargs: dict[str, Any] | None = None,
+                 lr_schedule: str = "cosine_with_min_lr",
+                 lr_schedule_kwargs: dict[str, Any] | None = DEFAULT_SCHEDULE_KWARGS):
         super().__init__()
+        optimizer_class(optimizer), SchedulerType(lr_schedule)  # a misspelt name fails here, not after the cache build
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
@@ -115,6 +142,8 @@ class QGMemModule(LightningModule):
         self.strict_loading = False  # the frozen LM is not in the checkpoint; on_load_checkpoint checks the rest
         self.val_scores = AnswerScores()
         self.test_scores = AnswerScores()
+        self.records = {"val": EvalRecords(), "test": EvalRecords()}
+        self.test_predictions: list[dict[str, Any]] = []  # the last test's rows (TestPredictionsWriter)
         self._examples: list[dict[str, str]] = []
         self._prev_graph: Data | None = None
         self.data_info: dict[str, Any] = {}
@@ -173,11 +202,10 @@ class QGMemModule(LightningModule):
         labels = None if generation else batch["labels"]
         return insert_token(embeds, batch[f"{prefix}attention_mask"], batch[f"{prefix}graph_pos"], token, labels)
 
-    def forward(self, batch: dict[str, Any], reduction: str = "mean") -> torch.Tensor:
-        """Mean answer-token NLL of a batch (``reduction="none"``: one value per row)."""
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Mean answer-token NLL of a batch."""
         embeds, mask, positions, labels = self.fused_inputs(batch)
-        return answer_nll(self.lm, embeds, mask, positions, labels, reduction=reduction,
-                          shared_prefix=self.shared_prefix(batch))
+        return answer_nll(self.lm, embeds, mask, positions, labels, shared_prefix=self.shared_prefix(batch))
 
     def shared_prefix(self, batch: dict[str, Any]) -> int:
         """Columns every row shares before the graph slot (the template head), run once as a cache.
@@ -188,6 +216,13 @@ class QGMemModule(LightningModule):
         if self.hparams.lora is not None or self.hparams.gradient_checkpointing:
             return 0
         return shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["graph_pos"])
+
+    def sample_nll(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample mean answer NLL ``[B]`` and answer-token counts ``[B]`` (their weighted mean = ``forward``)."""
+        embeds, mask, positions, labels = self.fused_inputs(batch)
+        per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none",
+                             shared_prefix=self.shared_prefix(batch))
+        return per_row, (labels[:, 1:] != IGNORE_INDEX).sum(1)
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any]) -> list[str]:
@@ -201,11 +236,16 @@ class QGMemModule(LightningModule):
     # -------------------------------------------------------------------------------------- steps
     def _step(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> torch.Tensor:
         B = batch["input_ids"].size(0)
-        loss = self(batch)
+        if stage == "train":
+            loss, per_row = self(batch), None
+        else:
+            per_row, counts = self.sample_nll(batch)
+            loss = (per_row * counts).sum() / counts.sum().clamp(min=1)
         on_step = stage == "train"
         self.log(f"{stage}/nll", loss, batch_size=B, on_step=on_step, on_epoch=True, prog_bar=True,
                  sync_dist=not on_step)
         limit = {"val": self.hparams.val_generate_batches, "test": self.hparams.test_generate_batches}.get(stage, 0)
+        predictions = None
         if stage != "train" and (limit is None or batch_idx < limit):
             predictions = self.generate(batch)
             scores = self.val_scores if stage == "val" else self.test_scores
@@ -213,6 +253,8 @@ class QGMemModule(LightningModule):
             if stage == "val" and len(self._examples) < self.hparams.num_examples:
                 for q, a, p in zip(batch["question"], batch["answer"], predictions):
                     self._examples.append({"question": q, "answer": a, "prediction": p})
+        if per_row is not None:
+            self.records[stage].add(batch, per_row, predictions)
         return loss
 
     def training_step(self, batch, batch_idx):
@@ -234,8 +276,18 @@ class QGMemModule(LightningModule):
             self.log(f"{stage}/{name}", value, sync_dist=False)  # already reduced across processes
         scores.reset()
 
+    def _log_categories(self, stage: str) -> list[dict[str, Any]]:
+        """``{stage}/{category}/{nll,em,f1}`` from every process's rows; returns the rows."""
+        rows = self.records[stage].gather()
+        self.records[stage].reset()
+        for category, scores in by_category(rows).items():
+            for name, value in scores.items():
+                self.log(f"{stage}/{category}/{name}", value, sync_dist=False)  # gathered already
+        return rows
+
     def on_validation_epoch_end(self) -> None:
         self._log_scores("val")
+        self._log_categories("val")
         experiment = getattr(self.logger, "experiment", None) if self.logger else None
         if self._examples and hasattr(experiment, "add_text") and self.trainer.is_global_zero:
             table = "\n".join(f"| {e['question']} | {e['answer']} | {e['prediction']} |".replace("\n", " ")
@@ -246,24 +298,30 @@ class QGMemModule(LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_scores("test")
+        self.test_predictions = self._log_categories("test")
 
     # --------------------------------------------------------------------------------- optimizer
     def configure_optimizers(self):
+        """``optimizer`` over the trainable parameters, ``lr_schedule`` from ``transformers`` per step."""
+        hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        optimizer = optimizer_class(hp.optimizer)(params, lr=hp.lr, weight_decay=hp.weight_decay,
+                                                  **(hp.optimizer_kwargs or {}))
         total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer else 1
-        warmup = min(self.hparams.warmup_steps, max(0, total - 1))
-
-        def factor(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            progress = min(1.0, (step - warmup) / max(1, total - warmup))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        scheduler = get_scheduler(hp.lr_schedule, optimizer, num_warmup_steps=min(hp.warmup_steps, max(0, total - 1)),
+                                  num_training_steps=total, scheduler_specific_kwargs=dict(hp.lr_schedule_kwargs or {}))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------------------- checkpoints
+    def configure_callbacks(self):
+        """RNG states go into every checkpoint, so a resumed fit draws what the uninterrupted one would."""
+        from qgmem.training.resume import RandomStates
+
+        trainer = self._trainer
+        if trainer is not None and any(isinstance(c, RandomStates) for c in trainer.callbacks):
+            return []  # added by an earlier fit/validate/test of this trainer
+        return [RandomStates()]
+
     def trainable_keys(self) -> set[str]:
         return {name for name, p in self.named_parameters() if p.requires_grad} | {
             name for name, _ in self.named_buffers() if not name.startswith("lm.")}
@@ -298,6 +356,18 @@ class QGMemModule(LightningModule):
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
         self.data_info = dict(checkpoint.get(DATA_INFO_KEY) or {})
+
+
+def optimizer_class(name: str) -> type[torch.optim.Optimizer]:
+    """``AdamW`` → ``torch.optim.AdamW``; a dotted name is imported (``bitsandbytes.optim.AdamW8bit``)."""
+    if "." not in name:
+        found = getattr(torch.optim, name, None)
+    else:
+        module, _, attr = name.rpartition(".")
+        found = getattr(importlib.import_module(module), attr, None)
+    if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
+        raise ValueError(f"optimizer {name!r} is not a torch.optim.Optimizer class (e.g. AdamW, SGD, or an import path)")
+    return found
 
 
 def describe_datamodule(datamodule) -> dict[str, Any]:
