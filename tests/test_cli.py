@@ -15,7 +15,7 @@ from qgmem.errors import USER_ERROR_EXIT, UserError, as_user_error
 FIXTURES = Path(__file__).parent / "fixtures"
 
 #: every command that reads a data set, and the extra flags its parser requires
-DATA_COMMANDS = {"data-stats": [], "build-memory": ["--out", "o"], "eval-retrieval": []}
+DATA_COMMANDS = {"data-stats": [], "build-memory": ["--out", "o"], "eval-retrieval": [], "eval-qa": ["--export", "e"]}
 
 
 @pytest.fixture()

@@ -1,4 +1,4 @@
-"""Export → serving round trip: same graph tokens as the checkpoint, refused hidden-size mismatch, no Lightning."""
+"""Checkpoint → export → serving: same graph tokens as the checkpoint, the run's own metrics, no Lightning."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from torch_geometric.data import Batch
 
 from qgmem.cli import main as qgmem_main
 from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
-from qgmem.lm import EMBEDDED_LM, load_causal_lm
+from qgmem.lm import EMBEDDED_LM
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
-from qgmem.serving import GraphTokenAnswerer, GraphTokenEncoder, HiddenSizeMismatch
+from qgmem.serving import GraphTokenEncoder, HiddenSizeMismatch
+from qgmem.serving.pipeline import load_lm_for
 from qgmem.training.datamodule import QGMemDataModule, synthetic_items
 from qgmem.training.module import QGMemModule
 
@@ -40,7 +41,7 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
                       enable_model_summary=False, default_root_dir=root, num_sanity_val_steps=0,
                       limit_val_batches=limit_val_batches)
     trainer.fit(module, datamodule=data)
-    path = root / "model.ckpt"
+    path = root / "checkpoints" / "model.ckpt"  # train.py's layout: <root>/checkpoints/*.ckpt + <root>/metrics.json
     trainer.save_checkpoint(path)
     return str(path)
 
@@ -52,7 +53,8 @@ NETS = {"mean": {}, "queries": {"readout": "queries", "num_queries": 2, "feature
 def exported(lm_path, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("run")
     ckpt = fit_checkpoint(root, lm_path, **NETS[request.param])
-    (root / "metrics.json").write_text(json.dumps({"val": {"val/nll": 9.5, "val/em": 0.25}, "test": {"test/f1": 0.5}}))
+    (root / "metrics.json").write_text(json.dumps({"val": {"val/nll": 9.5, "val/em": 0.25}, "test": {"test/f1": 0.5},
+                                                   "best_checkpoint": ckpt}))
     return ckpt, export_checkpoint(ckpt, root / "export")
 
 
@@ -81,23 +83,39 @@ def test_export_config_and_model_card(exported):
     assert config["lm"]["hidden_size"] == 32 and config["lm"]["dtype"] == "float32"
     assert config["qgmem_version"] and config["graph_mode"] == "token" and config["lora"] is None
     assert config["metrics"]["val"]["val/em"] == 0.25  # picked up from the run's metrics.json
+    assert config["prompt"]["max_prompt_tokens"] == 96  # the data side's prompt contract, adopted by the model
     card = (out / "README.md").read_text()
     assert "| val | nll | 9.5000 |" in card and "| test | f1 | 0.5000 |" in card
+
+
+def test_metrics_of_another_run_never_reach_the_card(exported, tmp_path):
+    """A metrics.json beside the run that names another checkpoint (or none) is not this export's."""
+    import shutil
+
+    ckpt, _ = exported
+    run = tmp_path / "other-run"
+    (run / "checkpoints").mkdir(parents=True)
+    copy = run / "checkpoints" / "model.ckpt"
+    shutil.copy(ckpt, copy)
+    (run / "metrics.json").write_text(json.dumps({"test": {"test/f1": 0.99}, "best_checkpoint": "elsewhere.ckpt"}))
+    out = export_checkpoint(copy, tmp_path / "export")
+    assert json.loads((out / CONFIG_FILE).read_text())["metrics"] is None
+    assert "0.99" not in (out / "README.md").read_text()
 
 
 @pytest.mark.parametrize("expected", [64, 576])
 def test_mismatched_hidden_size_is_refused(exported, expected):
     _, out = exported
-    with pytest.raises(HiddenSizeMismatch, match=f"hidden size 32, but the serving LM has hidden size {expected}"):
+    with pytest.raises(HiddenSizeMismatch, match=f"'graph_token.lm_hidden' is 32 .* hidden size {expected}"):
         GraphTokenEncoder.from_pretrained(out, expected_hidden_size=expected)
     assert GraphTokenEncoder.from_pretrained(out, expected_hidden_size=32).config.lm_hidden == 32
 
 
-def test_answerer_refuses_an_lm_of_another_width(exported, tmp_path):
+def test_serving_refuses_an_lm_of_another_width(exported, tmp_path):
     _, out = exported
-    other = load_causal_lm(str(save_random_lm(tmp_path / "wide", hidden_size=48, layers=1)))
-    with pytest.raises(HiddenSizeMismatch, match="32-d but the LM's embeddings are 48-d"):
-        GraphTokenAnswerer(GraphTokenEncoder.from_pretrained(out), lm=other)
+    other = str(save_random_lm(tmp_path / "wide", hidden_size=48, layers=1))
+    with pytest.raises(HiddenSizeMismatch, match="'graph_token.lm_hidden' is 32 .* has 48-d embeddings"):
+        load_lm_for(GraphTokenEncoder.from_pretrained(out), other, None, "cpu")
 
 
 def test_bad_export_folder_names_the_problem(exported, tmp_path):
@@ -137,6 +155,7 @@ def test_export_refuses_nonfinite_weights(exported, tmp_path, value):
 def test_serving_loads_without_lightning_or_training_code(exported):
     _, out = exported
     code = ("import sys; from qgmem.serving import GraphTokenEncoder; "
+            "import qgmem.serving.pipeline, qgmem.serving.eval_qa, qgmem.serving.answer_cli, qgmem.serving.api; "
             f"m = GraphTokenEncoder.from_pretrained({str(out)!r}); "
             "bad = [k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning') "
             "or k.startswith('qgmem.training')]; print(m.config.lm_hidden, bad)")
@@ -161,44 +180,27 @@ def test_smollm2_end_to_end_generation_matches_serving(tmp_path):
     assert batch["gen_attention_mask"][0].sum() < batch["gen_attention_mask"][1].sum()  # row 0 is left-padded
     module.hparams.max_new_tokens = 10
     batched = module.generate(batch)
-    answerer = GraphTokenAnswerer(GraphTokenEncoder.from_pretrained(out, expected_hidden_size=576), max_new_tokens=10,
-                                  max_prompt_tokens=128)
-    served = [answerer.answer(it["graph"], it["memory_text"], it["question"]) for it in items]
+    pipe = serving_pipeline(out, max_new_tokens=10)
+    served = [a.answer for a in pipe.generate([retrieved_item(it) for it in items])]
     assert served == batched and all(isinstance(s, str) and s for s in served)
 
 
-class HashEncoder:
-    """A stand-in sentence encoder: deterministic pseudo-random unit vectors per text."""
+def retrieved_item(item):
+    """A training item as the pipeline's activated question (same graph, memory text and question)."""
+    from qgmem.activation.records import WorkingMemory
+    from qgmem.serving import Retrieved
 
-    def __init__(self, dim: int):
-        self.dim = dim
-
-    def encode(self, texts):
-        import numpy as np
-
-        out = np.stack([np.random.default_rng(abs(hash(t)) % 2**32).standard_normal(self.dim) for t in texts])
-        return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype("float32")
+    return Retrieved(item["question"], WorkingMemory(question=item["question"], text=item["memory_text"]),
+                     item["graph"], store_units=1)
 
 
-@pytest.mark.parametrize("dim", [D, D + 4])
-def test_answer_from_a_working_memory(exported, lm_path, dim):
-    from qgmem.activation.records import LocalGraph, WorkingMemory
-    from qgmem.memory.records import MemoryUnit
+def serving_pipeline(out, max_new_tokens):
+    from qgmem.serving import QGMemPipeline
 
-    _, out = exported
-    answerer = GraphTokenAnswerer(GraphTokenEncoder.from_pretrained(out), max_new_tokens=3)
-    unit = MemoryUnit(id="u1", dialogue_id="d", session_id="s", window_id="w", fact="Ana lives in Lisbon.",
-                      subject="Ana", predicate="lives in", object="Lisbon", source_turn_ids=["t1"], source_text="")
-    wm = WorkingMemory(question="Where does Ana live?", text="[M1] Ana lives in Lisbon.", units=[unit],
-                       graph=LocalGraph(node_text=["Ana", "Lisbon"], edge_index=[(0, 1)], edge_text=["lives in"],
-                                        edge_unit=[0]))
-    if dim != D:
-        with pytest.raises(ValueError, match=f"{dim}-d features but the graph encoder was trained on {D}-d"):
-            answerer.answer_working_memory(wm, HashEncoder(dim))
-        return
-    from qgmem.activation.graph import graph_to_data
+    encoder = GraphTokenEncoder.from_pretrained(out, expected_hidden_size=576)
+    lm, tokenizer = load_lm_for(encoder, None, None, "cpu")
 
-    direct = answerer.answer(graph_to_data(wm.graph, HashEncoder(dim), facts=[unit.fact]), wm.text, wm.question)
-    assert answerer.answer_working_memory(wm, HashEncoder(dim)) == direct
-    empty = WorkingMemory(question="Anything?", text="")
-    assert isinstance(answerer.answer_working_memory(empty, HashEncoder(dim)), str)
+    class Dim:  # the graphs are given: only the feature width is checked
+        dim = encoder.config.feature_dim
+
+    return QGMemPipeline(encoder, lm, tokenizer, Dim(), max_new_tokens=max_new_tokens)

@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
     "graph-stats": ("qgmem.training.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
+    "answer": ("qgmem.serving.answer_cli", "Answer questions about a dialogue history with an export."),
+    "eval-qa": ("qgmem.serving.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
 }
 
 #: training stages through LightningCLI, which parses its own arguments: name -> one-line help

@@ -1,9 +1,11 @@
-"""``qgmem export``: a trained checkpoint's graph encoder + projector as a self-contained folder.
+"""``qgmem export``: a trained checkpoint's graph encoder + projector as a Hub-style export folder.
 
-``DIR/graph_encoder.safetensors`` holds the weights (no pickle), ``DIR/config.json`` everything a
-server needs to feed it and check it (encoder shape, LM id/hidden size/dtype, sentence encoder and
-feature spec, activation parameters, cache key, package version) and ``DIR/README.md`` is a short model
-card with the validation and test metrics. :mod:`qgmem.serving` loads it without Lightning.
+The folder layout, the format checks and save/load/push live in
+:class:`qgmem.model.pretrained.GraphTokenEncoder`; this module turns a Lightning checkpoint into one:
+weights (``graph_encoder.safetensors``), ``config.json`` with everything a server needs (network shape,
+LM, prompt contract, sentence encoder and feature spec, construction and activation settings, cache
+key, package version, the run's metrics), LoRA adapters in PEFT's format and the model card.
+:mod:`qgmem.serving` loads it without Lightning or the training code.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from qgmem import __version__
 from qgmem.finite import nonfinite_names
+from qgmem.model.graph_token import GraphTokenConfig
+from qgmem.model.pretrained import (CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, GraphTokenEncoder,
+                                    peft_adapter_state)
 from qgmem.prompting import PromptSettings
 
-WEIGHTS_FILE = "graph_encoder.safetensors"
-ADAPTER_FILE = "lm_lora_adapter.safetensors"
-CONFIG_FILE = "config.json"
-FORMAT = "qgmem-graph-token"
-FORMAT_VERSION = 1
+__all__ = ["CONFIG_FILE", "FORMAT", "FORMAT_VERSION", "WEIGHTS_FILE", "export_checkpoint", "find_metrics",
+           "load_checkpoint", "prompt_settings"]
+
 NET_PREFIX = "net."
 
 EDGE_FEATURE_SPEC = {
@@ -53,13 +55,20 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return ckpt
 
 
-def find_metrics(ckpt_path: Path, levels: int = 4) -> dict[str, Any] | None:
-    """``metrics.json`` written by ``train.py`` in the checkpoint's run folder (searched upwards)."""
-    for parent in list(ckpt_path.resolve().parents)[:levels]:
-        candidate = parent / "metrics.json"
-        if candidate.is_file():
-            return json.loads(candidate.read_text())
-    return None
+def find_metrics(ckpt_path: Path) -> dict[str, Any] | None:
+    """The ``metrics.json`` of the run that wrote ``ckpt_path``, or ``None``.
+
+    ``train.py`` writes ``<root>/checkpoints/*.ckpt`` and ``<root>/metrics.json`` naming its best
+    checkpoint; only a metrics file of that run root that names this very checkpoint is taken, never
+    one of a parent folder's run.
+    """
+    ckpt_path = Path(ckpt_path).resolve()
+    candidate = ckpt_path.parent.parent / "metrics.json"
+    if not candidate.is_file():
+        return None
+    metrics = json.loads(candidate.read_text())
+    best = metrics.get("best_checkpoint") if isinstance(metrics, dict) else None
+    return metrics if best and Path(best).resolve() == ckpt_path else None
 
 
 def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
@@ -71,25 +80,17 @@ def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
     return PromptSettings(**{k: v for k, v in legacy.items() if v is not None})
 
 
-def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
-    """Write the export folder for ``ckpt_path``; returns ``out_dir``."""
-    ckpt_path, out = Path(ckpt_path), Path(out_dir)
-    ckpt = load_checkpoint(ckpt_path)
-    hp, state = ckpt["hyper_parameters"], ckpt["state_dict"]
+def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """``config.json`` of the export of ``ckpt`` (without the weights)."""
+    hp = ckpt["hyper_parameters"]
     info = dict(ckpt.get("qgmem_data_info") or {})
     lm_info = dict(ckpt.get("qgmem_lm") or {})
-    weights = {k[len(NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(NET_PREFIX)}
-    adapter = {k: v.contiguous() for k, v in state.items() if k.startswith("lm.")}
-    bad = nonfinite_names({**weights, **adapter})
-    if bad:  # a NaN model must never ship: refuse before anything is written
-        raise ValueError(f"{ckpt_path}: {len(bad)} of {len(weights) + len(adapter)} weight tensors hold NaN or inf "
-                         f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to export them")
     graph_token = dict(ckpt.get("qgmem_graph_token") or {})
     if not graph_token:
         raise ValueError(f"{ckpt_path}: the checkpoint has no graph-token config ('qgmem_graph_token')")
-    metrics = metrics if metrics is not None else find_metrics(ckpt_path)
+    has_adapter = any(k.startswith("lm.") for k in ckpt["state_dict"])
     activation = info.get("activation") or {}
-    config = {
+    return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
         "graph_token": graph_token,
         "graph_mode": hp.get("graph", "token"),
@@ -99,7 +100,9 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
         "prompt": prompt_settings(hp, info).to_dict(),
         "graph_token_position": "before the first token of the user content",
-        "sentence_encoder": {"id": info.get("sentence_encoder"), "dim": info.get("feature_dim", graph_token.get("feature_dim"))},
+        "generation": {"max_new_tokens": hp.get("max_new_tokens")},
+        "sentence_encoder": {"id": info.get("sentence_encoder"),
+                             "dim": info.get("feature_dim", graph_token.get("feature_dim"))},
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},
         "activation": activation,
         "activation_key_parameters": {k: activation.get(k) for k in ("k", "pool_size", "rrf_k", "attribute_threshold",
@@ -107,62 +110,40 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
         "construction": info.get("construction"),
         "dataset": info.get("dataset"), "answer_filter": info.get("answer_filter"),
         "cache_key": info.get("cache_key"),
-        "lora": hp.get("lora") if adapter else None,
+        "data_split": _data_split(info),
+        "lora": hp.get("lora") if has_adapter else None,
         "checkpoint": {"file": ckpt_path.name, "epoch": ckpt.get("epoch"), "global_step": ckpt.get("global_step")},
         "metrics": metrics,
     }
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / WEIGHTS_FILE), metadata={"format": FORMAT, "qgmem_version": __version__})
-    if adapter:
-        save_file(adapter, str(out / ADAPTER_FILE), metadata={"format": FORMAT})
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=False, default=str) + "\n")
-    (out / "README.md").write_text(model_card(config))
+
+
+def _data_split(info: dict[str, Any]) -> dict[str, Any] | None:
+    """How the run sampled and split its cases, so ``qgmem eval-qa --split test`` evaluates the held-out ones."""
+    settings = ((info.get("summary") or {}).get("settings") or {})
+    keys = ("dataset", "num_cases", "split_ratios", "group_key", "seed", "distractor_conversations")
+    return {k: settings.get(k) for k in keys} if settings else None
+
+
+def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
+    """Write the export folder for ``ckpt_path``; returns ``out_dir``.
+
+    ``metrics`` default to the checkpoint's own run's (:func:`find_metrics`); none found, the card says so.
+    """
+    ckpt_path, out = Path(ckpt_path), Path(out_dir)
+    ckpt = load_checkpoint(ckpt_path)
+    state = ckpt["state_dict"]
+    weights = {k[len(NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(NET_PREFIX)}
+    adapter = {k: v.contiguous() for k, v in state.items() if k.startswith("lm.")}
+    bad = nonfinite_names({**weights, **adapter})
+    if bad:  # a NaN model must never ship: refuse before anything is written
+        raise ValueError(f"{ckpt_path}: {len(bad)} of {len(weights) + len(adapter)} weight tensors hold NaN or inf "
+                         f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to export them")
+    config = export_config(ckpt_path, ckpt, metrics if metrics is not None else find_metrics(ckpt_path))
+    encoder = GraphTokenEncoder(GraphTokenConfig.from_dict(config["graph_token"]), config,
+                                adapter=peft_adapter_state(adapter) if adapter else None)
+    encoder.load_state_dict(weights, strict=True)
+    encoder.save_pretrained(out)
     return out
-
-
-def _metric_rows(metrics: dict[str, Any] | None) -> list[str]:
-    rows = []
-    for split in ("val", "test"):
-        values = (metrics or {}).get(split) or {}
-        for name in ("nll", "em", "f1"):
-            for key in (f"{split}/{name}", name):
-                if key in values:
-                    rows.append(f"| {split} | {name} | {float(values[key]):.4f} |")
-                    break
-    return rows
-
-
-def model_card(config: dict[str, Any]) -> str:
-    g, lm, enc = config["graph_token"], config["lm"], config["graph_token"].get("encoder", {})
-    rows = _metric_rows(config.get("metrics")) or ["| – | – | not recorded |"]
-    return "\n".join([
-        "# QGMem graph-token encoder",
-        "",
-        "A relation-aware graph encoder (TransformerConv with predicate edge features), a readout (mean pooling or",
-        "learned queries) and a two-layer projector that turn a query's local memory graph into graph tokens for a",
-        "frozen causal LM",
-        "(QGMem, arXiv 2610.11920, §III-C). Only these weights were trained; the LM and sentence encoder are frozen.",
-        "",
-        f"- LM: `{lm['id']}` (hidden size {lm['hidden_size']}, dtype {lm['dtype']})",
-        f"- sentence encoder: `{config['sentence_encoder']['id']}` ({config['sentence_encoder']['dim']}-d node/edge features)",
-        f"- encoder: {enc.get('layers')} layers, {enc.get('heads')} heads, width {enc.get('hidden')}; "
-        f"graph mode `{config['graph_mode']}`",
-        f"- features `{g.get('features', 'text')}`; readout `{g.get('readout', 'mean')}` giving "
-        f"{g.get('num_queries', 1)} graph token(s)",
-        f"- activation: {json.dumps(config.get('activation_key_parameters') or {})}",
-        f"- data cache key: `{config.get('cache_key')}`; qgmem {config['qgmem_version']}",
-        f"- feature widths: node {g.get('feature_dim')}, edge {g.get('edge_dim')}",
-        "",
-        "| split | metric | value |",
-        "| --- | --- | --- |",
-        *rows,
-        "",
-        "NLL is the mean answer-token negative log-likelihood; EM and F1 are SQuAD-normalized exact match and",
-        "token F1 of greedy generations against the reference answers.",
-        "",
-        "Load with `qgmem.serving.GraphTokenEncoder.from_pretrained(<this folder>)`.",
-        "",
-    ])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

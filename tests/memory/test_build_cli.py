@@ -50,7 +50,7 @@ def _flip_middle(path, n=32):
 
 def test_corrupt_and_half_written_stores_are_rebuilt_not_reused(tmp_path, convomem_path, capsys, fake_encoder):
     args = ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
-            "--limit", "3", "--json"]
+            "--limit", "3", "--json", "--extractor", "heuristic"]
     assert main(args) == 0
     first = _last_json(capsys)
     index = [json.loads(line) for line in (tmp_path / "index.jsonl").read_text().splitlines()]
@@ -77,8 +77,9 @@ def test_llm_build_through_a_flaky_http_server(tmp_path, convomem_path, capsys, 
     seen = []
 
     def respond(request):
-        seen.append(1)
+        seen.append(200)
         if len(seen) % 7 == 3:
+            seen[-1] = 429
             return 429, "slow down"
         if any("Friday" in m["content"] for m in request["messages"]):  # this window never validates
             return completion("Sorry, I can't produce JSON today.")
@@ -98,7 +99,9 @@ def test_llm_build_through_a_flaky_http_server(tmp_path, convomem_path, capsys, 
     assert summary["llm_requests"] / summary["turns"] <= 0.3 and summary["prompt_tokens"] > 0
     # the rerun replays successes from the cache; only the invalid replies are asked again
     assert replay["units"] == summary["units"] and replay["llm_cache_hits"] >= summary["windows"] - summary["skipped_windows"]
-    assert len(server.requests) - requests_first == replay["llm_calls"]
+    # invalid replies were never cached: the rerun asks each again (prompt + retry prompt), nothing else
+    assert replay["llm_calls"] == 2 * summary["skipped_windows"]
+    assert seen[requests_first:].count(200) == replay["llm_calls"]
 
 
 def test_duplicate_sample_ids_stop_the_build_or_are_counted(tmp_path, capsys, fake_encoder):
@@ -107,7 +110,8 @@ def test_duplicate_sample_ids_stop_the_build_or_are_counted(tmp_path, capsys, fa
     doc = json.loads((Path(__file__).parents[1] / "fixtures" / "locomo_small.json").read_text(encoding="utf-8"))
     twice = tmp_path / "twice.json"
     twice.write_text(json.dumps([doc[0], doc[0]]), encoding="utf-8")
-    args = ["build-memory", "--dataset", "locomo", "--path", str(twice), "--out", str(tmp_path / "out"), "--json"]
+    args = ["build-memory", "--dataset", "locomo", "--path", str(twice), "--out", str(tmp_path / "out"), "--json",
+            "--extractor", "heuristic"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert f"item 1, field sample_id: duplicate sample_id {doc[0]['sample_id']!r}: already used at file " \
@@ -126,10 +130,31 @@ def test_long_turn_is_cut_with_a_counted_warning(tmp_path, capsys, fake_encoder)
     path = tmp_path / "long.json"
     path.write_text(json.dumps(doc[:1]), encoding="utf-8")
     args = ["build-memory", "--dataset", "locomo", "--path", str(path), "--out", str(tmp_path / "out"), "--json",
-            "--max-turn-chars", "2000"]
+            "--max-turn-chars", "2000", "--extractor", "heuristic"]
     assert main(args) == 0
     captured = capsys.readouterr().out
     summary = json.loads(captured.strip().splitlines()[-1])
     assert summary["load_truncated_turns"] == 1 and "1 turns cut at --max-turn-chars 2000" in captured
     store = MemoryStore.load(tmp_path / "out" / json.loads((tmp_path / "out" / "index.jsonl").read_text())["folder"])
     assert max(len(u.source_text) for u in store.units) <= 2000 and max(len(u.fact) for u in store.units) <= 2000
+
+
+def test_refresh_llm_cache_asks_the_dropped_replies_again(tmp_path, convomem_path, capsys, fake_encoder):
+    with StubServer(lambda request: completion(_recorded(request["messages"]), 100, 20)) as server:
+        args = ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
+                "--limit", "1", "--extractor", "llm", "--llm-backend", "openai", "--llm-model", "stub",
+                "--llm-base-url", server.url, "--consolidation", "rule", "--json", "--no-resume"]
+        assert main(args) == 0
+        first = _last_json(capsys)
+        assert main(args) == 0
+        cached = _last_json(capsys)
+        assert main([*args, "--refresh-llm-cache", "all"]) == 0
+        captured = capsys.readouterr()
+        refreshed = json.loads(captured.out.strip().splitlines()[-1])
+        assert main([*args, "--refresh-llm-cache", "nonsense!"]) == 2
+        bad = capsys.readouterr().err
+    assert first["llm_calls"] == first["llm_requests"] > 0
+    assert cached["llm_calls"] == 0 and cached["llm_cache_hits"] == first["llm_requests"]
+    assert refreshed["llm_calls"] == first["llm_requests"] and refreshed["units"] == first["units"]
+    assert f"dropped {first['llm_requests']} cached LLM replies (all)" in captured.err
+    assert "--refresh-llm-cache 'nonsense!': expected all, a hex key prefix" in bad and "Traceback" not in bad

@@ -140,6 +140,8 @@ def test_end_to_end_through_local_smollm2(tmp_path):
     assert s.prompt_tokens > 200 and 0 < s.completion_tokens <= 32 * s.llm_calls
     for unit in store.units:  # whatever it did produce is grounded in the window's turns
         assert set(unit.source_turn_ids) <= {t.id for t in dialogue.turns()} and unit.subject and unit.object
+    failed = backend.usage.errors  # invalid (unusable) replies and failed requests: never cached
+    assert backend.usage.unusable <= failed and len(backend) == s.llm_requests - failed
     again = MemoryBuilder(config, BagOfWordsEncoder(), llm=backend)
     assert [u.to_dict() for u in again.build(dialogue).units] == [u.to_dict() for u in store.units]
-    assert again.stats.llm_calls == 0 and again.stats.llm_cache_hits == s.llm_requests
+    assert again.stats.llm_calls == failed and again.stats.llm_cache_hits == s.llm_requests - failed

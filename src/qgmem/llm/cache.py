@@ -1,20 +1,29 @@
 """A replayable response cache in SQLite, so reruns cost no LLM calls and killed builds resume.
 
 The key is a SHA-256 over (backend name, model id, messages, max_new_tokens, temperature): exactly what
-determines a temperature-0 reply. Only successful replies are stored, so a request that failed is
-asked again next time. Misses are sent to the inner backend in chunks and each chunk is committed
-before the next starts; a build killed midway therefore keeps everything it had paid for.
+determines a temperature-0 reply. Only replies that were usable are stored: not failed requests, not
+empty replies, and not replies that the caller's ``validate`` rejected (``chat(..., validate=...)``),
+so a bad reply is asked again next time instead of being replayed forever. A stored reply that fails
+the caller's check on replay (written by an older version, say) is deleted and asked again.
+
+Misses are sent to the inner backend in chunks and each chunk is committed before the next starts; a
+build killed midway therefore keeps everything it had paid for. :meth:`CachedBackend.drop` (the
+``--refresh-llm-cache`` flag) deletes a chosen range of entries so they are asked again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from qgmem.llm.base import ChatResult, Conversation, LLMBackend
+from qgmem.errors import UserError
+from qgmem.llm.base import ChatResult, Conversation, LLMBackend, Validator, check_reply, reply_problem
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -26,6 +35,7 @@ CREATE TABLE IF NOT EXISTS responses (
     completion_tokens INTEGER NOT NULL
 )
 """
+_HEX = re.compile(r"^[0-9a-f]{1,64}$")
 
 
 def cache_key(backend: str, model: str, messages: Conversation, max_new_tokens: int, temperature: float) -> str:
@@ -37,10 +47,74 @@ def cache_key(backend: str, model: str, messages: Conversation, max_new_tokens: 
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+@dataclass(frozen=True)
+class KeyRange:
+    """Which cache entries to drop: all of them, keys in ``[start, end)``, one model's, or those stored
+    since a time. Parsed from the ``--refresh-llm-cache`` value by :meth:`parse`."""
+
+    start: str | None = None
+    end: str | None = None
+    model: str | None = None
+    since: float | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> KeyRange:
+        """``all`` | ``PREFIX`` (hex) | ``START..END`` (hex, end exclusive, either may be empty) |
+        ``model=NAME`` | ``since=UNIX_SECONDS``."""
+        spec = spec.strip().lower() if not spec.strip().startswith("model=") else spec.strip()
+        if spec == "all":
+            return cls()
+        if spec.startswith("model="):
+            return cls(model=spec.split("=", 1)[1])
+        if spec.startswith("since="):
+            try:
+                return cls(since=float(spec.split("=", 1)[1]))
+            except ValueError:
+                raise UserError(f"--refresh-llm-cache {spec!r}: since= takes Unix seconds") from None
+        if ".." in spec:
+            start, end = spec.split("..", 1)
+            for part in (start, end):
+                if part and not _HEX.match(part):
+                    raise UserError(f"--refresh-llm-cache {spec!r}: {part!r} is not a hex key prefix")
+            if start and end and start >= end:
+                raise UserError(f"--refresh-llm-cache {spec!r}: the range is empty (start >= end)")
+            return cls(start=start or None, end=end or None)
+        if _HEX.match(spec):
+            return cls.prefix(spec)
+        raise UserError(f"--refresh-llm-cache {spec!r}: expected all, a hex key prefix, START..END, "
+                        "model=NAME or since=UNIX_SECONDS")
+
+    @classmethod
+    def prefix(cls, prefix: str) -> KeyRange:
+        """Every key that starts with ``prefix``: the range ``[prefix, prefix + 1)``."""
+        if prefix.strip("f") == "":
+            return cls(start=prefix)
+        head = prefix.rstrip("f")
+        end = head[:-1] + format(int(head[-1], 16) + 1, "x")
+        return cls(start=prefix, end=end)
+
+    def where(self) -> tuple[str, list]:
+        clauses, params = [], []
+        if self.start is not None:
+            clauses.append("key >= ?")
+            params.append(self.start)
+        if self.end is not None:
+            clauses.append("key < ?")
+            params.append(self.end)
+        if self.model is not None:
+            clauses.append("model = ?")
+            params.append(self.model)
+        if self.since is not None:
+            clauses.append("created >= ?")
+            params.append(self.since)
+        return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
 class CachedBackend(LLMBackend):
     """Wraps another backend; identical requests are answered from ``path`` with ``cached=True``.
 
-    ``usage.calls`` counts requests that reached the inner backend, ``usage.cache_hits`` the replays.
+    ``usage.calls`` counts requests that reached the inner backend, ``usage.cache_hits`` the replays;
+    ``dropped`` counts stored replies deleted because they failed the caller's check on replay.
     """
 
     def __init__(self, inner: LLMBackend, path: str | Path, chunk_size: int | None = None):
@@ -50,15 +124,32 @@ class CachedBackend(LLMBackend):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.chunk_size = chunk_size or max(1, int(getattr(inner, "chunk_size", 8)))
+        self.dropped = 0
         self._db_lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(_SCHEMA)
-        self._db.commit()
+        try:
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
+            if "created" not in columns:  # caches written before entries were timed
+                self._db.execute("ALTER TABLE responses ADD COLUMN created REAL NOT NULL DEFAULT 0")
+            self._db.commit()
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"{self.path}: not a usable LLM response cache ({exc})",
+                            hint="delete the file or pass another --llm-cache") from None
 
     def __len__(self) -> int:
         with self._db_lock:
             return int(self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+
+    def drop(self, keys: KeyRange | str) -> int:
+        """Delete the entries in ``keys`` (a :class:`KeyRange` or its ``--refresh-llm-cache`` spelling)."""
+        keys = KeyRange.parse(keys) if isinstance(keys, str) else keys
+        where, params = keys.where()
+        with self._db_lock:
+            removed = self._db.execute(f"DELETE FROM responses{where}", params).rowcount
+            self._db.commit()
+        return int(removed)
 
     def _lookup(self, key: str) -> ChatResult | None:
         with self._db_lock:
@@ -67,20 +158,34 @@ class CachedBackend(LLMBackend):
             ).fetchone()
         return None if row is None else ChatResult(row[0], int(row[1]), int(row[2]), cached=True)
 
+    def _forget(self, key: str) -> None:
+        with self._db_lock:
+            self._db.execute("DELETE FROM responses WHERE key = ?", (key,))
+            self._db.commit()
+
     def _store(self, items: list[tuple[str, ChatResult]]) -> None:
-        rows = [(k, self.inner.name, self.inner.model_id, r.text, r.prompt_tokens, r.completion_tokens)
-                for k, r in items if r.error is None]
+        now = time.time()
+        rows = [(k, self.inner.name, self.inner.model_id, r.text, r.prompt_tokens, r.completion_tokens, now)
+                for k, r in items if r.error is None and reply_problem(r.text) is None]
         if not rows:
             return
         with self._db_lock:
-            self._db.executemany("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._db.executemany("INSERT OR REPLACE INTO responses (key, backend, model, text, prompt_tokens, "
+                                 "completion_tokens, created) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.commit()
 
-    def _chat(self, conversations: list[Conversation], *, max_new_tokens: int,
-              temperature: float) -> list[ChatResult]:
+    def _chat_checked(self, conversations: list[Conversation], *, max_new_tokens: int, temperature: float,
+                      validate: list[Validator | None]) -> list[ChatResult]:
         keys = [cache_key(self.inner.name, self.inner.model_id, c, max_new_tokens, temperature)
                 for c in conversations]
-        results: list[ChatResult | None] = [self._lookup(k) for k in keys]
+        results: list[ChatResult | None] = []
+        for key, check in zip(keys, validate):
+            hit = self._lookup(key)
+            if hit is not None and reply_problem(hit.text, check) is not None:
+                self._forget(key)  # stored before it was checked: ask again rather than replay it
+                self.dropped += 1
+                hit = None
+            results.append(hit)
         # Identical requests inside one batch are asked once.
         pending: dict[str, list[int]] = {}
         for i, r in enumerate(results):
@@ -89,17 +194,24 @@ class CachedBackend(LLMBackend):
         todo = list(pending.items())
         for start in range(0, len(todo), self.chunk_size):
             chunk = todo[start:start + self.chunk_size]
+            checks = [validate[idx[0]] for _, idx in chunk]
             answers = self.inner.chat([conversations[idx[0]] for _, idx in chunk],
-                                      max_new_tokens=max_new_tokens, temperature=temperature)
+                                      max_new_tokens=max_new_tokens, temperature=temperature, validate=checks)
+            answers = [check_reply(a, v) for a, v in zip(answers, checks)]  # an inner backend that skips it
             self._store([(key, a) for (key, _), a in zip(chunk, answers)])
             for (_, idx), answer in zip(chunk, answers):
                 results[idx[0]] = answer
                 for dup in idx[1:]:
                     results[dup] = ChatResult(answer.text, answer.prompt_tokens, answer.completion_tokens,
-                                              cached=True, error=answer.error)
+                                              cached=True, error=answer.error, unusable=answer.unusable)
         with self._lock:
             self.usage.retries = self.inner.usage.retries
         return [r for r in results if r is not None]
+
+    def _chat(self, conversations: list[Conversation], *, max_new_tokens: int,
+              temperature: float) -> list[ChatResult]:
+        return self._chat_checked(conversations, max_new_tokens=max_new_tokens, temperature=temperature,
+                                  validate=[None] * len(conversations))
 
     def close(self) -> None:
         with self._db_lock:

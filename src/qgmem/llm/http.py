@@ -1,22 +1,38 @@
 """OpenAI-compatible ``/chat/completions`` over HTTP (vLLM, SGLang, Ollama, OpenAI).
 
-Requests run concurrently up to ``max_concurrency``; 429, 5xx, timeouts and dropped connections are
-retried with exponential backoff (honouring ``Retry-After``); other 4xx and unreadable bodies fail the
-item at once. The API key is read from the environment variable named in the config at construction
+Requests run concurrently up to ``max_concurrency``; 429, 5xx, timeouts, dropped connections and empty
+replies (HTTP 200 with no content) are retried with exponential backoff (honouring ``Retry-After``);
+other 4xx and unreadable bodies fail the item at once. ``timeout_s`` bounds each read; ``deadline_s``
+bounds the whole request, retries and backoff included: the body is read as a stream and abandoned
+when the deadline passes, so a server that sends one byte at a time cannot hold a call open. The API key is read from the environment variable named in the config at construction
 and lives only in the client's headers: it is never logged, cached or put in an error message.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from qgmem.llm.base import ChatResult, Conversation, LLMBackend, LLMConfig
+from qgmem.llm.base import ChatResult, Conversation, LLMBackend, LLMConfig, reply_problem
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+#: a chat reply is a few kilobytes; a body past this is not one (and must not fill memory)
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+class DeadlineExceeded(Exception):
+    """The overall deadline of a request passed while it was still being sent or read."""
+
+
+def _count(value) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 class OpenAIChatBackend(LLMBackend):
@@ -56,40 +72,69 @@ class OpenAIChatBackend(LLMBackend):
     def _request(self, messages: Conversation, max_new_tokens: int, temperature: float) -> ChatResult:
         body = {"model": self.config.model, "messages": messages, "max_tokens": int(max_new_tokens),
                 "temperature": float(temperature), **self.config.extra_body}
+        deadline = time.monotonic() + self.config.deadline_s
         error = "no attempt made"
         for attempt in range(self.config.max_retries + 1):
             retry_after = None
             try:
-                response = self._client.post("/chat/completions", json=body)
+                status, raw, retry_after = self._post(body, deadline)
+            except DeadlineExceeded as e:
+                return ChatResult("", 0, 0, error=f"deadline of {self.config.deadline_s:g}s exceeded "
+                                                  f"(attempt {attempt + 1}: {e})")
             except httpx.TimeoutException:
                 error = f"timeout after {self.config.timeout_s:g}s"
             except httpx.TransportError as e:
                 error = f"connection error: {type(e).__name__}"
             else:
-                if response.status_code == 200:
-                    return self._parse(response)
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-                if response.status_code not in RETRY_STATUS:
-                    return ChatResult("", 0, 0, error=error)
-                retry_after = response.headers.get("retry-after")
+                if status == 200:
+                    result = self._parse(raw)
+                    problem = reply_problem(result.text) if result.error is None else None
+                    if problem is not None:
+                        error = f"{problem}: HTTP 200 with no usable content"
+                    else:
+                        return result
+                else:
+                    error = f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
+                    if status not in RETRY_STATUS:
+                        return ChatResult("", 0, 0, error=error)
             if attempt < self.config.max_retries:
+                wait = self._backoff(attempt, retry_after)
+                if time.monotonic() + wait >= deadline:
+                    return ChatResult("", 0, 0, error=f"deadline of {self.config.deadline_s:g}s exceeded after "
+                                                      f"{attempt + 1} attempts: {error}")
                 with self._lock:
                     self.usage.retries += 1
-                self._sleep(self._backoff(attempt, retry_after))
+                self._sleep(wait)
         return ChatResult("", 0, 0, error=f"gave up after {self.config.max_retries + 1} attempts: {error}")
 
+    def _post(self, body: dict, deadline: float) -> tuple[int, bytes, str | None]:
+        """POST and read the body in chunks, giving up once ``deadline`` (monotonic seconds) passes."""
+        if time.monotonic() >= deadline:
+            raise DeadlineExceeded("no time left before sending")
+        with self._client.stream("POST", "/chat/completions", json=body) as response:
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if time.monotonic() >= deadline:
+                    raise DeadlineExceeded(f"{size} bytes of the reply read")
+                if size > MAX_BODY_BYTES:
+                    raise httpx.TransportError(f"reply larger than {MAX_BODY_BYTES} bytes")
+            return response.status_code, b"".join(chunks), response.headers.get("retry-after")
+
     @staticmethod
-    def _parse(response: httpx.Response) -> ChatResult:
+    def _parse(raw: bytes) -> ChatResult:
         try:
-            data = response.json()
+            data = json.loads(raw)
             text = data["choices"][0]["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError(f"content is {type(text).__name__}")
         except (ValueError, KeyError, IndexError, TypeError) as e:
             return ChatResult("", 0, 0, error=f"unreadable response body ({type(e).__name__}: {str(e)[:80]}): "
-                                             f"{response.text[:200]!r}")
-        usage = data.get("usage") or {}
-        return ChatResult(text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+                                             f"{raw[:200].decode('utf-8', 'replace')!r}")
+        usage = data.get("usage") if isinstance(data, dict) else None
+        usage = usage if isinstance(usage, dict) else {}
+        return ChatResult(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
     def close(self) -> None:
         self._client.close()

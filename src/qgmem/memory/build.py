@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     llm.add_argument("--llm-batch-size", type=int, default=8)
     llm.add_argument("--llm-device", default=None)
     llm.add_argument("--llm-cache", default=None, help="SQLite response cache (default: OUT/llm_cache.sqlite)")
+    llm.add_argument("--refresh-llm-cache", default=None, metavar="KEYS",
+                     help="drop these cached replies first so they are asked again: all, a hex key prefix, "
+                          "START..END (hex, end exclusive), model=NAME or since=UNIX_SECONDS")
+    llm.add_argument("--llm-timeout", type=float, default=120.0, help="seconds per network read (default 120)")
+    llm.add_argument("--llm-deadline", type=float, default=600.0,
+                     help="seconds for a whole request, retries included (default 600)")
 
 
 def _summary_line(stats: dict[str, Any]) -> str:
@@ -88,6 +94,12 @@ def run(args: argparse.Namespace) -> int:
         dialogues = dialogues[: args.limit]
 
     llm = None
+    if args.refresh_llm_cache:
+        from qgmem.llm.cache import KeyRange
+
+        KeyRange.parse(args.refresh_llm_cache)  # a bad value stops here, before anything is built
+    if args.llm_timeout <= 0 or args.llm_deadline <= 0:
+        raise UserError("--llm-timeout and --llm-deadline must be > 0")
     if config.extractor == "llm" or config.consolidation == "llm":
         from qgmem.llm.backends import make_backend
         from qgmem.llm.base import LLMConfig
@@ -95,9 +107,12 @@ def run(args: argparse.Namespace) -> int:
         llm = make_backend(LLMConfig(
             backend=args.llm_backend, model=args.llm_model, base_url=args.llm_base_url,
             api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency,
-            batch_size=args.llm_batch_size, device=args.llm_device,
-            cache_path=args.llm_cache or str(out / "llm_cache.sqlite"),
+            batch_size=args.llm_batch_size, device=args.llm_device, timeout_s=args.llm_timeout,
+            deadline_s=args.llm_deadline, cache_path=args.llm_cache or str(out / "llm_cache.sqlite"),
         ))
+        if args.refresh_llm_cache:
+            dropped = llm.drop(args.refresh_llm_cache)
+            print(f"dropped {dropped} cached LLM replies ({args.refresh_llm_cache})", file=sys.stderr)
     builder = MemoryBuilder(config, SentenceEncoder(args.encoder), llm=llm)
     expected = builder.expected_meta()
     (out / "stores").mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 All windows of a dialogue go to the backend as one batch (it bounds concurrency or batches generation
 itself). A reply that does not validate is asked again once, quoting the error; if that fails too, the
-window is skipped and the reason counted. A backend error (timeout, HTTP failure after the backend's
+window is skipped and the reason counted. The check runs inside the backend call (``validate=``), so
+a reply that does not validate is never stored in the response cache. A backend error (timeout, HTTP failure after the backend's
 own retries) skips the window at once. Either way the build goes on: a bad reply costs one window.
 """
 
@@ -154,6 +155,14 @@ class LLMExtractor:
             ))
         return units, overlap_only
 
+    def _check(self, window: Window, dialogue_id: str, session_times: dict[str, str | None]):
+        """The backend-side check of a reply: it must parse and map onto this window's turns.
+
+        A reply that fails it is never cached; it comes back ``unusable`` and is asked again below with
+        the validation error quoted.
+        """
+        return lambda text: self.to_units(parse_reply(text), window, dialogue_id, session_times.get(window.session_id))
+
     def extract_windows(self, windows: list[Window], dialogue_id: str,
                         session_times: dict[str, str | None] | None = None) -> ExtractionReport:
         session_times = session_times or {}
@@ -164,11 +173,12 @@ class LLMExtractor:
         pending = list(range(len(windows)))
         conversations = prompts
         for attempt in range(self.config.llm_retries + 1):
-            replies = self.backend.chat([conversations[i] for i in pending], **params)
+            checks = [self._check(windows[i], dialogue_id, session_times) for i in pending]
+            replies = self.backend.chat([conversations[i] for i in pending], **params, validate=checks)
             retry, retry_prompts = [], {}
             for i, reply in zip(pending, replies):
                 window = windows[i]
-                if reply.error is not None:
+                if reply.error is not None and not reply.unusable:  # the request failed: no reply to fix
                     outcomes[i].skipped = f"llm error: {reply.error[:120]}"
                     report.skip_reasons["llm_error"] += 1
                     continue

@@ -263,11 +263,13 @@ def _llm_decisions(units, groups, llm, config, report) -> list[tuple[list[int], 
     pending, conversations = list(range(len(groups))), prompts
     params = {"max_new_tokens": 256, "temperature": config.temperature}
     for attempt in range(config.llm_retries + 1):
-        replies = llm.chat([conversations[g] for g in pending], **params)
+        checks = [(lambda text, labels=[f"M{k + 1}" for k in range(len(groups[g]))]:
+                   _validate_consolidation(text, labels)) for g in pending]
+        replies = llm.chat([conversations[g] for g in pending], **params, validate=checks)
         retry, retry_prompts = [], {}
         for g, reply in zip(pending, replies):
             labels = [f"M{k + 1}" for k in range(len(groups[g]))]
-            if reply.error is None:
+            if reply.error is None or reply.unusable:  # unusable: it arrived but failed the check; ask again
                 try:
                     members, transitions = _validate_consolidation(reply.text, labels)
                 except ValueError as e:

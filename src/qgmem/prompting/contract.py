@@ -78,6 +78,14 @@ def user_content(memory_text: str, question: str, include_memory: bool = True) -
     return f"Memory:\n{memory}\n\nQuestion: {question.strip()}"
 
 
+def memory_with_graph_text(memory_text: str, graph_text: str) -> str:
+    """The memory block for a backbone that cannot read a graph token: entries, then the graph as triples."""
+    memory, graph = memory_text.strip(), graph_text.strip()
+    if not graph:
+        return memory
+    return f"{memory}\n\nLocal memory graph (subject; relation; object) [entry]:\n{graph}" if memory else graph
+
+
 def build_messages(memory_text: str, question: str, system_prompt: str | None = SYSTEM_PROMPT,
                    include_memory: bool = True) -> list[dict[str, str]]:
     """Chat messages for the frozen LM (system turn omitted when ``system_prompt`` is ``None``)."""

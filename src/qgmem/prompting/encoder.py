@@ -23,6 +23,7 @@ class EncodedPrompt:
     graph_pos: int  # index of the first user-content token: the K graph tokens go right before it
     memory_tokens_dropped: int = 0
     overflow: int = 0  # tokens over max_prompt_tokens even with all memory text dropped (question too long)
+    memory_tokens: int = 0  # tokens of the textual working memory kept in the prompt (retrieved context)
 
 
 def _render(tokenizer, messages, generation_prompt: bool, enable_thinking: bool) -> str:
@@ -110,7 +111,7 @@ class PromptEncoder:
         dropped = max(0, len(memory_ids) - budget)
         if dropped:
             memory_ids = memory_ids[:budget]
-        return EncodedPrompt(fixed + memory_ids + after_ids, len(self.head_ids), dropped, overflow)
+        return EncodedPrompt(fixed + memory_ids + after_ids, len(self.head_ids), dropped, overflow, len(memory_ids))
 
     def answer(self, answer: str) -> list[int]:
         """Answer ids followed by the end-of-turn token (both are supervised)."""

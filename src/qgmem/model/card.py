@@ -1,0 +1,94 @@
+"""The export's model card: YAML metadata the Hub reads (licence, base model, data sets, metrics) + prose.
+
+Metrics come only from the run that produced the exported checkpoint (``config["metrics"]``); a card
+of an export without recorded metrics says so instead of borrowing another run's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub.repocard_data import EvalResult
+
+#: data set name in the config -> (Hub id, licence of the data the model was trained on)
+DATASETS = {
+    "convomem": ("Salesforce/ConvoMem", "cc-by-nc-4.0"),
+    "locomo": ("snap-research/locomo", "cc-by-nc-4.0"),
+    "longmemeval": ("xiaowu0162/longmemeval", "mit"),
+}
+#: the embedded LM alias -> the Hub model it was converted from
+BASE_MODELS = {"embedded:SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+
+
+def _metric_rows(metrics: dict[str, Any] | None) -> list[tuple[str, str, float]]:
+    rows = []
+    for split in ("val", "test"):
+        values = (metrics or {}).get(split) or {}
+        for name in ("nll", "em", "f1"):
+            for key in (f"{split}/{name}", name):
+                if key in values and values[key] is not None:
+                    rows.append((split, name, float(values[key])))
+                    break
+    return rows
+
+
+def card_data(config: dict[str, Any]) -> ModelCardData:
+    """The YAML block: licence of the training data, base model, data sets, this run's test metrics."""
+    dataset = str(config.get("dataset") or "")
+    hub_dataset, licence = DATASETS.get(dataset, (None, None))
+    lm_id = str((config.get("lm") or {}).get("id") or "")
+    base_model = BASE_MODELS.get(lm_id, lm_id if lm_id.count("/") == 1 else None)
+    results = [EvalResult(task_type="question-answering", dataset_type=hub_dataset or dataset or "unknown",
+                          dataset_name=f"{dataset} ({split} split of the training run)", dataset_split=split,
+                          metric_type=name, metric_name=name.upper() if name != "nll" else "answer NLL",
+                          metric_value=round(value, 4))
+               for split, name, value in _metric_rows(config.get("metrics")) if split == "test"]
+    return ModelCardData(
+        license=licence, base_model=base_model, datasets=[hub_dataset] if hub_dataset else None,
+        library_name="qgmem", tags=["graph-token", "conversational-memory", "qgmem"],
+        metrics=sorted({name for split, name, _ in _metric_rows(config.get("metrics"))}) or None,
+        model_name="qgmem-graph-token" if results else None, eval_results=results or None,
+    )
+
+
+def model_card(config: dict[str, Any]) -> str:
+    """The whole ``README.md`` of an export folder."""
+    g, lm = config.get("graph_token") or {}, config.get("lm") or {}
+    enc = g.get("encoder") or {}
+    sentence = config.get("sentence_encoder") or {}
+    rows = [f"| {s} | {n} | {v:.4f} |" for s, n, v in _metric_rows(config.get("metrics"))]
+    licence = card_data(config).license
+    body = "\n".join([
+        "# QGMem graph-token encoder",
+        "",
+        "A relation-aware graph encoder (TransformerConv with predicate edge features) and a two-layer",
+        "projector that turn a question's local memory graph into graph tokens for a frozen causal LM",
+        "(QGMem, arXiv 2610.11920, §III-C). Only these weights were trained; the LM and the sentence encoder",
+        "are frozen." + (" LoRA adapters of the LM are in `lora_adapter/` (PEFT format)." if config.get("lora") else ""),
+        "",
+        f"- LM: `{lm.get('id')}` (hidden size {lm.get('hidden_size')}, dtype {lm.get('dtype')})",
+        f"- sentence encoder: `{sentence.get('id')}` ({sentence.get('dim')}-d node/edge features)",
+        f"- encoder: {enc.get('layers')} layers, {enc.get('heads')} heads, width {enc.get('hidden')}; "
+        f"graph mode `{config.get('graph_mode')}`",
+        f"- prompt: {json.dumps({k: v for k, v in (config.get('prompt') or {}).items() if k != 'system_prompt'})}",
+        f"- activation: {json.dumps(config.get('activation_key_parameters') or {})}",
+        f"- trained on: `{config.get('dataset')}`" + (f" (data licence {licence})" if licence else "")
+        + f"; data cache key `{config.get('cache_key')}`; qgmem {config.get('qgmem_version')}",
+        "",
+        *(["| split | metric | value |", "| --- | --- | --- |", *rows] if rows else
+          ["No metrics were recorded for the run that produced this checkpoint."]),
+        "",
+        "NLL is the mean answer-token negative log-likelihood; EM and F1 are exact match and token F1 of",
+        "greedy answers against the references, with the SQuAD normalization of `qgmem.text`.",
+        "",
+        "```python",
+        "from qgmem.serving import QGMemPipeline",
+        "pipe = QGMemPipeline.from_pretrained(\"<this folder or hub id>\")",
+        "pipe.remember(history)            # a list of sessions, or a data set file",
+        "print(pipe.answer([\"What did I say about ...?\"])[0].answer)",
+        "```",
+        "",
+    ])
+    return ModelCard(f"---\n{card_data(config).to_yaml()}\n---\n\n{body}").content

@@ -1,0 +1,43 @@
+"""Flags shared by ``qgmem answer`` and ``qgmem eval-qa``: the export, the backbone, the device."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from qgmem.errors import UserError
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--export", required=True, help="export folder (train.py writes checkpoints/export) or hub id")
+    parser.add_argument("--backbone", choices=("graph-token", "api"), default="graph-token",
+                        help="graph-token: the export's frozen LM reads the graph token (default); api: an "
+                             "OpenAI-compatible server reads the working memory + the graph as text")
+    parser.add_argument("--api-base-url", default="http://127.0.0.1:8000/v1", help="server of --backbone api")
+    parser.add_argument("--api-model", default="gpt-4o-mini", help="model name sent to the --backbone api server")
+    parser.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                        help="environment variable holding the API key (never stored or logged)")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="answer length cap (default: the export's)")
+    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+
+
+def api_config(args: argparse.Namespace, model: str, base_url: str) -> Any:
+    from qgmem.llm.base import LLMConfig
+
+    return LLMConfig(backend="openai", model=model, base_url=base_url, api_key_env=args.api_key_env,
+                     max_retries=1, timeout_s=60.0)
+
+
+def load_pipeline(args: argparse.Namespace):
+    """The pipeline the flags describe (a user error when the export cannot be read)."""
+    from transformers.utils import logging as hf_logging
+
+    from qgmem.serving.pipeline import QGMemPipeline
+
+    hf_logging.disable_progress_bar()  # weight-loading bars would bury the answer
+
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    api = api_config(args, args.api_model, args.api_base_url) if args.backbone == "api" else None
+    return QGMemPipeline.from_pretrained(args.export, device=args.device, max_new_tokens=args.max_new_tokens, api=api)

@@ -1,0 +1,359 @@
+"""``QGMemPipeline``: from an export (folder or hub id) and a dialogue history to answers.
+
+Everything is rebuilt from the export alone: the sentence encoder, the construction and activation
+settings, the graph encoder + projector and the frozen LM (with its LoRA adapters when the run had
+them). A question then goes through the same steps as in training: activation over the memory store,
+the local graph's features, the prompt contract (:mod:`qgmem.prompting`), the graph token(s) inserted
+at their slot, and the shared greedy generation helper. ``graph`` picks the ablation on the same
+weights: ``token`` (QGMem), ``none`` (text only) or ``shuffled`` (each question gets another
+question's graph).
+
+Serving imports neither Lightning nor :mod:`qgmem.training`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch_geometric.data import Data
+
+from qgmem.activation.config import ActivationConfig
+from qgmem.activation.records import LocalGraph, WorkingMemory
+from qgmem.errors import InputPathError, UserError
+from qgmem.memory.config import ConstructionConfig
+from qgmem.memory.store import MemoryStore
+from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
+from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate, left_pad
+
+GRAPH_MODES = ("token", "none", "shuffled")
+#: the answer when the history holds nothing at all (no memory unit was built): no LM call is made
+NO_MEMORY_ANSWER = "I don't know: there is no information in the conversation history yet."
+_CITATION = re.compile(r"\[M(\d+)\]")
+
+
+@dataclass
+class Retrieved:
+    """One question after activation: its working memory and the local graph's features."""
+
+    question: str
+    memory: WorkingMemory
+    graph: Data
+    seconds: dict[str, float] = field(default_factory=dict)
+    question_time: str | None = None
+    store_units: int = 0  # units in the memory it was activated from (0: an empty history)
+
+
+@dataclass
+class Answer:
+    """An answer with what it rests on and what it cost.
+
+    ``cited``: the memory labels (``M3``) the answer names; ``memory``: every working-memory entry the
+    LM saw (label, unit id, fact, times, score); ``graph``: the local graph (nodes, edges with the entry
+    each comes from); ``seconds`` per stage; ``tokens``: retrieved context (memory text in the prompt),
+    prompt, graph tokens, generated, and their total (the online tokens of this QA).
+    """
+
+    question: str
+    answer: str
+    graph_mode: str
+    cited: list[str] = field(default_factory=list)
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    graph: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    memory_tokens_dropped: int = 0
+    error: str | None = None  # a failed backend request (API backbone): the answer is empty
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def graph_json(graph: LocalGraph) -> dict[str, Any]:
+    """Nodes and labelled edges; ``memory`` is the working-memory label the edge's triple comes from."""
+    return {"nodes": list(graph.node_text),
+            "edges": [{"source": int(h), "target": int(t), "relation": rel, "memory": f"M{pos + 1}"}
+                      for (h, t), rel, pos in zip(graph.edge_index, graph.edge_text, graph.edge_unit)]}
+
+
+def memory_json(memory: WorkingMemory) -> list[dict[str, Any]]:
+    return [{"label": f"M{i + 1}", "unit_id": u.id, "fact": u.fact, "speaker": u.speaker,
+             "fact_time": u.fact_time, "utterance_time": u.utterance_time, "source_turn_ids": list(u.source_turn_ids),
+             "score": round(float(s), 4)}
+            for i, (u, s) in enumerate(zip(memory.units, memory.scores or [0.0] * len(memory.units)))]
+
+
+def cited_labels(answer: str, num_entries: int) -> list[str]:
+    """``[M2]``-style labels the answer names, in order, only those that exist."""
+    seen = []
+    for m in _CITATION.finditer(answer):
+        label = f"M{int(m.group(1))}"
+        if 1 <= int(m.group(1)) <= num_entries and label not in seen:
+            seen.append(label)
+    return seen
+
+
+def empty_graph(feature_dim: int, edge_dim: int) -> Data:
+    """The empty-graph convention of training: one all-zero node, no edges."""
+    return Data(x=torch.zeros(1, feature_dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
+                edge_attr=torch.zeros(0, edge_dim))
+
+
+class QGMemPipeline:
+    """Memory construction, activation and answering with an exported graph-token encoder."""
+
+    def __init__(self, encoder: GraphTokenEncoder, lm: Any, tokenizer: Any, sentence_encoder: Any, *,
+                 construction: ConstructionConfig | None = None, activation: ActivationConfig | None = None,
+                 prompt: PromptSettings | None = None, max_new_tokens: int = 32, llm: Any = None,
+                 batch_size: int = 8, backbone: Any = None):
+        if int(sentence_encoder.dim) != encoder.config.feature_dim:
+            expected = (encoder.export_config.get("sentence_encoder") or {}).get("id")
+            raise ExportFormatError(f"the sentence encoder gives {sentence_encoder.dim}-d features, but field "
+                                    f"'graph_token.feature_dim' is {encoder.config.feature_dim} (trained on "
+                                    f"features of {expected!r}, field 'sentence_encoder.id')")
+        self.encoder, self.lm, self.tokenizer = encoder, lm, tokenizer
+        self.sentence_encoder = sentence_encoder
+        cfg = encoder.export_config  # settings not given explicitly are the export's
+        self.construction = construction or _settings(ConstructionConfig, cfg.get("construction"), "construction",
+                                                      encoder.source)
+        self.activation = activation or _settings(ActivationConfig, cfg.get("activation"), "activation", encoder.source)
+        self.prompt_settings = prompt or PromptSettings.from_dict(cfg.get("prompt"))
+        self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.llm = llm  # construction / query-parsing LLM, when the export's settings need one
+        self.backbone = backbone  # a text backbone (qgmem.serving.api) answering instead of the graph-token LM
+        self.store: MemoryStore | None = None
+        self._activator = None
+        self.seconds: dict[str, float] = {}  # construction time of the latest remember()
+
+    # ------------------------------------------------------------------------------------- loading
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | Path, *, device: str | None = None, lm: str | None = None,
+                        lm_dtype: str | None = None, llm: Any = None, max_new_tokens: int | None = None,
+                        api: Any = None, **hub: Any) -> QGMemPipeline:
+        """Rebuild everything from the export. ``lm`` overrides the LM id (e.g. a local folder of the
+        same model). ``api``: an LLM backend (or an ``LLMConfig``) that answers from the working memory
+        and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.api`); the LM is
+        then not loaded. ``hub``: ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
+        from qgmem.embed import SentenceEncoder
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        encoder = GraphTokenEncoder.from_pretrained(path_or_hub_id, device=device, **hub)
+        cfg = encoder.export_config
+        sentence = cfg.get("sentence_encoder") or {}
+        sentence_encoder = SentenceEncoder(sentence.get("id"), device=device)
+        gen = int(max_new_tokens or (cfg.get("generation") or {}).get("max_new_tokens") or 32)
+        prompt = PromptSettings.from_dict(cfg.get("prompt"))
+        backbone = model = tokenizer = None
+        if api is None:
+            model, tokenizer = load_lm_for(encoder, lm, lm_dtype, device)
+        else:
+            from qgmem.llm.base import LLMConfig
+            from qgmem.serving.api import TextGraphBackbone
+
+            if isinstance(api, LLMConfig):
+                from qgmem.llm.backends import make_backend
+
+                api = make_backend(api)
+            backbone = TextGraphBackbone(api, prompt, gen, tokenizer=_tokenizer_or_none(lm or (cfg.get("lm") or {}).get("id")))
+        return cls(encoder, model, tokenizer, sentence_encoder, backbone=backbone,
+                   construction=_settings(ConstructionConfig, cfg.get("construction"), "construction", path_or_hub_id),
+                   activation=_settings(ActivationConfig, cfg.get("activation"), "activation", path_or_hub_id),
+                   prompt=prompt, llm=llm, max_new_tokens=gen)
+
+    # -------------------------------------------------------------------------------------- memory
+    def remember(self, history: Any) -> MemoryStore:
+        """Build the memory store of ``history``: a :class:`~qgmem.data.records.Dialogue` or ``Case``, a
+        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history`)."""
+        from qgmem.data.records import Case, Dialogue
+        from qgmem.memory.builder import MemoryBuilder
+        from qgmem.serving.history import load_history, sessions_to_dialogue
+
+        if isinstance(history, (str, Path)):
+            history = load_history(history)
+        if isinstance(history, Case):
+            history = history.dialogue
+        if not isinstance(history, Dialogue):
+            history = sessions_to_dialogue(history)
+        if (self.construction.extractor == "llm" or self.construction.consolidation == "llm") and self.llm is None:
+            raise UserError("the export's construction settings use an LLM (field 'construction.extractor' or "
+                            "'construction.consolidation'); pass llm=<backend> or build the store with "
+                            "`qgmem build-memory` and use load_memory()")
+        started = time.perf_counter()
+        store = MemoryBuilder(self.construction, self.sentence_encoder, llm=self.llm).build(history)
+        self.seconds = {"construction": time.perf_counter() - started}
+        return self.use_store(store)
+
+    def load_memory(self, folder: str | Path, dialogue_id: str | None = None) -> MemoryStore:
+        """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder)."""
+        folder = Path(folder)
+        if (folder / "meta.json").is_file():
+            return self.use_store(MemoryStore.load(folder))
+        stores = sorted(p for p in (folder / "stores").glob("*") if (p / "meta.json").is_file()) \
+            if (folder / "stores").is_dir() else []
+        if not stores:
+            raise InputPathError(f"{folder}: no memory store (neither a store folder with meta.json nor the "
+                                 "--out folder of `qgmem build-memory`)")
+        loaded = [MemoryStore.load(p) for p in stores] if dialogue_id or len(stores) > 1 else [MemoryStore.load(stores[0])]
+        if len(loaded) == 1 and dialogue_id is None:
+            return self.use_store(loaded[0])
+        for store in loaded:
+            if store.dialogue_id == dialogue_id:
+                return self.use_store(store)
+        ids = ", ".join(s.dialogue_id for s in loaded[:10])
+        raise UserError(f"{folder}: holds {len(loaded)} stores; name one with dialogue_id (--dialogue): {ids}")
+
+    def use_store(self, store: MemoryStore) -> MemoryStore:
+        from qgmem.activation.activator import Activator
+
+        self.store = store
+        self._activator = Activator(store, self.sentence_encoder, self.activation, llm=self.llm) if len(store) else None
+        return store
+
+    # ------------------------------------------------------------------------------------ answering
+    def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None) -> list[Retrieved]:
+        """Activation + graph features for each question (no LM yet)."""
+        from qgmem.activation.graph import graph_to_data
+        from qgmem.model.features import needs_fact
+
+        if self.store is None:
+            raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
+        times = list(question_times) if question_times is not None else [None] * len(questions)
+        out = []
+        for question, when in zip(questions, times):
+            t0 = time.perf_counter()
+            if self._activator is None:
+                memory = WorkingMemory(question=question)
+            else:
+                memory = self._activator.activate(question, when)
+            t1 = time.perf_counter()
+            facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
+            graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
+            out.append(Retrieved(question, memory, graph, {"activation": t1 - t0,
+                                                           "graph_features": time.perf_counter() - t1}, when,
+                                 len(self.store)))
+        return out
+
+    def answer(self, questions: str | Sequence[str], graph: str = "token",
+               question_times: Sequence[str | None] | None = None) -> list[Answer]:
+        """Batched answers for ``questions`` over the current memory (``graph``: token | none | shuffled)."""
+        questions = [questions] if isinstance(questions, str) else list(questions)
+        return self.generate(self.retrieve(questions, question_times), graph=graph)
+
+    def generate(self, retrieved: Sequence[Retrieved], graph: str = "token") -> list[Answer]:
+        """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
+        (a single question gets the empty graph)."""
+        if graph not in GRAPH_MODES:
+            raise UserError(f"graph must be one of {', '.join(GRAPH_MODES)}, got {graph!r}")
+        if self.backbone is not None:
+            return self.backbone.generate(retrieved, graph)
+        graphs = self._graphs_for(retrieved, graph)
+        answers: list[Answer] = []
+        for start in range(0, len(retrieved), self.batch_size):
+            answers.extend(self._generate_batch(retrieved[start:start + self.batch_size],
+                                                graphs[start:start + self.batch_size], graph))
+        return answers
+
+    def _graphs_for(self, retrieved: Sequence[Retrieved], mode: str) -> list[Data | None]:
+        if mode == "none":
+            return [None] * len(retrieved)
+        graphs = [r.graph for r in retrieved]
+        if mode == "shuffled":
+            cfg = self.encoder.config
+            graphs = graphs[1:] + graphs[:1] if len(graphs) > 1 else [empty_graph(cfg.feature_dim, cfg.edge_dim)]
+        return graphs
+
+    def encode_prompts(self, retrieved: Sequence[Retrieved]):
+        encoded = []
+        for r in retrieved:
+            p = self.prompts.prompt(r.memory.text, r.question)
+            if p.overflow:
+                raise UserError(f"the question is too long: its prompt is {p.overflow} tokens over the export's "
+                                f"context budget (prompt.max_prompt_tokens = {self.prompt_settings.max_prompt_tokens}) "
+                                "even with no memory text; shorten the question")
+            encoded.append(p)
+        return encoded
+
+    @torch.no_grad()
+    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str) -> list[Answer]:
+        from qgmem.model.fusion import insert_token
+
+        encoded = self.encode_prompts(batch)
+        has_memory = [r.store_units > 0 for r in batch]
+        t0 = time.perf_counter()
+        ids, mask = left_pad([p.ids for p in encoded], self.prompts.pad_id)
+        device = self.lm.device
+        ids, mask = ids.to(device), mask.to(device)
+        pos = torch.tensor([p.graph_pos + ids.size(1) - len(p.ids) for p in encoded], device=device)
+        token = self.encoder.encode(graphs) if mode != "none" else None
+        t1 = time.perf_counter()
+        embeds = self.lm.get_input_embeddings()(ids)
+        embeds, mask, _, _ = insert_token(embeds, mask, pos, token)
+        settings = self.prompt_settings
+        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
+                       stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
+                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        t2 = time.perf_counter()
+        n = len(batch)
+        graph_slots = 0 if token is None else (token.size(1) if token.dim() == 3 else 1)
+        answers = []
+        for r, p, text, n_new, memory_present in zip(batch, encoded, out.texts, out.num_tokens, has_memory):
+            answer = final_answer(text, settings.first_line) if memory_present else NO_MEMORY_ANSWER
+            seconds = {**r.seconds, "graph_encoding": (t1 - t0) / n, "generation": (t2 - t1) / n}
+            seconds["total"] = sum(seconds.values())
+            tokens = {"retrieved_context": p.memory_tokens, "prompt": len(p.ids), "graph": graph_slots,
+                      "generated": n_new if memory_present else 0}
+            tokens["total"] = tokens["prompt"] + tokens["graph"] + tokens["generated"]
+            answers.append(Answer(r.question, answer, mode, cited_labels(answer, len(r.memory.units)),
+                                  memory_json(r.memory), graph_json(r.memory.graph), seconds, tokens,
+                                  p.memory_tokens_dropped))
+        return answers
+
+
+def load_lm_for(encoder: GraphTokenEncoder, lm: str | None, lm_dtype: str | None, device: str):
+    """The frozen LM the export was trained against (its LoRA adapters applied), and its tokenizer."""
+    from qgmem.lm import load_causal_lm, load_tokenizer
+
+    cfg = encoder.export_config
+    lm_cfg = cfg.get("lm") or {}
+    lm_id = lm or lm_cfg.get("id")
+    if not lm_id:
+        raise ExportFormatError("the export's config has no field 'lm.id': the LM it was trained against is unknown")
+    model = load_causal_lm(lm_id, dtype=lm_dtype or lm_cfg.get("load_dtype") or "auto", device=device)
+    hidden = model.get_input_embeddings().embedding_dim
+    if hidden != encoder.config.lm_hidden:
+        raise HiddenSizeMismatch(f"field 'graph_token.lm_hidden' is {encoder.config.lm_hidden} (trained for "
+                                 f"{lm_cfg.get('id')!r}) but LM {lm_id!r} has {hidden}-d embeddings")
+    if cfg.get("lora"):
+        adapter = encoder.adapter_dir
+        if adapter is None:
+            raise ExportFormatError(f"field 'lora' is set but the export has no lora_adapter/ folder "
+                                    f"({encoder.source}); serving without the adapters would not be this model")
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=False)
+        model.eval()
+    return model, load_tokenizer(lm_id, padding_side="left")
+
+
+def _tokenizer_or_none(lm_id: str | None):
+    """The export LM's tokenizer for counting tokens, when it loads offline (an API run may lack it)."""
+    if not lm_id:
+        return None
+    try:
+        from qgmem.lm import load_tokenizer
+
+        return load_tokenizer(lm_id)
+    except Exception:  # noqa: BLE001 - counting falls back to words; answering does not need it
+        return None
+
+
+def _settings(kind, values: dict[str, Any] | None, name: str, source: Any):
+    try:
+        return kind(**(values or {}))
+    except (TypeError, ValueError) as exc:
+        raise ExportFormatError(f"{source}: field '{name}' cannot be read by this qgmem: {exc}") from exc

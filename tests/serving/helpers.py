@@ -1,0 +1,62 @@
+"""Exports built without training (a randomly initialized network) and a tiny deterministic encoder."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qgmem.activation.config import ActivationConfig
+from qgmem.memory.config import ConstructionConfig
+from qgmem.model.encoder import EncoderConfig
+from qgmem.model.graph_token import GraphTokenConfig
+from qgmem.model.pretrained import GraphTokenEncoder
+from qgmem.prompting import PromptSettings
+
+HIDDEN = 32
+
+
+class HashEncoder:
+    """Bag-of-words hashed into ``dim`` signed buckets, L2-normalized (no model load)."""
+
+    model_id = "test:hash-bow"
+
+    def __init__(self, dim: int = 8):
+        self.dim = dim
+
+    def _vector(self, text: str) -> np.ndarray:
+        v = np.zeros(self.dim, dtype=np.float32)
+        for word in re.findall(r"\w+", text.lower()):
+            h = int(hashlib.md5(word.encode()).hexdigest(), 16)
+            v[h % self.dim] += 1.0 if (h >> 8) % 2 else -1.0
+        n = np.linalg.norm(v)
+        return v / n if n > 0 else v
+
+    def encode(self, texts):
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([self._vector(t) for t in texts]).astype(np.float32)
+
+
+def export_config(lm_path: str, feature_dim: int, **extra) -> dict:
+    return {"lm": {"id": lm_path, "hidden_size": HIDDEN, "load_dtype": "auto"},
+            "prompt": PromptSettings(max_prompt_tokens=256).to_dict(),
+            "sentence_encoder": {"id": "embedded:all-MiniLM-L6-v2", "dim": feature_dim},
+            "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),
+            "dataset": "convomem", "graph_mode": "token", "generation": {"max_new_tokens": 4},
+            "metrics": {"val": {"val/nll": 2.5}, "test": {"test/em": 0.25, "test/f1": 0.5}}, **extra}
+
+
+def make_encoder(lm_path: str, feature_dim: int = 8, layers: int = 2, seed: int = 0, **extra) -> GraphTokenEncoder:
+    torch.manual_seed(seed)
+    config = GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=HIDDEN,
+                              encoder=EncoderConfig(hidden=16, heads=2, layers=layers, dropout=0.0))
+    return GraphTokenEncoder(config, export_config(lm_path, feature_dim, **extra)).eval()
+
+
+def make_export(folder: Path, lm_path: str, feature_dim: int = 8, **kwargs) -> Path:
+    make_encoder(lm_path, feature_dim, **kwargs).save_pretrained(folder)
+    return folder

@@ -1,0 +1,64 @@
+"""--backbone api: the working memory plus the text-serialized local graph through the shared HTTP backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from qgmem.llm.backends import LLMConfig, make_backend
+from qgmem.serving import QGMemPipeline
+from qgmem.serving.api import TextGraphBackbone
+
+from llm.helpers import StubServer, completion  # tests/llm/helpers.py
+
+from .helpers import HashEncoder, make_encoder
+from .test_pipeline import HISTORY, QUESTIONS
+
+
+def _reply(request):
+    user = request["messages"][-1]["content"]
+    if "boom" in user:
+        return 500, "server error"
+    return completion("You live in Lisbon [M1].\nMore text.", prompt_tokens=40, completion_tokens=7)
+
+
+@pytest.fixture
+def api_pipeline(tiny_lm_path):
+    def build(url):
+        backend = make_backend(LLMConfig(backend="openai", base_url=url, model="gpt-4o-mini", api_key_env=None,
+                                         max_retries=0, timeout_s=10))
+        encoder = make_encoder(tiny_lm_path)
+        pipe = QGMemPipeline(encoder, None, None, HashEncoder(8),
+                             backbone=TextGraphBackbone(backend, max_new_tokens=16))
+        pipe.remember(HISTORY)
+        return pipe
+    return build
+
+
+@pytest.mark.parametrize("mode", ["token", "none", "shuffled"])
+def test_api_backbone_against_a_stub_server(api_pipeline, mode):
+    with StubServer(_reply) as server:
+        pipe = api_pipeline(server.url)
+        answers = pipe.answer(QUESTIONS, graph=mode)
+    assert [a.answer for a in answers] == ["You live in Lisbon [M1]."] * 3  # first line, as the contract says
+    assert all(a.cited == ["M1"] and a.tokens["prompt"] == 40 and a.tokens["generated"] == 7 for a in answers)
+    assert len(server.requests) == 3 and all(r["model"] == "gpt-4o-mini" and r["temperature"] == 0
+                                              for r in server.requests)
+    users = [r["messages"][-1]["content"] for r in server.requests]  # concurrent: in any order
+    by_question = {u.rsplit("Question: ", 1)[1]: u for u in users}
+    graphs = [by_question[q].split("Local memory graph (subject; relation; object) [entry]:\n")[1]
+              .split("\n\nQuestion:")[0] if "Local memory graph" in by_question[q] else None for q in QUESTIONS]
+    retrieved = pipe.retrieve(QUESTIONS)
+    from qgmem.activation.serialize import serialize_graph_triples
+
+    own = [serialize_graph_triples(r.memory.graph) for r in retrieved]
+    expected = {"token": own, "none": [None] * 3, "shuffled": own[1:] + own[:1]}[mode]
+    assert graphs == expected
+    assert all(u.startswith("Memory:\n[M1]") and "Question: " in u for u in users)
+    assert all(r["messages"][0]["role"] == "system" for r in server.requests)
+
+
+def test_api_failure_is_an_empty_answer_with_its_error(api_pipeline):
+    with StubServer(_reply) as server:
+        pipe = api_pipeline(server.url)
+        [answer] = pipe.answer("boom?")
+    assert answer.answer == "" and "500" in answer.error

@@ -1,0 +1,90 @@
+"""eval-qa: question selection, rubric handling, the per-category table with one row per graph mode, and
+the ``qgmem answer`` / ``qgmem eval-qa`` commands end to end on the ConvoMem sample."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from qgmem.cli import main
+from qgmem.data.records import QA, Case, Dialogue
+from qgmem.errors import UserError
+from qgmem.serving.eval_qa import parse_modes, score_with_judge, select_questions, summarize
+from qgmem.text.judge import LLMJudge, MatchJudge
+
+from .helpers import make_export
+
+
+def _case(i: int, categories: list[str]) -> Case:
+    return Case(id=f"c{i}", dialogue=Dialogue(id=f"d{i}"),
+                qas=[QA(id=f"c{i}q{j}", question="q", answer="a", category=c) for j, c in enumerate(categories)])
+
+
+def test_limited_selection_covers_every_category():
+    cases = [_case(0, ["user", "user", "user"]), _case(1, ["pref", "user"]), _case(2, ["change"])]
+    picked = select_questions(cases, 3)
+    assert [(c.id, [q.id for q in qs]) for c, qs in picked] == [("c0", ["c0q0"]), ("c1", ["c1q0"]), ("c2", ["c2q0"])]
+    assert sum(len(qs) for _, qs in select_questions(cases, 0)) == 6
+
+
+def test_parse_modes():
+    assert parse_modes("token, none,token") == ["token", "none"]
+    with pytest.raises(UserError, match="unknown mode"):
+        parse_modes("token,random")
+
+
+def _row(category, mode, prediction, reference, rubric=False):
+    return {"question": "q", "reference": reference, "prediction": prediction, "category": category,
+            "graph_mode": mode, "rubric": rubric, "abstention": None, "correct": None,
+            "em": None if rubric else float(prediction == reference), "f1": None if rubric else 0.5,
+            "tokens": {"retrieved_context": 10, "total": 30}, "seconds": {"generation": 1.0, "total": 2.0},
+            "error": None}
+
+
+def test_rubric_rows_are_not_scored_without_an_llm_judge():
+    rows = [_row("user_evidence", "token", "Green", "Green"), _row("preference_evidence", "token", "Try X", "A good "
+                                                                  "response should ...", rubric=True)]
+    score_with_judge(rows, MatchJudge(), "convomem")
+    assert rows[0]["correct"] is True and rows[1]["correct"] is None
+    table = {(r["category"], r["graph"]): r for r in summarize(rows, ["token"])}
+    assert table[("preference_evidence", "token")]["not_scored"] == 1
+    assert table[("preference_evidence", "token")]["em"] is None and table[("all", "token")]["judged"] == 1
+    llm_rows = [dict(r, correct=None) for r in rows]
+    score_with_judge(llm_rows, LLMJudge(lambda batch: ["VERDICT: CORRECT"] * len(batch)), "convomem")
+    assert [r["correct"] for r in llm_rows] == [True, True]
+
+
+def test_table_has_one_row_per_category_and_mode():
+    rows = [_row(c, m, "x", "x") for c in ("a", "b") for m in ("token", "none", "shuffled")]
+    score_with_judge(rows, MatchJudge(), "convomem")
+    table = summarize(rows, ["token", "none", "shuffled"])
+    assert [(r["category"], r["graph"]) for r in table] == [(c, m) for c in ("a", "b", "all")
+                                                            for m in ("token", "none", "shuffled")]
+    assert table[-1]["questions"] == 2 and table[-1]["accuracy"] == 1.0 and table[-1]["online_tokens"] == 30
+
+
+@pytest.mark.slow
+def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, capsys):
+    """Both commands on the real ConvoMem sample with a tiny export (MiniLM features, random LM)."""
+    export = make_export(tmp_path / "export", tiny_lm_path, feature_dim=384,
+                         data_split={"dataset": "convomem", "num_cases": None, "split_ratios": [0.5, 0.25, 0.25],
+                                     "group_key": "dialogue", "seed": 0, "distractor_conversations": 0})
+    history = next((convomem_path / "core_benchmark" / "evidence_questions" / "user_evidence").rglob("*.json"))
+    assert main(["answer", "--export", str(export), "--history", str(history), "--question", "Which color?",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["memory_units"] > 0 and out["answers"][0]["graph_mode"] == "token" and out["answers"][0]["memory"]
+    assert main(["eval-qa", "--export", str(export), "--dataset", "convomem", "--path", str(convomem_path),
+                 "--limit", "2", "--out", str(tmp_path / "eval")]) == 0
+    printed = capsys.readouterr().out
+    for mode in ("token", "none", "shuffled"):
+        assert f"| all | {mode} | 2 |" in printed
+    predictions = [json.loads(line) for line in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
+    assert len(predictions) == 6 and {p["graph_mode"] for p in predictions} == {"token", "none", "shuffled"}
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert results["cases"].startswith("the test split of the training run")
+    assert main(["answer", "--export", str(export), "--history", str(tmp_path / "missing.json"),
+                 "--question", "Q?"]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,117 @@
+"""QGMemPipeline: memory from histories, batched answers in three graph modes, honest edge cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from qgmem.errors import UserError
+from qgmem.lm import load_causal_lm, load_tokenizer
+from qgmem.serving import NO_MEMORY_ANSWER, QGMemPipeline
+from qgmem.serving.pipeline import cited_labels
+
+from .helpers import HashEncoder, make_encoder
+
+HISTORY = [
+    [{"speaker": "User", "text": "I moved to Lisbon last spring and I love the city."},
+     {"speaker": "Assistant", "text": "Lisbon is lovely. How is the new job going?"},
+     {"speaker": "User", "text": "My new job at the bakery starts at six every morning."}],
+    {"time": "2024-03-02T10:00:00", "turns": [
+        {"speaker": "User", "text": "My sister Ana visited me in Lisbon last weekend."},
+        {"speaker": "User", "text": "I bought a green bicycle for commuting to the bakery."}]},
+]
+QUESTIONS = ["Where do I live?", "What did I buy for commuting?", "Who visited me?"]
+
+
+@pytest.fixture(scope="module")
+def pipeline(tiny_lm_path):
+    lm = load_causal_lm(tiny_lm_path)
+    pipe = QGMemPipeline(make_encoder(tiny_lm_path), lm, load_tokenizer(tiny_lm_path, padding_side="left"),
+                         HashEncoder(8), max_new_tokens=4)
+    pipe.remember(HISTORY)
+    return pipe
+
+
+@pytest.mark.parametrize("mode,graph_tokens", [("token", 1), ("none", 0), ("shuffled", 1)])
+def test_batched_answers_carry_memory_graph_and_costs(pipeline, mode, graph_tokens):
+    answers = pipeline.answer(QUESTIONS, graph=mode)
+    assert [a.question for a in answers] == QUESTIONS and all(a.graph_mode == mode for a in answers)
+    for a in answers:
+        assert isinstance(a.answer, str) and a.memory and a.memory[0]["label"] == "M1"
+        assert {"nodes", "edges"} == set(a.graph) and all(e["memory"].startswith("M") for e in a.graph["edges"])
+        assert set(a.seconds) == {"activation", "graph_features", "graph_encoding", "generation", "total"}
+        assert a.tokens["graph"] == graph_tokens and 1 <= a.tokens["generated"] <= 4
+        assert a.tokens["total"] == a.tokens["prompt"] + a.tokens["graph"] + a.tokens["generated"]
+        assert 0 < a.tokens["retrieved_context"] < a.tokens["prompt"]
+        json.dumps(a.to_dict())
+
+
+def test_batching_does_not_change_answers(pipeline):
+    together = [a.answer for a in pipeline.answer(QUESTIONS)]
+    alone = [pipeline.answer(q)[0].answer for q in QUESTIONS]
+    assert together == alone
+
+
+def test_graph_modes_feed_the_lm_different_inputs(pipeline, monkeypatch):
+    """token, none and shuffled differ only in the inserted graph token (shuffled: the next question's)."""
+    seen = {}
+    original = pipeline.encoder.encode
+
+    def spy(graphs):
+        out = original(graphs)
+        seen.setdefault("calls", []).append(out)
+        return out
+
+    monkeypatch.setattr(pipeline.encoder, "encode", spy)
+    retrieved = pipeline.retrieve(QUESTIONS)
+    pipeline.generate(retrieved, graph="token")
+    pipeline.generate(retrieved, graph="shuffled")
+    pipeline.generate(retrieved, graph="none")
+    own, shuffled = seen["calls"]
+    assert len(seen["calls"]) == 2  # `none` inserts nothing
+    torch.testing.assert_close(shuffled, torch.roll(own, shifts=-1, dims=0))
+
+
+def test_empty_history_answers_honestly(pipeline):
+    pipe = QGMemPipeline(pipeline.encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8), max_new_tokens=4)
+    store = pipe.remember([])
+    assert len(store) == 0
+    [answer] = pipe.answer("Where do I live?")
+    assert answer.answer == NO_MEMORY_ANSWER and answer.memory == [] and answer.tokens["generated"] == 0
+
+
+def test_question_longer_than_the_context_is_a_clear_error(pipeline):
+    with pytest.raises(UserError, match=r"the question is too long: .* \(prompt.max_prompt_tokens = 256\)"):
+        pipeline.answer("Where " * 400)
+
+
+def test_sentence_encoder_of_another_width_is_refused(pipeline):
+    from qgmem.serving import ExportFormatError
+
+    with pytest.raises(ExportFormatError, match="gives 12-d features, but field 'graph_token.feature_dim' is 8"):
+        QGMemPipeline(pipeline.encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(12))
+
+
+def test_answer_before_memory_and_unknown_mode(pipeline):
+    fresh = QGMemPipeline(pipeline.encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8))
+    with pytest.raises(UserError, match="no memory yet"):
+        fresh.answer("Where?")
+    with pytest.raises(UserError, match="graph must be one of token, none, shuffled"):
+        pipeline.answer("Where?", graph="random")
+
+
+def test_load_memory_reuses_a_saved_store(pipeline, tmp_path):
+    pipeline.store.save(tmp_path / "stores" / "one")
+    pipe = QGMemPipeline(pipeline.encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8), max_new_tokens=4)
+    assert len(pipe.load_memory(tmp_path)) == len(pipeline.store)
+    assert [a.answer for a in pipe.answer(QUESTIONS)] == [a.answer for a in pipeline.answer(QUESTIONS)]
+    with pytest.raises(FileNotFoundError, match="no memory store"):
+        pipe.load_memory(tmp_path / "stores")
+
+
+@pytest.mark.parametrize("answer,expected", [("See [M2] and [M1], also [M2].", ["M2", "M1"]), ("[M9] no", []),
+                                             ("none", [])])
+def test_cited_labels(answer, expected):
+    assert cited_labels(answer, 3) == expected

@@ -1,0 +1,135 @@
+"""The export format: save/load (folder and hub id), push_to_hub, model card metadata, refused exports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from huggingface_hub import HfApi, ModelCard
+
+from qgmem.model.pretrained import (ADAPTER_DIR, CONFIG_FILE, FORMAT_VERSION, WEIGHTS_FILE, ExportFormatError,
+                                    GraphTokenEncoder, HiddenSizeMismatch)
+from qgmem.training.datamodule import synthetic_items
+
+from .helpers import HIDDEN, make_encoder, make_export
+
+
+def test_round_trip_gives_the_same_graph_tokens(tiny_lm_path, tmp_path):
+    encoder = make_encoder(tiny_lm_path)
+    encoder.save_pretrained(tmp_path / "export")
+    assert {p.name for p in (tmp_path / "export").iterdir()} == {WEIGHTS_FILE, CONFIG_FILE, "README.md"}
+    loaded = GraphTokenEncoder.from_pretrained(tmp_path / "export")
+    graphs = [it["graph"] for it in synthetic_items(3, 8, seed=4)]
+    tokens = loaded.encode(graphs)
+    assert tokens.shape == (3, HIDDEN) and not tokens.requires_grad
+    torch.testing.assert_close(tokens, encoder.encode(graphs))
+    config = json.loads((tmp_path / "export" / CONFIG_FILE).read_text())
+    assert config["format_version"] == FORMAT_VERSION and config["lm"]["id"] == tiny_lm_path
+    assert loaded.adapter_dir is None
+
+
+def test_hub_id_is_served_from_the_hub_cache(tiny_lm_path, tmp_path):
+    """A hub id resolves through huggingface_hub; offline, the cached snapshot serves it."""
+    snapshot = tmp_path / "hub" / "models--someone--qgmem-export" / "snapshots" / ("a" * 40)
+    make_export(snapshot, tiny_lm_path)
+    (tmp_path / "hub" / "models--someone--qgmem-export" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someone--qgmem-export" / "refs" / "main").write_text("a" * 40)
+    loaded = GraphTokenEncoder.from_pretrained("someone/qgmem-export", cache_dir=tmp_path / "hub")
+    assert loaded.config.lm_hidden == HIDDEN and loaded.source == str(snapshot)
+    with pytest.raises(FileNotFoundError, match="'someone/missing': not a local folder"):
+        GraphTokenEncoder.from_pretrained("someone/missing", cache_dir=tmp_path / "hub")
+
+
+def test_push_to_hub_uploads_the_export_folder(tiny_lm_path, monkeypatch):
+    pushed = {}
+
+    def create_repo(self, repo_id, **kwargs):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(repo_id=repo_id)
+
+    def upload_folder(self, *, repo_id, folder_path, **kwargs):
+        pushed["repo"] = repo_id
+        pushed["files"] = sorted(p.name for p in folder_path.iterdir())
+        pushed["card"] = ModelCard.load(folder_path / "README.md").data.to_dict()
+        return "https://hub.example/commit/1"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    assert make_encoder(tiny_lm_path).push_to_hub("someone/qgmem-export") == "https://hub.example/commit/1"
+    assert pushed["repo"] == "someone/qgmem-export" and pushed["files"] == ["README.md", CONFIG_FILE, WEIGHTS_FILE]
+    assert pushed["card"]["license"] == "cc-by-nc-4.0"
+
+
+@pytest.mark.parametrize("dataset,licence,hub_dataset", [("convomem", "cc-by-nc-4.0", "Salesforce/ConvoMem"),
+                                                         ("longmemeval", "mit", "xiaowu0162/longmemeval"),
+                                                         ("custom", None, None)])
+def test_model_card_metadata(tiny_lm_path, tmp_path, dataset, licence, hub_dataset):
+    make_export(tmp_path, tiny_lm_path, dataset=dataset)
+    card = ModelCard.load(tmp_path / "README.md")
+    data = card.data.to_dict()
+    assert data.get("license") == licence and data.get("datasets") == ([hub_dataset] if hub_dataset else None)
+    assert data["library_name"] == "qgmem" and data.get("base_model") is None  # a local LM folder is no hub model
+    results = data["model-index"][0]["results"]
+    assert [(m["type"], m["value"]) for r in results for m in r["metrics"]] == [("em", 0.25), ("f1", 0.5)]
+    assert "| val | nll | 2.5000 |" in card.text and "| test | f1 | 0.5000 |" in card.text
+
+
+def test_model_card_without_metrics_says_so(tiny_lm_path, tmp_path):
+    make_export(tmp_path, tiny_lm_path, metrics=None)
+    card = ModelCard.load(tmp_path / "README.md")
+    assert "model-index" not in card.data.to_dict() and "No metrics were recorded" in card.text
+
+
+def _edit_config(folder, edit):
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    edit(config)
+    (folder / CONFIG_FILE).write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c["graph_token"]["encoder"].update(hidden=32, heads=2),
+     r"config field graph_token\.encoder\.hidden = 32 disagrees with the weights: 'encoder.input.weight' has size 16"),
+    (lambda c: c["graph_token"]["encoder"].update(layers=3),
+     r"config field graph_token\.encoder\.layers = 3 disagrees with the weights, which have 2 'encoder.convs\.\*' layers"),
+    (lambda c: c["graph_token"].update(feature_dim=12),
+     r"config field graph_token\.feature_dim = 12 disagrees with the weights: 'encoder.input.weight' has size 8"),
+    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2\]"),
+    (lambda c: c.update(format="other"), r"field 'format' is 'other'"),
+])
+def test_mismatched_export_is_refused_by_name(tiny_lm_path, tmp_path, edit, message):
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    _edit_config(folder, edit)
+    with pytest.raises(ExportFormatError, match=message):
+        GraphTokenEncoder.from_pretrained(folder)
+
+
+def test_hidden_size_of_the_serving_lm_is_checked(tiny_lm_path, tmp_path):
+    folder = make_export(tmp_path, tiny_lm_path)
+    with pytest.raises(HiddenSizeMismatch, match="field 'graph_token.lm_hidden' is 32 .* hidden size 576"):
+        GraphTokenEncoder.from_pretrained(folder, expected_hidden_size=576)
+
+
+@pytest.mark.parametrize("layout", ["empty", "file", "no-weights"])
+def test_not_an_export(tiny_lm_path, tmp_path, layout):
+    if layout == "file":
+        target = tmp_path / "x.json"
+        target.write_text("{}")
+        match = "is a file"
+    elif layout == "empty":
+        target, match = tmp_path, "config.json is missing"
+    else:
+        target = make_export(tmp_path / "export", tiny_lm_path)
+        (target / WEIGHTS_FILE).unlink()
+        match = "graph_encoder.safetensors is missing"
+    with pytest.raises(FileNotFoundError, match=match):
+        GraphTokenEncoder.from_pretrained(target)
+
+
+def test_version_1_export_with_lora_is_refused(tiny_lm_path, tmp_path):
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    _edit_config(folder, lambda c: c.update(format_version=1, lora={"r": 2}))
+    with pytest.raises(ExportFormatError, match="version-1 export keeps its LoRA adapter outside PEFT's format"):
+        GraphTokenEncoder.from_pretrained(folder)
+    assert not (folder / ADAPTER_DIR).exists()
