@@ -177,7 +177,8 @@ def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, args
     load_start = os.getloadavg()[0]
     seed_everything(seed, verbose=False)
     module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
-    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
+    accelerator = trainer_cfg.get("accelerator", "cpu")
+    trainer = Trainer(accelerator=accelerator, devices=1, max_steps=steps, max_epochs=-1, logger=False,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=max(1, steps // 10),
                       gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
@@ -189,6 +190,8 @@ def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, args
     final = trainer.callback_metrics.get("train/nll_epoch", trainer.callback_metrics.get("train/nll"))
     if not all(torch.isfinite(p).all() for p in module.net.parameters()):
         raise FloatingPointError(f"seed {seed}: non-finite graph-token weights after training")
+    if accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        module.to("cuda")  # Lightning hands the module back on the CPU after fit
     t = time.perf_counter()
     scores, pairing = score_conditions(module, items, dm.collator, groups=groups, batch_size=dm.eval_batch_size,
                                        seed=seed, generate=args.generate)
