@@ -23,7 +23,7 @@ from qgmem.lm import EMBEDDED_LM
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.fusion import answer_nll
 from qgmem.training.collate import GraphTextCollator
-from qgmem.training.datamodule import synthetic_items
+from qgmem.training.synthetic import synthetic_items
 from qgmem.training.module import QGMemModule
 
 

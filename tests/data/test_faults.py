@@ -162,3 +162,13 @@ def test_convomem_long_message_is_cut(tmp_path):
 def test_bad_cap_is_rejected(locomo_file, cap):
     with pytest.raises(ValueError, match="max_turn_chars must be an integer >= 1"):
         load_cases("locomo", locomo_file, max_turn_chars=cap)
+
+
+def test_lone_surrogate_is_a_named_error(tmp_path, locomo_doc):
+    locomo_doc[0]["conversation"]["session_1"][2]["text"] = "broken \udcff text"
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(locomo_doc), encoding="utf-8")  # escaped as \\udcff: valid JSON, invalid text
+    with pytest.raises(DataFormatError, match=r"lone surrogate '\\udcff' at character 7") as err:
+        load_cases("locomo", path)
+    assert (err.value.item, err.value.field) == (0, "conversation.session_1[2].text")
+    assert len(load_cases("locomo", path, strict=False).cases) == 1

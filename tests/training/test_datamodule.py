@@ -20,10 +20,14 @@ from qgmem.activation.config import ActivationConfig
 from qgmem.llm.backends import CallableBackend
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
+from qgmem.training import cache_build as B
 from qgmem.training import datamodule as D
 from qgmem.training.answer_filter import RUBRIC_CATEGORIES, LLMJudge, backend_completer
 from qgmem.training.cache import SampleCache
-from qgmem.training.datamodule import QGMemDataModule, build_cache, sentence_encoder_dim, synthetic_items
+from qgmem.embed import sentence_encoder_dim
+from qgmem.training.cache_build import build_cache
+from qgmem.training.datamodule import QGMemDataModule
+from qgmem.training.synthetic import synthetic_items
 
 DIM = 384  # MiniLM's width: the module reads it from the model folder, the stand-in encoder matches it
 PERSONS = ["p-ann", "p-bob", "p-cy", "p-dee"]
@@ -207,7 +211,7 @@ def test_build_then_reuse_without_rebuilding(tiny_data, tmp_path, monkeypatch):
     def no_rebuild(*a, **k):
         raise AssertionError("the cache was rebuilt although nothing changed")
 
-    monkeypatch.setattr(D, "build_cache", no_rebuild)
+    monkeypatch.setattr(B, "build_cache", no_rebuild)
     again = _dm(tiny_data, tmp_path / "cache")
     again.prepare_data()  # complete cache: returns without building
     again.setup("fit")
@@ -232,7 +236,7 @@ def test_interrupted_build_resumes_to_the_same_result(tiny_data, tmp_path):
     _build(clean)
     dm = _dm(tiny_data, tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):
-        _build(dm, encoder=HashEncoder(interrupt_after=300))
+        _build(dm, encoder=HashEncoder(interrupt_after=40))  # 40 of the 82 distinct texts
     shards = SampleCache(dm.samples_dir)
     done = sum(shards.has_shard(i) for i in range(16))
     assert not shards.complete and 0 < done < 16

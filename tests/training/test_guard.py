@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch import Trainer
@@ -15,7 +14,7 @@ from qgmem.lm import EMBEDDED_LM
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.cli import main
-from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.datamodule import InMemoryDataModule, QGMemDataModule, synthetic_items
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
 from qgmem.training.module import QGMemModule
 
@@ -31,16 +30,13 @@ def poisoned(items: list[dict], qa_id: str, value: float = float("nan")) -> list
     return items
 
 
-class PoisonedData(QGMemDataModule):
+class PoisonedData(InMemoryDataModule):
     """Six synthetic training samples, one of them with a NaN (``where``: ``train`` or ``val``)."""
 
     def __init__(self, lm: str = EMBEDDED_LM, where: str = "train", value: str = "nan"):
-        L.LightningDataModule.__init__(self)
         train, val, test = (synthetic_items(n, D, seed=s) for n, s in ((6, 1), (4, 2), (4, 3)))
         poisoned(train if where == "train" else val, POISONED, float(value))
-        built = QGMemDataModule.from_items(train, val, test, lm=lm, batch_size=2, max_prompt_tokens=96,
-                                           max_answer_tokens=8)
-        self.__dict__.update({k: v for k, v in built.__dict__.items() if k != "_hparams"})
+        super().__init__(train, val, test, lm=lm, batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
-from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.datamodule import QGMemDataModule
+from qgmem.training.synthetic import synthetic_items
 from qgmem.training.module import QGMemModule
 
 D = 8

@@ -6,29 +6,26 @@ import json
 import re
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.cli import main, run_subcommand
-from qgmem.training.datamodule import QGMemDataModule, synthetic_items
+from qgmem.training.datamodule import InMemoryDataModule
+from qgmem.training.synthetic import synthetic_items
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-class TinyData(QGMemDataModule):
+class TinyData(InMemoryDataModule):
     """Synthetic items behind the real data module's loaders (no memory building, no cache)."""
 
     def __init__(self, lm: str = EMBEDDED_LM, n_train: int = 6, n_eval: int = 4, feature_dim: int = 8,
                  batch_size: int = 2):
-        L.LightningDataModule.__init__(self)
-        built = QGMemDataModule.from_items(synthetic_items(n_train, feature_dim, seed=1),
-                                           synthetic_items(n_eval, feature_dim, seed=2),
-                                           synthetic_items(n_eval, feature_dim, seed=3), lm=lm,
-                                           batch_size=batch_size, max_prompt_tokens=96, max_answer_tokens=8)
-        self.__dict__.update({k: v for k, v in built.__dict__.items() if k != "_hparams"})
+        super().__init__(synthetic_items(n_train, feature_dim, seed=1), synthetic_items(n_eval, feature_dim, seed=2),
+                         synthetic_items(n_eval, feature_dim, seed=3), lm=lm, batch_size=batch_size,
+                         max_prompt_tokens=96, max_answer_tokens=8)
 
 
 @pytest.fixture(scope="module")
@@ -136,22 +133,26 @@ def test_subcommand_print_config_reads_presets(subcommand, capsys):
     assert "lm: embedded:SmolLM2-135M-Instruct" in printed and "ckpt_path: null" in printed
 
 
-def test_each_model_argument_has_its_own_help():
+@pytest.mark.parametrize("key,target", [("model", "qgmem.training.module.QGMemModule"),
+                                        ("data", "qgmem.training.datamodule.QGMemDataModule")])
+def test_each_argument_has_its_own_help(key, target):
     """Every constructor argument's help comes from its own docstring line, not a neighbour's."""
+    import importlib
     import inspect
 
     from lightning.pytorch.cli import LightningArgumentParser
 
-    from qgmem.training.module import QGMemModule
-
+    module, _, name = target.rpartition(".")
+    cls = getattr(importlib.import_module(module), name)
     parser = LightningArgumentParser()
-    parser.add_lightning_class_args(QGMemModule, "model")
-    names = [n for n in inspect.signature(QGMemModule.__init__).parameters if n != "self"]
-    helps = {a.dest[len("model."):]: a.help or "" for a in parser._actions if a.dest.startswith("model.")}
-    helps.update({g.dest[len("model."):]: g.title or "" for g in parser._action_groups  # dataclass arguments
-                  if (getattr(g, "dest", None) or "").startswith("model.")})
-    for name in names:
-        text = helps.get(name, "")
-        assert text.strip(), f"--model.{name} has no help"
-        others = [o for o in names if o != name and re.search(rf"\b{o}:", text)]
-        assert not others, f"--model.{name}'s help holds the text of {others}: {text!r}"
+    parser.add_lightning_class_args(cls, key)
+    names = [n for n in inspect.signature(cls.__init__).parameters if n != "self"]
+    prefix = key + "."
+    helps = {a.dest[len(prefix):]: a.help or "" for a in parser._actions if a.dest.startswith(prefix)}
+    helps.update({g.dest[len(prefix):]: g.title or "" for g in parser._action_groups  # dataclass arguments
+                  if (getattr(g, "dest", None) or "").startswith(prefix)})
+    for arg in names:
+        text = helps.get(arg, "")
+        assert text.strip() and text != "Path to a configuration file.", f"--{key}.{arg} has no help"
+        others = [o for o in names if o != arg and re.search(rf"\b{o}:", text)]
+        assert not others, f"--{key}.{arg}'s help holds the text of {others}: {text!r}"

@@ -79,7 +79,18 @@ def need(obj: Any, key: str, types: type | tuple[type, ...], *, file: str, item:
         expected = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types_t)
         raise DataFormatError(f"expected {expected}, got {_json_type(value)}", file=file, item=item,
                               field=name)
+    if isinstance(value, str) and not value.isascii():
+        _check_unicode(value, file=file, item=item, field=name)
     return value
+
+
+def _check_unicode(text: str, *, file: str, item: int | str | None, field: str) -> None:
+    """A lone surrogate (``"\\udcff"`` in the JSON) cannot be written as UTF-8 by any later stage."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise DataFormatError(f"invalid Unicode: a lone surrogate {text[exc.start]!r} at character {exc.start}",
+                              file=file, item=item, field=field) from None
 
 
 def _json_type(value: Any) -> str:

@@ -156,10 +156,25 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         print(f"\nlogs (TensorBoard): {log_dir}\nbest checkpoint:    {best or '-'}\n"
               f"metrics:            {root / 'metrics.json'}\npredictions:        {predictions or '-'}\n"
               f"export:             {export_dir or '-'}")
-        print("val:  " + json.dumps(metrics["val"]) + "\ntest: " + json.dumps(metrics["test"]))
+        for line in metric_lines(metrics["val"], metrics["test"]):
+            print(line)
         for line in data_summary_lines(metrics["data"] or {}):
             print(line)
     return metrics
+
+
+def metric_lines(val: dict[str, float], test: dict[str, float]) -> list[str]:
+    """``val:``/``test:`` with the overall metrics, then one line per test category (all are in metrics.json)."""
+    def overall(d: dict[str, float]) -> str:
+        return json.dumps({k: v for k, v in d.items() if k.count("/") == 1})
+
+    lines = [f"val:  {overall(val)}", f"test: {overall(test)}"]
+    categories = sorted({k.split("/")[1] for k in test if k.count("/") == 2})
+    for category in categories:
+        scores = "  ".join(f"{m} {test[f'test/{category}/{m}']:.3f}" for m in ("nll", "em", "f1")
+                           if f"test/{category}/{m}" in test)
+        lines.append(f"test/{category}: {scores}")
+    return lines
 
 
 def data_summary_lines(summary: dict[str, Any]) -> list[str]:

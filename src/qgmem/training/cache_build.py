@@ -1,0 +1,332 @@
+"""Building a training cache: plan the cases, replay construction + activation, answer and filter.
+
+One :class:`~qgmem.training.cache_spec.CacheSpec` fixes what is built and where
+(:mod:`qgmem.training.cache` is the on-disk format). The build has three parts, each reused when it
+is already on disk and resumed when it was interrupted:
+
+1. samples: one Arrow shard per planned case (construction of its dialogue, activation for each QA,
+   the working memory's graph), with the sentence embeddings memoized per text
+   (:mod:`qgmem.training.embedding_memo`);
+2. answers: the frozen LM's answer to each training prompt, appended in chunks;
+3. the dataset: the filtered train/val/test splits and their summary, which ``setup`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections import Counter
+from typing import Any, Sequence
+
+from qgmem.training import cache as C
+from qgmem.training.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
+from qgmem.training.cache_spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
+
+
+def as_spec(target: Any) -> CacheSpec:
+    """A :class:`CacheSpec`, or the spec of anything that holds one (a data module)."""
+    spec = target if isinstance(target, CacheSpec) else getattr(target, "cache_spec", None)
+    if not isinstance(spec, CacheSpec):
+        raise TypeError(f"expected a CacheSpec or a data module with one, got {type(target).__name__}")
+    return spec
+
+
+def build_cache(target: CacheSpec | Any, *, encoder: Any = None, answerer: Any = None, judge: Any = None,
+                progress: bool = True) -> dict[str, Any]:
+    """Build the three cache parts for ``target``'s settings, reusing whatever is already on disk.
+
+    ``target`` is a :class:`CacheSpec` or a data module. ``encoder`` (anything with ``dim`` and
+    ``encode``), ``answerer`` (anything with ``answer(pairs)``) and ``judge`` (a
+    :class:`~qgmem.training.answer_filter.Judge`) replace the configured sentence encoder, frozen LM
+    and judge, for tests that must not load real models or reach a server; the cache keys still name
+    the configured ones. An interrupted build (an exception, Ctrl-C, a killed job) leaves whole case
+    shards and answer chunks behind; calling this again continues from there. Returns the summary
+    (also written to ``dataset-<key>/summary.json``).
+    """
+    spec = as_spec(target)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    samples = C.SampleCache(spec.samples_dir)
+    build_samples(spec, samples, encoder=encoder, progress=progress)
+    timings["samples_s"] = round(time.perf_counter() - started, 2)
+    return finish_cache(spec, samples, answerer=answerer, judge=judge, progress=progress, timings=timings)
+
+
+def finish_cache(spec: CacheSpec, samples: C.SampleCache, *, answerer: Any = None, judge: Any = None,
+                 progress: bool = True, timings: dict[str, float] | None = None) -> dict[str, Any]:
+    """From complete samples: answer, filter and write the dataset with its summary."""
+    timings = dict(timings or {})
+    t = time.perf_counter()
+    rows = samples.load()
+    splits, report, answer_info = filter_samples(spec, rows, answerer=answerer, judge=judge, progress=progress)
+    timings["answers_and_filter_s"] = round(time.perf_counter() - t, 2)
+    summary = {
+        "cache_key": spec.cache_key, "samples_key": spec.samples_key, "dataset_dir": str(spec.dataset_dir),
+        "settings": {**spec.sample_settings(), **spec.filter_settings(), "lm": spec.lm},
+        **samples.completion_info(),
+        "samples": {name: count_categories(rows_) for name, rows_ in splits.items()},
+        "filter": report.to_dict(), "answers": answer_info,
+        "left_out_categories": report.left_out_categories,
+        "seconds": {**samples.completion_info().get("seconds", {}), **timings},
+    }
+    C.DatasetCache(spec.dataset_dir).save(splits, summary)
+    return summary
+
+
+def count_categories(rows: Sequence[dict[str, Any]]) -> dict[str, int]:
+    return dict(sorted(Counter(str(r.get("category", "")) for r in rows).items()))
+
+
+# --------------------------------------------------------------------------------------------------
+# the plan
+
+
+def plan_cases(spec: CacheSpec) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
+    """Load, sample and split the cases: ``[(split, case)]`` in train/val/test order, and what happened.
+
+    A split that had to fall back from person to dialogue grouping (too few persons, as in the
+    one-persona sample) says so: the warning text is kept in the summary.
+    """
+    from qgmem.data.loaders import load_cases
+    from qgmem.data.splits import sample_cases, split_cases
+
+    spec = as_spec(spec)
+    options: dict[str, Any] = {}
+    if spec.distractor_conversations is not None:
+        options["distractor_conversations"] = spec.distractor_conversations
+    if spec.dataset == "convomem":
+        options["seed"] = spec.seed
+    loaded = load_cases(spec.dataset, spec.data_path, strict=spec.strict, **options)
+    cases = list(loaded.cases)
+    chosen = sample_cases(cases, spec.num_cases, spec.seed) if spec.num_cases is not None else cases
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parts = split_cases(chosen, spec.split_ratios, spec.seed, spec.group_key)
+    split_warnings = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    plan = [(name, case) for name in C.SPLITS for case in parts.get(name, [])]
+    shared, used = _shared_groups(parts, spec.group_key), spec.group_key
+    if shared:  # the splitter fell back to dialogue grouping (it warned; the warning is in the summary)
+        used, shared = "dialogue", _shared_groups(parts, "dialogue")
+    groups = {name: len({group_of(case, used) for case in parts.get(name, [])}) for name in C.SPLITS}
+    info = {
+        "cases": {"loaded": len(cases), "sampled": len(chosen), **{n: len(parts.get(n, [])) for n in C.SPLITS}},
+        "qas": {n: sum(len(c.qas) for c in parts.get(n, [])) for n in C.SPLITS},
+        "split": {"group_key": spec.group_key, "group_key_used": used, "groups": groups,
+                  "groups_shared_across_splits": shared, "warnings": split_warnings},
+        "load_report": _jsonable(getattr(loaded, "report", {})),
+    }
+    return plan, info
+
+
+def _shared_groups(parts: dict[str, list[Any]], key: str) -> int:
+    """How many groups (under ``key``) occur in more than one split."""
+    seen: Counter[str] = Counter()
+    for name in C.SPLITS:
+        seen.update({group_of(case, key) for case in parts.get(name, [])})
+    return sum(1 for n in seen.values() if n > 1)
+
+
+def group_of(case: Any, key: str) -> str:
+    try:
+        return case.group_key(key)
+    except KeyError:
+        return case.group_key("dialogue")
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "summary") and callable(obj.summary):
+        obj = obj.summary()
+    return json.loads(json.dumps(obj, default=str))
+
+
+# --------------------------------------------------------------------------------------------------
+# replay
+
+
+class Replayer:
+    """Construction + activation for one case at a time, with the models loaded once.
+
+    Every encoder call goes through an :class:`~qgmem.training.embedding_memo.EmbeddingMemo` under
+    the cache folder (``memo=False`` turns it off, e.g. to time the encoder itself).
+    """
+
+    def __init__(self, spec: CacheSpec, encoder: Any = None, *, memo: bool = True):
+        from qgmem.embed import SentenceEncoder
+        from qgmem.memory.builder import MemoryBuilder
+        from qgmem.training.embedding_memo import EmbeddingMemo
+
+        self.spec = spec = as_spec(spec)
+        if encoder is None:  # the memo below replaces the encoder's own in-process one
+            encoder = SentenceEncoder(None if spec.sentence_encoder == DEFAULT_SENTENCE_ENCODER
+                                      else spec.sentence_encoder, max_cache_entries=0 if memo else 500_000)
+        if encoder.dim != spec.feature_dim:
+            raise RuntimeError(f"sentence encoder {spec.sentence_encoder!r} embeds in {encoder.dim} dims, but its "
+                               f"config says {spec.feature_dim}")
+        self.memo = EmbeddingMemo(encoder, memo_dir(spec, encoder)) if memo else None
+        self.encoder = self.memo or encoder
+        self.llm = None
+        if spec.construction_llm is not None:
+            from qgmem.llm.backends import make_backend
+
+            self.llm = make_backend(spec.construction_llm)
+        self.builder = MemoryBuilder(spec.construction, self.encoder, llm=self.llm)
+        self.reranker = None
+        if spec.activation.reranker != "embedding":  # a model reranker loads once, not once per dialogue
+            import numpy as np
+
+            from qgmem.activation.rerank import make_reranker
+
+            a = spec.activation
+            self.reranker = make_reranker(a.reranker, embeddings=np.zeros((0, self.encoder.dim), np.float32),
+                                          path=a.reranker_path, batch_size=a.reranker_batch_size,
+                                          max_doc_tokens=a.reranker_max_doc_tokens)
+
+    def rows(self, split: str, case: Any) -> list[dict[str, Any]]:
+        from qgmem.activation.activator import Activator
+        from qgmem.activation.graph import graph_to_data
+
+        spec = self.spec
+        store = self.builder.build(case.dialogue)
+        activator = Activator(store, self.encoder, spec.activation, reranker=self.reranker, llm=self.llm)
+        group = group_of(case, spec.group_key)
+        rows = []
+        for qa in case.qas:
+            # LoCoMo questions carry no time of their own: the last session's date stands in for it
+            memory = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
+            data = graph_to_data(memory.graph, self.encoder, facts=[u.fact for u in memory.units])
+            rows.append(C.sample_row(
+                qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
+                category=qa.category, question=qa.question, question_time=qa.question_time, reference=qa.answer,
+                memory_text=memory.text, graph=data, feature_dim=self.encoder.dim,
+                node_text=getattr(data, "node_text", memory.graph.node_text),
+                edge_text=getattr(data, "edge_text", memory.graph.edge_text),
+                edge_unit=memory.graph.edge_unit))
+        return rows
+
+    def close(self) -> None:
+        """Persist the vectors encoded since the last flush."""
+        if self.memo is not None:
+            self.memo.flush()
+
+
+def memo_dir(spec: CacheSpec, encoder: Any):
+    """The memo folder of the encoder actually used (a stand-in encoder never shares the real one's)."""
+    model_id = getattr(encoder, "model_id", type(encoder).__name__)
+    return spec.cache_dir / f"embeddings-{C.stable_hash({'encoder': model_id, 'dim': int(encoder.dim)})}"
+
+
+def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = None,
+                  progress: bool = True) -> dict[str, Any]:
+    """Write one shard per planned case that has none yet; mark the samples complete when all exist."""
+    from tqdm.auto import tqdm
+
+    spec = as_spec(spec)
+    if samples.complete:
+        return samples.completion_info()
+    t0 = time.perf_counter()
+    plan, info = plan_cases(spec)
+    samples.start(spec.sample_settings(), [{"split": s, "case_id": c.id} for s, c in plan])
+    todo = [i for i in range(len(plan)) if not samples.has_shard(i)]
+    replayer = Replayer(spec, encoder) if todo else None
+    built = 0
+    bar = tqdm(total=len(plan), initial=len(plan) - len(todo), desc="cache: cases", unit="case", disable=not progress)
+    try:
+        for index in todo:
+            split, case = plan[index]
+            meta: dict[str, Any] = {"case_id": case.id, "split": split, "qas": len(case.qas)}
+            try:
+                rows = replayer.rows(split, case)
+            except Exception as exc:  # noqa: BLE001 - lenient mode records the case as skipped
+                if spec.strict:
+                    raise RuntimeError(f"case {index} ({case.id!r}, split {split}): construction/activation failed: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                rows, meta["skipped"] = [], f"{type(exc).__name__}: {exc}"
+            samples.write_shard(index, rows, meta)
+            built += 1
+            bar.update(1)
+    finally:
+        bar.close()
+        if replayer is not None:
+            replayer.close()
+    skipped = [samples.shard_meta(i) for i in range(len(plan))]
+    skipped = [{"case_id": m["case_id"], "split": m["split"], "reason": m["skipped"]} for m in skipped if "skipped" in m]
+    seconds: dict[str, Any] = {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built}
+    if replayer is not None and replayer.memo is not None:
+        seconds["embedding_memo"] = replayer.memo.stats()
+    done = {**info, "skipped_cases": skipped, "seconds": seconds}
+    samples.mark_complete(done)
+    return done
+
+
+# --------------------------------------------------------------------------------------------------
+# answers and the filter
+
+
+def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = None, progress: bool = True
+                   ) -> tuple[dict[str, list[dict[str, Any]]], FilterReport, dict[str, Any]]:
+    """Answer (cached), judge and filter the training samples; pass validation and test through."""
+    from tqdm.auto import tqdm
+
+    spec = as_spec(spec)
+    rule = spec.answer_filter
+    report = FilterReport(rule)
+    for category in sorted({r["category"] for r in rows} & RUBRIC_CATEGORIES):
+        if rule != "llm":
+            report.left_out_categories[category] = (
+                "reference is a grading rubric and no LLM judge is configured (answer_filter="
+                f"{rule!r}): left out of training; kept in val/test with the rubric as reference")
+    all_rows = [dict(r) for r in rows]
+    train = [r for r in all_rows if r["split"] == "train"]
+    need = [r for r in train if rule != "none" and (rule == "llm" or r["category"] not in RUBRIC_CATEGORIES)]
+    answer_info: dict[str, Any] = {"lm": spec.lm, "needed": len(need), "generated": 0, "reused": 0}
+    answers: dict[str, str] = {}
+    if need:
+        answerer = answerer or spec.answerer()
+        store = C.AnswerCache(spec.answers_dir, spec.answerer().settings)
+        keys = [C.answer_key(r["memory_text"], r["question"]) for r in need]
+        known = store.load()
+        missing = [(k, r) for k, r in dict(zip(keys, need)).items() if k not in known]
+        answer_info["reused"] = len(set(keys)) - len(missing)
+        t = time.perf_counter()
+        chunk = max(1, spec.answer_batch_size) * 4  # persist every few batches so a killed build loses little
+        bar = tqdm(total=len(missing), desc="cache: frozen-LM answers", unit="qa", disable=not progress or not missing)
+        for start in range(0, len(missing), chunk):
+            part = missing[start:start + chunk]
+            texts = answerer.answer([(r["memory_text"], r["question"]) for _, r in part])
+            store.add({k: text for (k, _), text in zip(part, texts)})
+            bar.update(len(part))
+        bar.close()
+        answer_info["generated"] = len(missing)
+        answer_info["generate_s"] = round(time.perf_counter() - t, 2)
+        answers = {k: store.get(k) or "" for k in keys}
+    verdicts: dict[str, bool] = {}
+    judge = judge if judge is not None or rule == "none" else make_judge(rule, spec.judge, spec.match_rule)
+    if judge is not None and need:
+        items = [JudgeItem(r["question"], r["reference"], answers[C.answer_key(r["memory_text"], r["question"])],
+                           r["category"]) for r in need]
+        verdicts = {r["qa_id"]: v for r, v in zip(need, judge(items))}
+        answer_info["judge"] = getattr(judge, "name", rule)
+        if hasattr(judge, "unparsed"):
+            answer_info["judge_unparsed"] = judge.unparsed
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in C.SPLITS}
+    for r in all_rows:
+        key = C.answer_key(r["memory_text"], r["question"])
+        r["lm_answer"] = answers.get(key, "") if r["split"] == "train" else ""
+        judged = r["qa_id"] in verdicts
+        correct = bool(verdicts.get(r["qa_id"], False))
+        if r["split"] != "train":
+            r.update(answer=r["reference"], judged=False, correct=False)
+            out[r["split"]].append(r)
+            report.add(r["split"], r["category"], judged=False, correct=False, kept=True)
+            continue
+        decision = decide(r["category"], r["reference"], r["lm_answer"], correct if judged else None, rule)
+        report.add("train", r["category"], judged=judged, correct=correct, kept=decision.keep)
+        if decision.keep:
+            r.update(answer=decision.target, judged=judged, correct=correct)
+            out["train"].append(r)
+    return out, report, answer_info
+
+
+__all__ = ["Replayer", "as_spec", "build_cache", "build_samples", "count_categories", "filter_samples",
+           "finish_cache", "plan_cases"]
