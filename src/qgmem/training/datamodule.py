@@ -172,6 +172,8 @@ class QGMemDataModule(GraphTextDataModule):
         rebuild: Discard this key's dataset folder and build it again (not its shards or answers).
         prepare_data_per_node: Build the cache once per node (``False``: once, on global rank 0, for a
             cache folder shared by every node).
+        graph_only: Leave the textual working memory out of the prompts (graph tokens are the only
+            evidence; the learning check's diagnostic setting). The cache is the same.
     """
 
     def __init__(
