@@ -1,7 +1,7 @@
 """Construction cost on the real ConvoMem sample (data/convomem).
 
-1. Heuristic extractor: turns per second of extraction alone (windows + rules, no encoder), over every
-   dialogue of the sample, and of a full store build (extraction + MiniLM fact embeddings + traces)
+1. Heuristic and parser extractors: turns per second of extraction alone (windows + rules [+ spaCy], no
+   encoder), over every dialogue of the sample, and of a full store build (extraction + MiniLM fact embeddings + traces)
    over a few dialogues.
 2. LLM extractor: LLM calls and prompt tokens per dialogue turn. Calls and prompt tokens depend only on
    the windowing and the prompts, not on the reply, so a recorded backend that answers every window with
@@ -38,6 +38,8 @@ def main() -> int:
     parser.add_argument("--path", default=str(ROOT / "data" / "convomem"))
     parser.add_argument("--dialogues", type=int, default=None, help="dialogues for the heuristic rate (default all)")
     parser.add_argument("--build-dialogues", type=int, default=3, help="dialogues for the full-build rate")
+    parser.add_argument("--parser-dialogues", type=int, default=None,
+                        help="dialogues for the parser-extraction rate (default all)")
     parser.add_argument("--llm-dialogues", type=int, default=20, help="dialogues for the LLM-path counts")
     args = parser.parse_args()
 
@@ -63,6 +65,22 @@ def main() -> int:
     print(f"heuristic extraction: {len(dialogues)} dialogues, {turns} turns, {units} units "
           f"({units / turns:.3f} units/turn) in {seconds:.2f} s = {turns / seconds:,.0f} turns/s")
 
+    from qgmem.memory.extract_parser import ParserExtractor
+
+    parser_extractor = ParserExtractor(config)
+    parser_extractor.nlp  # load spaCy outside the timing
+    parsed_dialogues = dialogues[: args.parser_dialogues]
+    started, cpu = time.perf_counter(), time.process_time()
+    units = turns = 0
+    for d in parsed_dialogues:
+        units += len(parser_extractor.extract_windows(make_windows(d, config.window_size, config.window_overlap), d.id))
+        turns += d.num_turns()
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    print(f"parser extraction (rules + spaCy, memo by text): {len(parsed_dialogues)} dialogues, {turns} turns, "
+          f"{units} units, {parser_extractor.parsed_sentences} sentences parsed, {parser_extractor.memo_hits} "
+          f"memo hits, {seconds:.1f} s wall / {cpu:.1f} s CPU = {turns / seconds:,.0f} turns/s "
+          f"({turns / cpu:,.0f} per CPU-second)")
+
     from qgmem.embed import SentenceEncoder
 
     encoder = SentenceEncoder()
@@ -72,7 +90,7 @@ def main() -> int:
         builder.build(d)
     seconds = time.perf_counter() - started
     s = builder.stats
-    print(f"heuristic full build (MiniLM on CPU): {s.dialogues} dialogues, {s.turns} turns, {s.units} units, "
+    print(f"{config.extractor} full build (MiniLM on CPU): {s.dialogues} dialogues, {s.turns} turns, {s.units} units, "
           f"{s.traces} traces ({s.updates} updates, {s.supplements} supplements) in {seconds:.1f} s "
           f"= {s.turns / seconds:,.0f} turns/s")
 

@@ -46,6 +46,17 @@ def test_unit_without_object_adds_no_edge():
     assert graph.num_edges == 1 and graph.edge_unit == [1] and graph.node_text == ["Jon", "Gina"]
 
 
+def test_further_relations_of_a_unit_are_edges_of_that_unit():
+    moved = make_unit("a", "User moved to Denver with User's sister.", "User", "moved to", "Denver", ["t1"])
+    moved.relations = [["Denver", "move with", "User's sister"], ["Anna", "is", "User's sister"], ["x", "", ""]]
+    owns = make_unit("b", "Cooper found a squirrel.", "Cooper", "found", "squirrel", ["t2"])
+    graph = build_local_graph([moved, owns])
+    assert graph.node_text == ["User", "Denver", "User's sister", "Anna", "Cooper", "squirrel"]
+    assert graph.edge_index == [(0, 1), (1, 2), (3, 2), (4, 5)]
+    assert graph.edge_text == ["moved to", "move with", "is", "found"]
+    assert graph.edge_unit == [0, 0, 0, 1]  # an incomplete triple adds nothing
+
+
 @pytest.mark.parametrize("where", ["build", "data"])
 def test_reverse_edges_with_inverse_marker(small_store, hash_encoder, where):
     units = [small_store.unit(u) for u in ("u0", "u5")]

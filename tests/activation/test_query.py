@@ -5,7 +5,7 @@ from datetime import date
 import pytest
 
 from qgmem.activation.query import HeuristicQueryParser, LLMQueryParser, QueryConstraints, make_parser
-from qgmem.activation.timeexpr import parse_fact_time, resolve_time
+from qgmem.timeexpr import parse_fact_time, resolve_time
 
 
 @pytest.mark.parametrize(

@@ -66,10 +66,13 @@ def test_advice_is_not_traced_as_the_listeners_state(extractor):
     assert not traceable(unit)
 
 
-def test_ner_gives_entities_and_places(extractor):
-    unit = _units(extractor, [("User", "Cooper loves long walks."), (
-        "Assistant", "A walk with Cooper is certainly a different adventure than backpacking through Vietnam.")])[1]
-    assert unit.location == "Vietnam" and {"Cooper", "Vietnam"} <= set(unit.entities)
+def test_ner_gives_entities_and_the_cue_rule_the_location(extractor):
+    units = _units(extractor, [("User", "Zapier is a tool I keep hearing about."), (
+        "Assistant", "A walk with Cooper is certainly a different adventure than backpacking through Vietnam."),
+        ("User", "I moved to Denver last spring.")])
+    assert "Zapier" in units[0].entities  # a sentence-initial name the capitalization rule skips
+    assert {"Cooper", "Vietnam"} <= set(units[1].entities) and units[1].location == ""
+    assert units[2].location == "Denver"
 
 
 @pytest.mark.parametrize("question,reply,triple,relation", [

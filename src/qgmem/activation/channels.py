@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qgmem.activation.query import QueryConstraints
-from qgmem.activation.timeexpr import parse_fact_time, parse_iso_date
+from qgmem.timeexpr import parse_fact_time, parse_iso_date
 from qgmem.memory.records import MemoryUnit
 
 Hits = list[tuple[int, float]]

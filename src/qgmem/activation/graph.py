@@ -1,8 +1,9 @@
 """The local memory graph over the working memory, and its PyG form for the graph encoder.
 
 The graph exists only for one query: nodes are the subjects and objects of the activated units'
-triples, edges their predicates. Building it touches each unit once (O(k)), so its size is bounded by
-the working-memory budget (≤ k edges, ≤ 2k nodes before de-duplication) whatever the history length.
+triples, edges their predicates (a unit's main triple and its further ``relations``). Building it
+touches each unit once (O(k)), so its size is bounded by the working-memory budget (≤ 5k edges with at
+most 4 further relations per unit, ≤ 2 nodes per edge before de-duplication) whatever the history length.
 """
 
 from __future__ import annotations

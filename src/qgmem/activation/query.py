@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from qgmem.activation.timeexpr import MONTHS, WEEKDAYS, TimeSpan, parse_fact_time, resolve_time
+from qgmem.timeexpr import MONTHS, WEEKDAYS, TimeSpan, parse_fact_time, resolve_time
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The heuristic extractor: atomic units from rules, no LLM (the embedded default).
+"""The heuristic extractor: atomic units from rules, no LLM (its claims are what the parser extractor reads).
 
 It runs inside the training-data pipeline over hundreds of long dialogues, so it is a handful of
 compiled patterns per sentence and nothing else; ``dateparser`` is called only when a date pattern
@@ -17,7 +17,7 @@ matched. Per new (non-overlap) turn of a window:
    when it answers the other speaker's question — the question (a context turn, possibly from the
    window's overlap) is quoted in the fact so the reply is readable alone — or when it names something;
 5. entities from capitalized spans, acronyms and quotes; a location from cue words ("moved to",
-   "based in") or place-like heads ("West Coast"); factual time from :mod:`qgmem.memory.dates`.
+   "based in") or place-like heads ("West Coast"); factual time from :mod:`qgmem.timeexpr`.
 
 Each unit is grounded in exactly the one turn its sentence came from; a quoted question only explains
 it.
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from qgmem.data.records import Turn
 from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.dates import find_fact_time
+from qgmem.timeexpr import find_fact_time
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.windows import Window
 
@@ -251,7 +251,7 @@ def _is_verb(token: str) -> bool:
     return t.endswith("ed") or (t.endswith("s") and not t.endswith(("ss", "us", "is", "ics", "ness")))
 
 
-def _third_person(verb: str) -> str:
+def third_person(verb: str) -> str:
     """Agreement for a main verb after a first/second-person subject became a name ("use" -> "uses")."""
     low = verb.lower()
     fixed = {"am": "is", "'m": "is", "are": "is", "'re": "is", "have": "has", "'ve": "has", "do": "does",
@@ -443,7 +443,7 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool,
     if low[verb_at - 1] in ("i", "we", "you"):
         head = next((k for k, p in enumerate(pred) if p.lower() not in _ADVERBS), None)
         if head is not None:
-            pred[head] = _third_person(pred[head])
+            pred[head] = third_person(pred[head])
     words = [p.strip(",.;:!\"") for p in pred]
     if words[0] in _CONTRACTED:  # "Cooper 's been waiting" -> "Cooper has been waiting"
         perfect = len(words) > 1 and words[1].lower() in ("been", "got", "gotten", "had")

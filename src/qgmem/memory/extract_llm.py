@@ -17,7 +17,7 @@ from qgmem.llm.base import LLMBackend
 from qgmem.llm.parsing import JSONExtractionError, extract_json
 from qgmem.llm.prompts import construction_messages, format_turn, retry_messages
 from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.dates import normalize_fact_time
+from qgmem.timeexpr import normalize_fact_time
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.windows import Window
 

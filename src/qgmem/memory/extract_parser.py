@@ -5,8 +5,11 @@ filters decide coverage: questions, greetings, reactions and platitudes give not
 claim, each grounded in its own turn). What changes is what the *graph* gets: subject, relation and
 object come from a dependency parse (:mod:`qgmem.memory.relations`), so "User said X" becomes the
 relation inside X, nodes are short entity and noun-phrase spans, and a claim adds further relations
-between its spans; entities, places and date phrases come from spaCy's NER (with the heuristic rules
-as a fallback for what NER misses, such as acronyms and quoted names).
+between its spans; entities and date phrases come from spaCy's NER (with the heuristic rules adding
+what NER misses, such as acronyms and quoted names). The location stays the heuristic cue rule (a place
+after "moved to", "based in", …): NER tags every place a sentence names, and as the unit's location
+such a mention ("a flat in Brighton" for a question about a running club before moving to Brighton)
+outranked the evidence on the LoCoMo-form fixture; the place is still one of the unit's entities.
 
 Parses are the costly part (~1–3 ms a sentence), so a dialogue's claim sentences are parsed in one
 ``nlp.pipe`` batch, and readings are memoized by text and names: the same distractor conversations
@@ -16,11 +19,11 @@ recur across training cases, and each is parsed once per process.
 from __future__ import annotations
 
 from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.dates import find_fact_time
+from qgmem.timeexpr import find_fact_time
 from qgmem.memory.extract_heuristic import Claim, HeuristicExtractor, find_entities, find_location
 from qgmem.memory.nlp import load_pipeline, parse_texts
 from qgmem.memory.records import MemoryUnit
-from qgmem.memory.relations import Names, Reading, date_phrases, entities, place, read_claim
+from qgmem.memory.relations import Names, Reading, date_phrases, entities, read_claim
 from qgmem.memory.windows import Window
 
 _MEMO_LIMIT = 200_000
@@ -36,7 +39,7 @@ class ParserExtractor:
         self.heuristic = HeuristicExtractor(self.config)
         self._nlp = nlp
         self.batch_size = batch_size
-        self._memo: dict[tuple, tuple[Reading | None, list[str], str, list[str]]] = {}
+        self._memo: dict[tuple, tuple[Reading | None, list[str], list[str]]] = {}
         self.parsed_sentences = 0
         self.memo_hits = 0
 
@@ -50,8 +53,8 @@ class ParserExtractor:
         return (claim.kind, claim.sentence, claim.body, claim.question, claim.asker, speaker, listener,
                 claim.antecedent)
 
-    def read(self, items: list[tuple[Claim, str, str]]) -> list[tuple[Reading | None, list[str], str, list[str]]]:
-        """``(reading, entities, place, date phrases)`` per ``(claim, speaker, listener)``, parsing misses in one batch."""
+    def read(self, items: list[tuple[Claim, str, str]]) -> list[tuple[Reading | None, list[str], list[str]]]:
+        """``(reading, entities, date phrases)`` per ``(claim, speaker, listener)``, parsing misses in one batch."""
         keys = [self._key(c, s, li) for c, s, li in items]
         missing = [(k, item) for k, item in zip(keys, items) if k not in self._memo]
         self.memo_hits += len(items) - len(missing)
@@ -67,7 +70,7 @@ class ParserExtractor:
                 reading = read_claim(doc, claim.body or claim.sentence, claim.kind, names,
                                      question_doc=docs.get(claim.question) if claim.question else None,
                                      asker=claim.asker)
-                self._memo[key] = (reading, entities(doc, {speaker, listener}), place(doc), date_phrases(doc))
+                self._memo[key] = (reading, entities(doc, {speaker, listener}), date_phrases(doc))
         return [self._memo[k] for k in keys]
 
     def extract_windows(self, windows: list[Window], dialogue_id: str, user_name: str = "User",
@@ -82,7 +85,7 @@ class ParserExtractor:
         readings = self.read([(claim, turn.speaker, listener) for _, turn, listener, _, claim in pending])
         units: list[MemoryUnit] = []
         counters: dict[str, int] = {}
-        for (window, turn, listener, utterance_time, claim), (reading, ents, loc, dates) in zip(pending, readings):
+        for (window, turn, listener, utterance_time, claim), (reading, ents, dates) in zip(pending, readings):
             if reading is None or not (reading.subject and reading.predicate and reading.object):
                 # nothing parsed: the heuristic triple, its object cut to a short span
                 obj = " ".join(claim.object.split()[:4]).strip(" ,.;:!\"'")
@@ -103,7 +106,7 @@ class ParserExtractor:
                 window_id=window.id, fact=claim.fact, subject=reading.subject, predicate=reading.predicate,
                 object=reading.object, relations=[list(r) for r in reading.relations],
                 source_turn_ids=[turn.id], source_text=turn.text, speaker=turn.speaker, entities=found,
-                location=loc or find_location(claim.sentence), fact_time=fact_time,
+                location=find_location(claim.sentence), fact_time=fact_time,
                 utterance_time=utterance_time, order=turn.index,
             ))
         return units

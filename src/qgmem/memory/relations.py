@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from qgmem.memory.extract_heuristic import third_person
+
 MAX_NODE_CHARS = 40
 MAX_NODE_TOKENS = 5
 MAX_EXTRA_RELATIONS = 4
@@ -55,7 +57,6 @@ _KEEP_LEFT = {"compound", "amod", "nummod", "poss", "nmod", "quantmod", "npadvmo
 _OBJECT_DEPS = ("dobj", "obj", "attr", "oprd", "dative")
 _SUBJECT_DEPS = ("nsubj", "nsubjpass", "csubj", "csubjpass")
 _NOT_ENTITY_LABELS = {"DATE", "TIME", "CARDINAL", "ORDINAL", "PERCENT", "MONEY", "QUANTITY"}
-_PLACE_LABELS = ("GPE", "LOC", "FAC")
 _THIRD_PERSON = {"am": "is", "'m": "is", "are": "is", "'re": "is", "have": "has", "'ve": "has", "do": "does",
                  "were": "was", "'s": "is"}
 
@@ -219,9 +220,7 @@ def _verb_form(verb, person: bool) -> str:
     if person and verb.tag_ == "VBP":
         if low in _THIRD_PERSON:
             return _THIRD_PERSON[low]
-        from qgmem.memory.extract_heuristic import _third_person
-
-        return _third_person(low)
+        return third_person(low)
     return _THIRD_PERSON.get(low, low) if person and low in ("'m", "'re", "'ve") else low
 
 
@@ -376,18 +375,17 @@ def _finish(subject: str, predicate: str, obj: str, relations: list[list[str]], 
             tail = noun_span(conj, names)
             if tail and tail != obj:
                 relations.append([subject, predicate, tail])
-    # a coordinated second clause ("Helena left Northwind, and I report to Omar now")
+    # a coordinated second clause ("Helena left Northwind, and I report to Omar now"), or a clause with a
+    # subject of its own beside the main one ("Helena left Northwind, so I report to Omar")
     if depth == 0:
-        # ... or a clause of its own beside it ("Helena left Northwind, so I report to Omar")
         clauses = [c for c in verb.conjuncts if c.pos_ in ("VERB", "AUX") and c.i > verb.i]
         clauses += [c for c in verb.children if c.dep_ in ("ccomp", "advcl") and c.pos_ in ("VERB", "AUX")
                     and _subject(c) is not None and _subject(c).lower_ not in ("it", "that", "this")]
-        for conj in clauses:
-            if True:
-                second = read_clause(conj, names, advice=advice, default_subject=subject, depth=1)
-                if second is not None and second.object:
-                    relations.append([second.subject, second.predicate, second.object])
-                    relations.extend(second.relations)
+        for clause in clauses:
+            second = read_clause(clause, names, advice=advice, default_subject=subject, depth=1)
+            if second is not None and second.object:
+                relations.append([second.subject, second.predicate, second.object])
+                relations.extend(second.relations)
     seen, kept = set(), []
     for rel in relations:
         key = tuple(r.lower() for r in rel)
@@ -507,9 +505,7 @@ def _question_relation(doc, names: Names) -> tuple[str, str] | None:
         words = _predicate_words(verb, person, False)
         words = [w for w in words if w not in ("does", "do", "did")]
         if person and verb.tag_ == "VB" and words and words[-1] == verb.text.lower():  # "do you live" -> lives
-            from qgmem.memory.extract_heuristic import _third_person
-
-            words[-1] = _third_person(words[-1])
+            words[-1] = third_person(words[-1])
         prep = next((c for c in verb.rights if c.dep_ == "prep" and _pobj(c) is None), None)
         if prep is not None:
             words.append(prep.text.lower())
@@ -534,15 +530,6 @@ def entities(doc, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]
         if len(text) > 1 and text.lower() not in low_exclude:
             seen.setdefault(text, None)
     return list(seen)
-
-
-def place(doc) -> str:
-    """The first place NER finds (a city, region or facility), ``""`` when none."""
-    for ent in doc.ents:
-        if ent.label_ in _PLACE_LABELS:
-            words = [t.text for t in ent if not (t.i == ent.start and t.lower_ == "the")]
-            return " ".join(words).strip(" .,")
-    return ""
 
 
 def date_phrases(doc) -> list[str]:

@@ -56,6 +56,8 @@ NON_STATE_RELATIONS = {
     "agree", "understand", "imagine", "bet", "suppose", "gotta", "gonna", "realize", "forget", "lean",
     "answer", "reply", "respond", "share", "show", "ask", "help", "here", "notice", "decide",
 }
+# Pronouns the extractors leave unresolved: "it is …" in two turns is rarely about one thing.
+UNRESOLVED_SUBJECTS = {"it", "that", "this", "there", "they", "them", "these", "those", "something", "everything"}
 # Advice and possibility ("should look into", "could try"): what someone might do, never a state.
 ADVICE_PREDICATE = re.compile(r"^(?:should|could|might|may|ought to)\b", re.IGNORECASE)
 # A person's own states that can change over time; a bare person's other relations are events ("User
@@ -120,6 +122,8 @@ def traceable(unit: MemoryUnit) -> bool:
     """
     relation = canonical_relation(unit.predicate)
     if ADVICE_PREDICATE.match(unit.predicate):  # "User | should look into | Zapier": advice, not a state
+        return False
+    if unit.subject.strip().lower() in UNRESOLVED_SUBJECTS:  # "it | is | …": no referent to follow
         return False
     if relation.split(" ")[0] in NON_STATE_RELATIONS or relation in ("mention", "answer", "share an image of"):
         return False

@@ -28,7 +28,7 @@ from qgmem.errors import InputPathError, UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
-from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate, left_pad
+from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
 
 GRAPH_MODES = ("token", "none", "shuffled")
 #: the answer when the history holds nothing at all (no memory unit was built): no LM call is made
@@ -294,9 +294,12 @@ class QGMemPipeline:
         embeds = self.lm.get_input_embeddings()(ids)
         embeds, mask, _, _ = insert_token(embeds, mask, pos, token)
         settings = self.prompt_settings
-        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
-                       stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
-                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        if any(has_memory):
+            out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
+                           stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
+                           stop_at_newline=settings.first_line and not settings.enable_thinking)
+        else:  # nothing was remembered: the honest answer needs no LM call
+            out = Generation([[] for _ in batch], ["" for _ in batch])
         t2 = time.perf_counter()
         n = len(batch)
         graph_slots = 0 if token is None else (token.size(1) if token.dim() == 3 else 1)

@@ -14,6 +14,13 @@ one is reused)::
 
 Every shard or chunk is written to a temporary folder and renamed into place, so an interrupted build
 leaves only whole shards behind and a rerun continues from the first missing one.
+
+Integrity: every published folder (shard, answer chunk, dataset) carries ``CHECKSUMS``, the size and
+SHA-256 of each of its files (:mod:`qgmem.integrity`), written last before the rename, and is verified
+before it is read. A damaged part raises :class:`~qgmem.errors.IntegrityError` naming the file; the
+build (:func:`damaged_parts`) rebuilds what it can from its inputs. Graph features are checked for
+NaN/inf when a row is made (so a bad sentence embedding is caught at the source, naming the case) and
+again when a split is loaded (a NaN written with matching checksums).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -29,8 +37,17 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from qgmem.errors import IntegrityError
+
+log = logging.getLogger(__name__)
+
+#: the file in each published folder listing its other files' size and SHA-256
+CHECKSUMS = "checksums.json"
+#: how to rebuild the cache when a part cannot be rebuilt in place
+REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
+
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 4  # 3: parser-extractor graphs; 4: edge_fact (the unit's fact embedding per edge)
+CACHE_FORMAT_VERSION = 5  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge)
 
 SPLITS = ("train", "val", "test")
 
@@ -142,12 +159,19 @@ def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split:
                          f"edge_fact {tuple(edge_fact.shape)} do not agree (expected [2, E] and [E, {feature_dim}])")
     if num_edges and (edge_index.min() < 0 or edge_index.max() >= x.shape[0]):
         raise ValueError(f"qa {qa_id}: edge_index points outside the {x.shape[0]} nodes")
+    node_text, edge_text = list(node_text), list(edge_text)
+    for name, values, texts in (("node", x, node_text), ("edge", edge_attr, edge_text)):
+        bad = np.flatnonzero(~np.isfinite(values).all(axis=1)) if values.size else []
+        if len(bad):
+            shown = [texts[i] if i < len(texts) else f"#{i}" for i in bad[:3]]
+            raise ValueError(f"case {case_id!r}, qa {qa_id}: {len(bad)} {name} feature row(s) hold NaN or inf "
+                             f"(the sentence encoder's embedding of {shown}); nothing of this case was cached")
     return {
         "qa_id": qa_id, "case_id": case_id, "dialogue_id": dialogue_id, "group": group, "split": split,
         "category": category, "question": question, "question_time": question_time, "reference": reference,
         "memory_text": memory_text, "num_nodes": int(x.shape[0]), "num_edges": int(num_edges),
         "feature_dim": int(feature_dim), "x": x.reshape(-1), "edge_index": edge_index.reshape(-1),
-        "edge_attr": edge_attr.reshape(-1), "edge_fact": edge_fact.reshape(-1), "node_text": list(node_text), "edge_text": list(edge_text),
+        "edge_attr": edge_attr.reshape(-1), "edge_fact": edge_fact.reshape(-1), "node_text": node_text, "edge_text": edge_text,
         "edge_unit": [int(u) for u in edge_unit],
     }
 
@@ -204,8 +228,68 @@ def _quiet_datasets() -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
+def seal(folder: Path) -> None:
+    """Write ``folder/CHECKSUMS``: size + SHA-256 of every other file under ``folder`` (written last)."""
+    from qgmem.integrity import manifest
+
+    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS)
+    write_json(folder / CHECKSUMS, manifest(folder, names))
+
+
+def verify_folder(folder: Path, hint: str = REBUILD_HINT) -> None:
+    """Raise :class:`IntegrityError` unless every file of ``folder``'s ``CHECKSUMS`` is intact.
+
+    A folder without ``CHECKSUMS`` (written before they were recorded, or damaged) cannot be trusted
+    either; a file present but not listed is ignored (``datasets`` may add cache files beside its own).
+    """
+    from qgmem.integrity import verify_files
+
+    listing = folder / CHECKSUMS
+    if not listing.is_file():
+        what = "is missing" if folder.is_dir() else "is missing (with its folder)"
+        raise IntegrityError(f"{listing}: {what}, so {folder} cannot be verified", hint=hint)
+    try:
+        records = read_json(listing)
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{listing}: unreadable ({exc})", hint=hint) from exc
+    verify_files(folder, records, hint=hint)
+
+
+def load_arrow(folder: Path, hint: str = REBUILD_HINT):
+    """``datasets.load_from_disk`` that names the folder when the Arrow data cannot be read."""
+    from datasets import load_from_disk
+
+    try:
+        return load_from_disk(str(folder))
+    except Exception as exc:  # noqa: BLE001 - pyarrow/datasets raise many types, none naming the path
+        raise IntegrityError(f"{folder}: unreadable Arrow data ({type(exc).__name__}: {exc})", hint=hint) from exc
+
+
+def check_finite_features(ds, where: Path, hint: str = REBUILD_HINT) -> None:
+    """Refuse a split whose ``x`` or ``edge_attr`` holds NaN/inf (scanned in Arrow, no Python rows)."""
+    import pyarrow.compute as pc
+
+    table = ds.data.table if hasattr(ds.data, "table") else ds.data
+    for column in ("x", "edge_attr"):
+        if column not in table.column_names or table.num_rows == 0:
+            continue
+        values = table.column(column)
+        finite = pc.is_finite(pc.list_flatten(values))
+        if len(finite) and not pc.all(finite).as_py():
+            first = int(np.flatnonzero(~np.asarray(finite.to_numpy(), dtype=bool))[0])
+            row = _row_of_flat_index(np.asarray(pc.list_value_length(values).to_numpy()), first)
+            qa = table.column("qa_id")[row].as_py() if "qa_id" in table.column_names else "?"
+            raise IntegrityError(f"{where}: column {column!r} holds NaN or inf (first in row {row}, qa {qa}); "
+                                 "the cache was written with non-finite features or edited", hint=hint)
+
+
+def _row_of_flat_index(lengths: np.ndarray, index: int) -> int:
+    return int(np.searchsorted(np.cumsum(lengths), index, side="right"))
+
+
 def _publish(tmp: Path, final: Path) -> None:
-    """Move a finished temporary folder into place; a folder already there (another writer) wins."""
+    """Seal a finished temporary folder and move it into place; a folder already there (another writer) wins."""
+    seal(tmp)
     try:
         os.replace(tmp, final)
     except OSError:
@@ -306,12 +390,38 @@ class SampleCache:
     def completion_info(self) -> dict[str, Any]:
         return read_json(self.root / "COMPLETE")
 
-    def load(self):
-        """All shards concatenated in plan order, as one memory-mapped ``datasets.Dataset``."""
-        from datasets import concatenate_datasets, load_from_disk
+    def unmark_complete(self) -> None:
+        (self.root / "COMPLETE").unlink(missing_ok=True)
 
-        parts = [load_from_disk(str(self.shard_dir(i) / "data")) for i in range(len(self.plan()))
-                 if self.shard_meta(i)["rows"]]
+    def check_shard(self, index: int) -> None:
+        """Raise :class:`IntegrityError` unless shard ``index`` exists and matches its checksums."""
+        folder = self.shard_dir(index)
+        if not self.has_shard(index):
+            raise IntegrityError(f"{folder}: missing (deleted, or its build was interrupted)", hint=REBUILD_HINT)
+        verify_folder(folder)
+
+    def damaged_shards(self, count: int) -> dict[int, str]:
+        """``{index: why}`` for the shards of ``range(count)`` that are missing or fail their checksums."""
+        damaged = {}
+        for index in range(count):
+            try:
+                self.check_shard(index)
+            except IntegrityError as exc:
+                damaged[index] = str(exc)
+        return damaged
+
+    def remove_shard(self, index: int) -> None:
+        shutil.rmtree(self.shard_dir(index), ignore_errors=True)
+
+    def load(self):
+        """All shards concatenated in plan order, as one memory-mapped ``datasets.Dataset`` (each verified)."""
+        from datasets import concatenate_datasets
+
+        parts = []
+        for index in range(len(self.plan())):
+            self.check_shard(index)
+            if self.shard_meta(index)["rows"]:
+                parts.append(load_arrow(self.shard_dir(index) / "data"))
         return concatenate_datasets(parts) if parts else _empty(sample_features())
 
 
@@ -337,17 +447,25 @@ class AnswerCache:
         if settings is not None and not (self.root / "settings.json").exists():
             write_json(self.root / "settings.json", settings)
         self._answers: dict[str, str] | None = None
+        self.dropped: list[str] = []  # damaged chunks removed by load (their answers are generated again)
 
     def _chunks(self) -> list[Path]:
         return sorted(p for p in self.root.glob("chunk-*") if p.is_dir())
 
     def load(self) -> dict[str, str]:
-        from datasets import load_from_disk
-
+        """Every intact chunk's answers. A damaged chunk is logged, removed and counted in ``dropped``:
+        its inputs (the prompts) are at hand, so its answers are simply generated again."""
         if self._answers is None:
             answers: dict[str, str] = {}
             for chunk in self._chunks():
-                ds = load_from_disk(str(chunk))
+                try:
+                    verify_folder(chunk)
+                    ds = load_arrow(chunk)
+                except IntegrityError as exc:
+                    log.warning("frozen-LM answers dropped, to be generated again: %s", exc)
+                    self.dropped.append(str(exc))
+                    shutil.rmtree(chunk, ignore_errors=True)
+                    continue
                 answers.update(zip(ds["key"], ds["answer"]))
             self._answers = answers
         return self._answers
@@ -407,13 +525,49 @@ class DatasetCache:
             shutil.rmtree(self.root)
         _publish(tmp, self.root)
 
-    def load(self):
-        """The ``DatasetDict`` of the three splits (memory-mapped; an empty split is empty in memory)."""
-        from datasets import DatasetDict, load_from_disk
+    def verify(self, hint: str = REBUILD_HINT) -> None:
+        """Raise :class:`IntegrityError` unless every file matches the checksums written with it."""
+        verify_folder(self.root, hint=hint)
 
+    def load(self, verify: bool = True, hint: str = REBUILD_HINT):
+        """The ``DatasetDict`` of the three splits (memory-mapped; an empty split is empty in memory).
+
+        Checksums first (``verify``), then the Arrow data, then a scan for NaN/inf features, so no
+        damaged split is ever trained on; each failure is an :class:`IntegrityError` naming the file.
+        """
+        from datasets import DatasetDict
+
+        if verify:
+            self.verify(hint)
         sizes = read_json(self.root / "splits.json")
-        return DatasetDict({name: load_from_disk(str(self.root / name)) if sizes[name] else _empty(final_features())
-                            for name in SPLITS})
+        splits = {}
+        for name in SPLITS:
+            splits[name] = load_arrow(self.root / name, hint) if sizes[name] else _empty(final_features())
+            check_finite_features(splits[name], self.root / name, hint)
+        return DatasetDict(splits)
 
     def summary(self) -> dict[str, Any]:
         return read_json(self.root / "summary.json")
+
+
+# --------------------------------------------------------------------------------------------------
+# leftovers of killed builds
+
+
+def remove_stale_temp(cache_dir: str | Path) -> list[Path]:
+    """Delete the ``.<name>.tmp-<pid>`` folders and files that killed builds left under ``cache_dir``.
+
+    Looks where the cache publishes (the cache folder, each part's folder and the shard folders);
+    a temp folder of a process still running (another rank's build) is kept.
+    """
+    from qgmem.integrity import remove_stale_temp as remove
+
+    root = Path(cache_dir)
+    if not root.is_dir():
+        return []
+    parents = [root, *(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))]
+    parents += [p / "shards" for p in parents[1:] if (p / "shards").is_dir()]
+    removed = [path for parent in parents for path in remove(parent)]
+    for path in removed:
+        log.warning("removed %s, left by a build that was killed", path)
+    return removed

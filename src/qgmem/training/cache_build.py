@@ -14,6 +14,7 @@ is already on disk and resumed when it was interrupted:
 from __future__ import annotations
 
 import json
+import logging
 import time
 import warnings
 from collections import Counter
@@ -22,6 +23,8 @@ from typing import Any, Sequence
 from qgmem.training import cache as C
 from qgmem.training.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
 from qgmem.training.cache_spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
+
+log = logging.getLogger(__name__)
 
 
 def as_spec(target: Any) -> CacheSpec:
@@ -47,6 +50,7 @@ def build_cache(target: CacheSpec | Any, *, encoder: Any = None, answerer: Any =
     spec = as_spec(target)
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    C.remove_stale_temp(spec.cache_dir)  # what killed builds left behind
     samples = C.SampleCache(spec.samples_dir)
     build_samples(spec, samples, encoder=encoder, progress=progress)
     timings["samples_s"] = round(time.perf_counter() - started, 2)
@@ -222,11 +226,12 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     from tqdm.auto import tqdm
 
     spec = as_spec(spec)
-    if samples.complete:
+    if samples.complete and not samples.damaged_shards(len(samples.plan())):
         return samples.completion_info()
     t0 = time.perf_counter()
     plan, info = plan_cases(spec)
     samples.start(spec.sample_settings(), [{"split": s, "case_id": c.id} for s, c in plan])
+    rebuilt = rebuild_damaged_shards(samples, len(plan))
     todo = [i for i in range(len(plan)) if not samples.has_shard(i)]
     replayer = Replayer(spec, encoder) if todo else None
     built = 0
@@ -254,9 +259,27 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     seconds: dict[str, Any] = {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built}
     if replayer is not None and replayer.memo is not None:
         seconds["embedding_memo"] = replayer.memo.stats()
-    done = {**info, "skipped_cases": skipped, "seconds": seconds}
+    done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt, "seconds": seconds}
     samples.mark_complete(done)
     return done
+
+
+def rebuild_damaged_shards(samples: C.SampleCache, count: int) -> list[dict[str, Any]]:
+    """Remove the shards that fail their checksums (or, once complete, are missing) so they are built again.
+
+    Returns what was found, for the completion record; each is also logged with the file and the cause.
+    A shard merely not built yet (an interrupted build) is not damaged and not listed.
+    """
+    was_complete, rebuilt = samples.complete, []
+    for index, why in samples.damaged_shards(count).items():
+        if not samples.shard_dir(index).exists() and not was_complete:
+            continue
+        log.warning("cache shard %d is rebuilt: %s", index, why)
+        samples.remove_shard(index)
+        rebuilt.append({"shard": index, "reason": why})
+    if rebuilt:
+        samples.unmark_complete()
+    return rebuilt
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,6 +309,7 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
         store = C.AnswerCache(spec.answers_dir, spec.answerer().settings)
         keys = [C.answer_key(r["memory_text"], r["question"]) for r in need]
         known = store.load()
+        answer_info["damaged_chunks_dropped"] = len(store.dropped)
         missing = [(k, r) for k, r in dict(zip(keys, need)).items() if k not in known]
         answer_info["reused"] = len(set(keys)) - len(missing)
         t = time.perf_counter()

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from qgmem.activation.config import ActivationConfig
 from qgmem.embed import sentence_encoder_dim
+from qgmem.errors import IntegrityError
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
@@ -240,9 +241,14 @@ class QGMemDataModule(GraphTextDataModule):
 
     def prepare_data(self) -> None:
         """Build (or reuse, or resume) the cache for these settings. Writes files only; no state."""
-        if C.DatasetCache(self.dataset_dir).complete and not self.rebuild:
-            log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
-            return
+        final = C.DatasetCache(self.dataset_dir)
+        if final.complete and not self.rebuild:
+            try:
+                final.verify()
+                log.info("cache %s reused (%s)", self.cache_key, self.dataset_dir)
+                return
+            except IntegrityError as exc:  # its inputs (shards, answers) are at hand: rebuild it
+                log.warning("cache dataset damaged, rebuilding it: %s", exc)
         cache_build.build_cache(self.cache_spec)
 
     def setup(self, stage: str | None = None) -> None:

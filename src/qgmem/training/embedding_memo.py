@@ -13,14 +13,19 @@ returned it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
 
 import numpy as np
 
+from qgmem.errors import IntegrityError
 from qgmem.training import cache as C
+
+log = logging.getLogger(__name__)
 
 
 def text_key(text: str) -> str:
@@ -52,12 +57,16 @@ class EmbeddingMemo:
         return sorted(p for p in self.root.glob("chunk-*") if p.is_dir()) if self.root.exists() else []
 
     def _load(self) -> None:
-        from datasets import load_from_disk
-
         for chunk in reversed(self._chunks()):  # newest first, so the bound keeps the latest
             if len(self._vectors) >= self.max_entries:
                 break
-            table = load_from_disk(str(chunk)).data  # the Arrow table: no per-row Python objects
+            try:  # a damaged chunk is removed: its texts are simply encoded again
+                C.verify_folder(chunk)
+                table = C.load_arrow(chunk).data  # the Arrow table: no per-row Python objects
+            except IntegrityError as exc:
+                log.warning("embedding memo chunk dropped, its texts are encoded again: %s", exc)
+                shutil.rmtree(chunk, ignore_errors=True)
+                continue
             keys = table.column("key").to_pylist()
             flat = table.column("vector").combine_chunks().flatten().to_numpy()
             self._vectors.update(zip(keys, np.asarray(flat, dtype=np.float32).reshape(len(keys), self.dim)))
