@@ -46,10 +46,13 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def exported(lm_path, tmp_path_factory):
+NETS = {"mean": {}, "queries": {"readout": "queries", "num_queries": 2, "features": "edge_fact_sum"}}
+
+
+@pytest.fixture(scope="module", params=sorted(NETS))
+def exported(lm_path, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("run")
-    ckpt = fit_checkpoint(root, lm_path)
+    ckpt = fit_checkpoint(root, lm_path, **NETS[request.param])
     (root / "metrics.json").write_text(json.dumps({"val": {"val/nll": 9.5, "val/em": 0.25}, "test": {"test/f1": 0.5},
                                                    "best_checkpoint": ckpt}))
     return ckpt, export_checkpoint(ckpt, root / "export")
@@ -63,16 +66,20 @@ def test_export_reproduces_the_checkpoint_graph_tokens(exported):
     graphs = [item["graph"] for item in synthetic_items(5, D, seed=7)]
     expected = module.graph_tokens(Batch.from_data_list(graphs))
     tokens = served.encode(graphs)
-    assert tokens.shape == (5, 32) and not tokens.requires_grad
+    assert tokens.shape == (5, served.config.num_tokens, 32) and not tokens.requires_grad
     torch.testing.assert_close(tokens, expected.detach())
 
 
 def test_export_config_and_model_card(exported):
     _, out = exported
     config = json.loads((out / CONFIG_FILE).read_text())
+    net = {"features": "text", "readout": "mean", "num_queries": 1, **NETS[config["graph_token"]["readout"]]}
     assert config["graph_token"] == {"feature_dim": D, "edge_dim": D, "lm_hidden": 32, "projector_hidden": None,
                                      "encoder": {"hidden": 16, "heads": 2, "layers": 2, "dropout": 0.0,
-                                                 "attention_dropout": 0.0}}
+                                                 "attention_dropout": 0.0}, **net}
+    assert config["readout"] == {"kind": net["readout"], "graph_tokens": net["num_queries"]}
+    assert config["features"] == net["features"] and config["prompt"]["include_memory_text"] is True
+    assert config["prompt"]["graph_tokens"] == net["num_queries"]
     assert config["lm"]["hidden_size"] == 32 and config["lm"]["dtype"] == "float32"
     assert config["qgmem_version"] and config["graph_mode"] == "token" and config["lora"] is None
     assert config["metrics"]["val"]["val/em"] == 0.25  # picked up from the run's metrics.json

@@ -34,6 +34,8 @@ EDGE_FEATURE_SPEC = {
                      "of an activated unit's triple, de-duplicated by normalized text",
     "edge_features": "frozen sentence-encoder embedding (L2-normalized) of the edge text: the predicate, or "
                      "'inverse: <predicate>' for an optional reverse edge",
+    "edge_fact": "frozen sentence-encoder embedding of the fact of the memory unit each edge comes from "
+                 "(read when graph_token.features is not 'text')",
     "empty_graph": "one all-zero node and no edges",
     "builder": "qgmem.activation.graph.graph_to_data",
 }
@@ -92,6 +94,8 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
         "graph_token": graph_token,
         "graph_mode": hp.get("graph", "token"),
+        "readout": {"kind": graph_token.get("readout", "mean"), "graph_tokens": graph_token.get("num_queries", 1)},
+        "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
         "prompt": prompt_settings(hp, info).to_dict(),

@@ -94,3 +94,22 @@ def test_graphs_batch_with_pyg(small_store, hash_encoder):
     assert batch.num_graphs == 2 and batch.x.shape[0] == a.num_nodes + 1
     assert batch.edge_index.max().item() < a.num_nodes  # offsets applied, empty graph adds no edges
     assert batch.node_text == [a.node_text, [""]]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_fact_features_follow_each_edge_unit(small_store, hash_encoder, reverse):
+    units = small_store.units[:4]
+    graph = build_local_graph(units)
+    data = graph_to_data(graph, hash_encoder, reverse_edges=reverse, facts=[u.fact for u in units])
+    assert data.edge_fact.shape == data.edge_attr.shape == (data.edge_index.shape[1], 64)
+    for j, position in enumerate(data.edge_unit.tolist()):
+        torch.testing.assert_close(data.edge_fact[j], torch.from_numpy(hash_encoder.encode([units[position].fact])[0]))
+    assert not hasattr(graph_to_data(graph, hash_encoder), "edge_fact") or graph_to_data(graph, hash_encoder).edge_fact is None
+
+
+def test_fact_features_need_every_edge_unit(small_store, hash_encoder):
+    graph = build_local_graph(small_store.units[:3])
+    with pytest.raises(ValueError, match="only 1 facts were given"):
+        graph_to_data(graph, hash_encoder, facts=[small_store.units[0].fact])
+    empty = graph_to_data(LocalGraph(), hash_encoder, facts=[])
+    assert empty.edge_fact.shape == (0, 64)

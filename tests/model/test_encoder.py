@@ -6,15 +6,23 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from qgmem.model import EncoderConfig, GraphProjector, GraphTokenConfig, GraphTokenNet, RelationalGraphEncoder
+from qgmem.model import (GRAPH_FEATURES, EncoderConfig, GraphProjector, GraphReadout, GraphTokenConfig, GraphTokenNet,
+                         RelationalGraphEncoder)
 
 D = 6
+READOUTS = [("mean", 1), ("queries", 1), ("queries", 3)]
 
 
 def graph(n: int, e: int, seed: int) -> Data:
     g = torch.Generator().manual_seed(seed)
     return Data(x=torch.randn(n, D, generator=g), edge_index=torch.randint(0, n, (2, e), generator=g),
-                edge_attr=torch.randn(e, D, generator=g))
+                edge_attr=torch.randn(e, D, generator=g), edge_fact=torch.randn(e, D, generator=g))
+
+
+def make_net(readout="mean", k=1, features="text", layers=2):
+    return GraphTokenNet(GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=10, features=features, readout=readout,
+                                          num_queries=k,
+                                          encoder=EncoderConfig(hidden=8, heads=2, layers=layers, dropout=0.0)))
 
 
 @pytest.mark.parametrize("layers,heads,hidden", [(1, 1, 8), (2, 4, 16), (3, 2, 12)])
@@ -26,31 +34,67 @@ def test_encoder_pools_one_vector_per_graph(layers, heads, hidden):
     assert len(enc.convs) == layers and enc.convs[0].heads == heads
 
 
-def test_batched_equals_one_at_a_time():
-    net = GraphTokenNet(GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=10,
-                                         encoder=EncoderConfig(hidden=8, heads=2, layers=2, dropout=0.0))).eval()
+@pytest.mark.parametrize("features", GRAPH_FEATURES)
+@pytest.mark.parametrize("readout,k", READOUTS)
+def test_batched_equals_one_at_a_time(readout, k, features):
+    net = make_net(readout, k, features).eval()
     graphs = [graph(3, 4, 0), graph(1, 0, 1), graph(5, 7, 2)]
     together = net(Batch.from_data_list(graphs))
     alone = torch.cat([net(Batch.from_data_list([g])) for g in graphs])
-    assert together.shape == (3, 10)
+    assert together.shape == (3, k, 10)
     torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
     # a bare Data (no batch vector) is one graph
     torch.testing.assert_close(net(graphs[0]), alone[:1], atol=1e-5, rtol=1e-5)
 
 
-def test_predicate_features_change_the_token():
+@pytest.mark.parametrize("readout,k", READOUTS)
+def test_predicate_features_change_the_token(readout, k):
     """Relation-aware: same nodes and topology, different predicate embeddings → different token."""
-    net = GraphTokenNet(GraphTokenConfig(D, D, 10, EncoderConfig(hidden=8, heads=2, layers=1, dropout=0.0))).eval()
+    net = make_net(readout, k, layers=1).eval()
     g = graph(4, 5, 3)
     other = g.clone()
     other.edge_attr = torch.randn_like(g.edge_attr)
     assert not torch.allclose(net(g), net(other))
     no_edges = Data(x=g.x, edge_index=torch.zeros(2, 0, dtype=torch.long), edge_attr=None)
-    assert net(no_edges).shape == (1, 10)
+    assert net(no_edges).shape == (1, k, 10)
 
 
-def test_gradients_reach_every_parameter():
-    net = GraphTokenNet(GraphTokenConfig(D, D, 10, EncoderConfig(hidden=8, heads=2, layers=2, dropout=0.0)))
+@pytest.mark.parametrize("features", GRAPH_FEATURES)
+def test_fact_features_reach_the_token_only_when_chosen(features):
+    """Same graph, other fact embeddings: the token changes exactly when the features read facts."""
+    net = make_net(features=features, layers=1).eval()
+    g = graph(4, 5, 3)
+    other = g.clone()
+    other.edge_fact = torch.randn_like(g.edge_fact)
+    assert torch.allclose(net(g), net(other)) == (features == "text")
+
+
+@pytest.mark.parametrize("features", [f for f in GRAPH_FEATURES if f != "text"])
+def test_fact_features_without_edge_fact_are_refused(features):
+    g = graph(4, 5, 3)
+    del g.edge_fact
+    with pytest.raises(ValueError, match="edge_fact"):
+        make_net(features=features)(g)
+
+
+@pytest.mark.parametrize("kind,k,match", [("mean", 2, "cannot give"), ("sum", 1, "readout must be"),
+                                          ("queries", 0, "cannot give")])
+def test_invalid_readout(kind, k, match):
+    with pytest.raises(ValueError, match=match):
+        GraphReadout(kind, 8, k)
+
+
+def test_queries_readout_differs_per_query():
+    """K learned queries give K different tokens for one graph (not one token repeated)."""
+    out = make_net("queries", 3).eval()(graph(5, 7, 2))
+    assert out.shape == (1, 3, 10)
+    assert not torch.allclose(out[0, 0], out[0, 1]) and not torch.allclose(out[0, 1], out[0, 2])
+
+
+@pytest.mark.parametrize("features", GRAPH_FEATURES)
+@pytest.mark.parametrize("readout,k", READOUTS)
+def test_gradients_reach_every_parameter(readout, k, features):
+    net = make_net(readout, k, features)
     net(Batch.from_data_list([graph(3, 4, 0), graph(2, 2, 1)])).pow(2).sum().backward()
     assert all(p.grad is not None for p in net.parameters())
     # a key bias adds the same score to every key of a query, which softmax cancels: its gradient is 0
@@ -64,10 +108,18 @@ def test_invalid_encoder_config(kwargs, match):
         EncoderConfig(**kwargs)
 
 
-def test_config_round_trip():
-    cfg = GraphTokenConfig(D, D + 1, 12, EncoderConfig(hidden=8, heads=2, layers=3), projector_hidden=20)
+@pytest.mark.parametrize("readout,k", READOUTS)
+def test_config_round_trip(readout, k):
+    cfg = GraphTokenConfig(D, D + 1, 12, EncoderConfig(hidden=8, heads=2, layers=3), projector_hidden=20,
+                           features="edge_fact_concat", readout=readout, num_queries=k)
     again = GraphTokenConfig.from_dict(cfg.to_dict())
-    assert again == cfg and isinstance(again.encoder, EncoderConfig)
+    assert again == cfg and isinstance(again.encoder, EncoderConfig) and again.num_tokens == k
+
+
+def test_config_without_readout_fields_is_the_paper_model():
+    old = {"feature_dim": D, "edge_dim": D, "lm_hidden": 12, "encoder": {"hidden": 8, "heads": 2}}
+    cfg = GraphTokenConfig.from_dict(old)
+    assert (cfg.features, cfg.readout, cfg.num_queries) == ("text", "mean", 1)
 
 
 @pytest.mark.parametrize("target", [0.05, 1.0])

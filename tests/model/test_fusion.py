@@ -33,6 +33,39 @@ def test_insert_token_places_the_token_and_shifts_the_rest(pos):
     assert p[0].tolist() == list(range(T + 1))
 
 
+@pytest.mark.parametrize("K", [1, 3])
+@pytest.mark.parametrize("pos", [[0, 2], [3, 1], [4, 4]])
+def test_insert_k_tokens_places_the_block_and_shifts_the_rest(pos, K):
+    B, T, H = 2, 5, 3
+    embeds = torch.arange(B * T * H, dtype=torch.float32).view(B, T, H)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    labels = torch.arange(B * T).view(B, T)
+    token = -torch.arange(1, B * K * H + 1, dtype=torch.float32).view(B, K, H)
+    e, m, p, lab = insert_token(embeds, mask, torch.tensor(pos), token, labels)
+    assert e.shape == (B, T + K, H) and m.shape == lab.shape == p.shape == (B, T + K)
+    for b in range(B):
+        k = pos[b]
+        assert torch.equal(e[b, k:k + K], token[b])
+        assert torch.equal(e[b, :k], embeds[b, :k]) and torch.equal(e[b, k + K:], embeds[b, k:])
+        assert m[b, k:k + K].tolist() == [1] * K and torch.equal(m[b, k + K:], mask[b, k:])
+        assert (lab[b, k:k + K] == IGNORE_INDEX).all() and torch.equal(lab[b, k + K:], labels[b, k:])
+    assert p[0].tolist() == list(range(T + K))
+
+
+def test_one_token_per_row_equals_k_of_one():
+    embeds, mask = torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.long)
+    token, pos = torch.randn(2, 3), torch.tensor([1, 3])
+    flat = insert_token(embeds, mask, pos, token)
+    block = insert_token(embeds, mask, pos, token.unsqueeze(1))
+    for a, b in zip(flat[:3], block[:3]):
+        assert torch.equal(a, b)
+
+
+def test_insert_rejects_tokens_of_the_wrong_width():
+    with pytest.raises(ValueError, match="graph tokens must be"):
+        insert_token(torch.randn(2, 4, 3), torch.ones(2, 4, dtype=torch.long), torch.tensor([0, 0]), torch.randn(2, 1, 5))
+
+
 def test_insert_none_keeps_text_only():
     embeds, mask = torch.randn(2, 4, 3), torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
     e, m, p, lab = insert_token(embeds, mask, torch.tensor([1, 0]), None, None)
@@ -91,3 +124,42 @@ def test_padding_does_not_change_hidden_states(tiny_lm):
         h1 = base_model(tiny_lm)(inputs_embeds=e1, attention_mask=m1, position_ids=p1).last_hidden_state
         h2 = base_model(tiny_lm)(inputs_embeds=e2, attention_mask=m2, position_ids=p2).last_hidden_state
     torch.testing.assert_close(h1[:, -1], h2[:, -1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("K", [1, 2])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_shared_prefix_gives_the_same_loss_and_gradients(tiny_lm, K, reduction):
+    """The shared head run once as a cache equals running it in every row (loss and token gradient)."""
+    from qgmem.model.fusion import shared_prefix_length
+
+    g = torch.Generator().manual_seed(3)
+    B, T, P = 3, 12, 4
+    ids = torch.randint(5, 200, (B, T), generator=g)
+    ids[:, :P] = ids[0, :P]  # the template head
+    lengths = torch.tensor([T, T - 2, T - 3])
+    mask = (torch.arange(T) < lengths[:, None]).long()
+    labels = torch.full((B, T), IGNORE_INDEX)
+    for b, n in enumerate(lengths.tolist()):
+        labels[b, n - 3:n] = ids[b, n - 3:n]
+    pos = torch.full((B,), P)
+    assert shared_prefix_length(ids, mask, pos) == P
+    results = []
+    for shared in (0, P):
+        token = torch.randn(B, K, tiny_lm.config.hidden_size, generator=torch.Generator().manual_seed(4),
+                            requires_grad=True)
+        fused = insert_token(tiny_lm.get_input_embeddings()(ids).detach(), mask, pos, token, labels)
+        loss = answer_nll(tiny_lm, *fused, reduction=reduction, shared_prefix=shared)
+        loss.sum().backward()
+        results.append((loss.detach(), token.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)
+
+
+def test_shared_prefix_length_stops_at_the_first_difference():
+    from qgmem.model.fusion import shared_prefix_length
+
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 9, 4, 5]])
+    mask = torch.ones_like(ids)
+    assert shared_prefix_length(ids, mask, torch.tensor([4, 4])) == 2
+    assert shared_prefix_length(ids, mask, torch.tensor([1, 4])) == 1
+    assert shared_prefix_length(ids, torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]]), torch.tensor([4, 4])) == 0

@@ -22,7 +22,7 @@ def test_round_trip_gives_the_same_graph_tokens(tiny_lm_path, tmp_path):
     loaded = GraphTokenEncoder.from_pretrained(tmp_path / "export")
     graphs = [it["graph"] for it in synthetic_items(3, 8, seed=4)]
     tokens = loaded.encode(graphs)
-    assert tokens.shape == (3, HIDDEN) and not tokens.requires_grad
+    assert tokens.shape == (3, 1, HIDDEN) and not tokens.requires_grad  # K = 1 token per graph (mean readout)
     torch.testing.assert_close(tokens, encoder.encode(graphs))
     config = json.loads((tmp_path / "export" / CONFIG_FILE).read_text())
     assert config["format_version"] == FORMAT_VERSION and config["lm"]["id"] == tiny_lm_path

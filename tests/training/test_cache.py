@@ -57,7 +57,7 @@ def test_fingerprint_of_a_hub_id_and_bad_mode(tmp_path):
 def _graph(n: int, e: int, d: int, seed: int = 0) -> Data:
     g = torch.Generator().manual_seed(seed)
     return Data(x=torch.randn(n, d, generator=g), edge_index=torch.randint(0, max(n, 1), (2, e), generator=g),
-                edge_attr=torch.randn(e, d, generator=g))
+                edge_attr=torch.randn(e, d, generator=g), edge_fact=torch.randn(e, d, generator=g))
 
 
 def _row(qa_id: str, graph: Data, d: int, split: str = "train", category: str = "user_evidence", **kw):
@@ -82,6 +82,7 @@ def test_row_round_trips_to_pyg_with_exact_shapes(tmp_path, n, e, d):
     assert back.edge_attr.shape == (e, d) and back.edge_attr.dtype == torch.float32
     assert torch.equal(back.x, graph.x) and torch.equal(back.edge_index, graph.edge_index)
     assert torch.equal(back.edge_attr, graph.edge_attr)
+    assert back.edge_fact.shape == (e, d) and torch.equal(back.edge_fact, graph.edge_fact)
     assert row["node_text"] == [f"n{i}" for i in range(n)] and row["num_edges"] == e
 
 
@@ -104,15 +105,17 @@ def test_items_batch_with_pyg():
     assert batch.edge_index.max() < 7
 
 
-@pytest.mark.parametrize("bad", ["x_width", "edge_out_of_range", "attr_rows"])
+@pytest.mark.parametrize("bad", ["x_width", "edge_out_of_range", "attr_rows", "fact_rows"])
 def test_sample_row_rejects_inconsistent_graphs(bad):
     graph = _graph(3, 2, 4)
     if bad == "x_width":
         graph.x = torch.randn(3, 5)
     elif bad == "edge_out_of_range":
         graph.edge_index = torch.tensor([[0, 1], [2, 3]])
-    else:
+    elif bad == "attr_rows":
         graph.edge_attr = torch.randn(3, 4)
+    else:
+        graph.edge_fact = torch.randn(1, 4)
     with pytest.raises(ValueError, match="qa q"):
         _row("q", graph, 4)
 

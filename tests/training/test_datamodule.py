@@ -504,3 +504,20 @@ def test_real_sample_with_smollm2_answer_filter(convomem_path, tmp_path):
     rows = [dm.split("train").row(i) for i in range(len(dm.split("train")))]
     assert all(r["correct"] and r["lm_answer"] for r in rows)
     assert summary["settings"]["lm"] == "embedded:SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize("graph_only", [False, True])
+def test_graph_only_prompts_carry_no_memory_text(smollm2_tokenizer, graph_only):
+    """Graph-only: the collated prompt has neither the memory entries nor the memory header; same answers."""
+    from qgmem.prompting import GRAPH_ONLY_SYSTEM_PROMPT, SYSTEM_PROMPT
+
+    items = synthetic_items(2, 4, seed=0)
+    dm = QGMemDataModule.from_items(items, tokenizer=smollm2_tokenizer, graph_only=graph_only)
+    settings = dm.prompt_settings
+    assert settings.include_memory_text is not graph_only
+    assert settings.system_prompt == (GRAPH_ONLY_SYSTEM_PROMPT if graph_only else SYSTEM_PROMPT)
+    batch = dm.collator(items)
+    for b, item in enumerate(items):
+        text = smollm2_tokenizer.decode(batch["input_ids"][b])
+        assert (item["memory_text"] in text) is not graph_only and ("Memory:" in text) is not graph_only
+        assert item["question"] in text and item["answer"] in text

@@ -8,6 +8,8 @@ most 4 further relations per unit, ≤ 2 nodes per edge before de-duplication) w
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import torch
 from torch_geometric.data import Data
@@ -68,12 +70,15 @@ def add_reverse_edges(graph: LocalGraph) -> LocalGraph:
     )
 
 
-def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False) -> Data:
+def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,
+                  facts: Sequence[str] | None = None) -> Data:
     """``Data(x [N, dim], edge_index [2, E], edge_attr [E, dim], edge_unit [E])`` plus ``node_text``/``edge_text``.
 
-    Node and edge features are frozen sentence embeddings of the node text and predicate text. An empty
-    working memory still yields a valid graph, one all-zero node and no edges, because the encoder pools
-    over at least one node.
+    Node and edge features are frozen sentence embeddings of the node text and predicate text. With
+    ``facts`` (the working memory's unit facts, in its order) the graph also carries ``edge_fact
+    [E, dim]``: the embedding of the fact of the unit each edge comes from, the memory content that
+    node and predicate texts leave out. An empty working memory still yields a valid graph, one
+    all-zero node and no edges, because the encoder pools over at least one node.
     """
     if reverse_edges:
         graph = add_reverse_edges(graph)
@@ -87,6 +92,7 @@ def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False) ->
             node_text=[""],
             edge_text=[],
             num_nodes=1,
+            **({} if facts is None else {"edge_fact": torch.zeros((0, dim), dtype=torch.float32)}),
         )
     x = torch.from_numpy(np.ascontiguousarray(encoder.encode(graph.node_text), dtype=np.float32))
     if graph.num_edges:
@@ -95,6 +101,7 @@ def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False) ->
     else:
         edge_index = torch.zeros((2, 0), dtype=torch.long)
         edge_attr = torch.zeros((0, dim), dtype=torch.float32)
+    extra = {} if facts is None else {"edge_fact": fact_features(graph, facts, encoder)}
     return Data(
         x=x,
         edge_index=edge_index,
@@ -103,4 +110,19 @@ def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False) ->
         node_text=list(graph.node_text),
         edge_text=list(graph.edge_text),
         num_nodes=graph.num_nodes,
+        **extra,
     )
+
+
+def fact_features(graph: LocalGraph, facts: Sequence[str], encoder) -> torch.Tensor:
+    """``[E, dim]``: row ``j`` is the embedding of ``facts[graph.edge_unit[j]]`` (each fact encoded once)."""
+    dim = int(encoder.dim)
+    if not graph.edge_unit:
+        return torch.zeros((0, dim), dtype=torch.float32)
+    if max(graph.edge_unit) >= len(facts):
+        raise ValueError(f"the local graph has edges from working-memory entry {max(graph.edge_unit) + 1}, "
+                         f"but only {len(facts)} facts were given")
+    used = sorted(set(graph.edge_unit))
+    table = np.zeros((max(used) + 1, dim), dtype=np.float32)
+    table[used] = np.asarray(encoder.encode([facts[i] for i in used]), dtype=np.float32)
+    return torch.from_numpy(np.ascontiguousarray(table[graph.edge_unit]))

@@ -35,7 +35,7 @@ class EncoderConfig:
 
 
 class RelationalGraphEncoder(nn.Module):
-    """``L`` × (TransformerConv with predicate edge features → residual → LayerNorm), then mean pooling."""
+    """``L`` × (TransformerConv with predicate edge features → residual → LayerNorm); ``forward`` mean-pools."""
 
     def __init__(self, feature_dim: int, edge_dim: int, config: EncoderConfig):
         super().__init__()
@@ -50,12 +50,17 @@ class RelationalGraphEncoder(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
         self.act = nn.GELU()
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor,
-                batch: torch.Tensor | None = None, num_graphs: int | None = None) -> torch.Tensor:
-        """Node features ``[N, D]``, edges ``[2, E]`` with features ``[E, D]`` → pooled ``[num_graphs, hidden]``."""
+    def node_states(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor) -> torch.Tensor:
+        """Node features ``[N, D]``, edges ``[2, E]`` with features ``[E, edge_dim]`` → node states ``[N, hidden]``."""
         h = self.act(self.input(x))
         for conv, norm in zip(self.convs, self.norms):
             h = norm(h + self.dropout(self.act(conv(h, edge_index, edge_attr))))
+        return h
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, edge_attr: torch.Tensor,
+                batch: torch.Tensor | None = None, num_graphs: int | None = None) -> torch.Tensor:
+        """Node states mean-pooled per graph: ``[num_graphs, hidden]`` (the paper's readout)."""
+        h = self.node_states(x, edge_index, edge_attr)
         if batch is None:
             batch = torch.zeros(h.size(0), dtype=torch.long, device=h.device)
             num_graphs = 1

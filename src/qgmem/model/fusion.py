@@ -1,8 +1,8 @@
-"""Graph-text fusion: put the graph token into a frozen causal LM's input embeddings.
+"""Graph-text fusion: put the graph token(s) into a frozen causal LM's input embeddings.
 
 Two jobs, kept free of Lightning so serving reuses them (decoding is :func:`qgmem.prompting.generate`):
 
-- :func:`insert_token` places one vector per row at ``pos`` (right- or left-padded rows alike) and keeps
+- :func:`insert_token` places ``K`` vectors per row at ``pos`` (right- or left-padded rows alike) and keeps
   the attention mask, labels and position ids consistent with the padding;
 - :func:`answer_nll` runs the LM's base model and applies the output head **only** at positions whose
   next token is a label, so no full-vocabulary logits are computed over the prompt.
@@ -18,21 +18,29 @@ IGNORE_INDEX = -100
 
 def insert_token(embeds: torch.Tensor, attention_mask: torch.Tensor, pos: torch.Tensor,
                  token: torch.Tensor | None, labels: torch.Tensor | None = None):
-    """Insert ``token[b]`` before column ``pos[b]`` of row ``b``.
+    """Insert the ``K`` graph tokens ``token[b]`` before column ``pos[b]`` of row ``b``.
 
-    ``embeds`` ``[B, T, H]``, ``attention_mask`` ``[B, T]``, ``pos`` ``[B]``, ``token`` ``[B, H]`` (or
-    ``None``: no insertion, the text-only ablation). Returns ``(embeds, attention_mask, position_ids,
-    labels)`` with length ``T + 1`` (``T`` without a token); the new column is attended to and never a
-    label. Position ids count attended columns only, so left padding does not shift positions.
+    ``embeds`` ``[B, T, H]``, ``attention_mask`` ``[B, T]``, ``pos`` ``[B]``, ``token`` ``[B, K, H]``
+    (``[B, H]`` is one token per row, ``K = 1``; ``None``: no insertion, the text-only ablation).
+    Returns ``(embeds, attention_mask, position_ids, labels)`` with length ``T + K`` (``T`` without a
+    token); the new columns are attended to and never labels. Position ids count attended columns only,
+    so left padding does not shift positions.
     """
     if token is not None:
-        B, T, _ = embeds.shape
-        cols = torch.arange(T + 1, device=embeds.device).unsqueeze(0).expand(B, -1)
+        if token.dim() == 2:
+            token = token.unsqueeze(1)
+        B, T, H = embeds.shape
+        if token.dim() != 3 or token.size(0) != B or token.size(-1) != H:
+            raise ValueError(f"graph tokens must be [B={B}, K, H={H}] (or [B, H]), got {tuple(token.shape)}")
+        K = token.size(1)
+        cols = torch.arange(T + K, device=embeds.device).unsqueeze(0).expand(B, -1)
         pos = pos.to(embeds.device).view(B, 1)
-        src = (cols - (cols > pos).long()).clamp(max=T - 1)  # column of the original row to copy
-        at = cols == pos
-        embeds = torch.where(at.unsqueeze(-1), token.to(embeds.dtype).unsqueeze(1),
-                             embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, embeds.size(-1))))
+        slot = cols - pos  # 0..K-1 inside the inserted block
+        at = (slot >= 0) & (slot < K)
+        src = torch.where(cols >= pos + K, cols - K, cols).clamp(max=T - 1)  # column of the original row
+        inserted = token.to(embeds.dtype).gather(1, slot.clamp(0, K - 1).unsqueeze(-1).expand(-1, -1, H))
+        embeds = torch.where(at.unsqueeze(-1), inserted,
+                             embeds.gather(1, src.unsqueeze(-1).expand(-1, -1, H)))
         attention_mask = torch.where(at, torch.ones_like(attention_mask[:, :1]), attention_mask.gather(1, src))
         if labels is not None:
             labels = torch.where(at, torch.full_like(labels[:, :1], IGNORE_INDEX), labels.gather(1, src))
@@ -47,16 +55,46 @@ def base_model(lm):
     return lm.get_decoder()
 
 
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, pos: torch.Tensor) -> int:
+    """Leading columns that are the same attended token in every row and lie before every graph slot.
+
+    In right-padded training batches this is the chat-template head (system prompt + user header): its
+    states do not depend on the sample or the graph token, so :func:`answer_nll` computes them once.
+    """
+    limit = int(pos.min()) if pos.numel() else 0
+    if limit <= 0:
+        return 0
+    same = (input_ids[:, :limit] == input_ids[:1, :limit]).all(0) & attention_mask[:, :limit].bool().all(0)
+    return limit if bool(same.all()) else int(same.long().cumprod(0).sum())
+
+
 def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-               labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+               labels: torch.Tensor, reduction: str = "mean", shared_prefix: int = 0) -> torch.Tensor:
     """Cross-entropy of the label tokens, with the LM head applied only where a label follows.
 
     Equals the loss of the full-logits path (``lm(inputs_embeds=..., labels=...)``) while computing
     ``[num_answer_tokens, vocab]`` logits instead of ``[B, T, vocab]``. ``reduction="none"`` gives the
-    per-row mean (rows without labels give 0) for per-sample reporting.
+    per-row mean (rows without labels give 0) for per-sample reporting. ``shared_prefix`` = ``P`` > 0
+    says the first ``P`` columns are identical in every row and carry no labels (see
+    :func:`shared_prefix_length`): they run once, for one row and without gradients, as a key/value
+    cache the rest of the batch attends to; the loss is the same, the prefix costs ``1/B`` of its
+    forward and nothing in backward.
     """
-    hidden = base_model(lm)(inputs_embeds=embeds, attention_mask=attention_mask,
-                            position_ids=position_ids, use_cache=False).last_hidden_state
+    decoder = base_model(lm)
+    P = int(shared_prefix)
+    if P > 0:
+        if (labels[:, : P + 1] != IGNORE_INDEX).any():
+            raise ValueError(f"a shared prefix of {P} columns must not hold labels")
+        with torch.no_grad():
+            cache = decoder(inputs_embeds=embeds[:1, :P], attention_mask=attention_mask[:1, :P],
+                            position_ids=position_ids[:1, :P], use_cache=True).past_key_values
+        cache.batch_repeat_interleave(embeds.size(0))
+        hidden = decoder(inputs_embeds=embeds[:, P:], attention_mask=attention_mask,
+                         position_ids=position_ids[:, P:], past_key_values=cache, use_cache=True).last_hidden_state
+        labels = labels[:, P:]
+    else:
+        hidden = decoder(inputs_embeds=embeds, attention_mask=attention_mask,
+                         position_ids=position_ids, use_cache=False).last_hidden_state
     target = labels[:, 1:]
     keep = target != IGNORE_INDEX
     head = lm.get_output_embeddings()

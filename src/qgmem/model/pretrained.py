@@ -226,11 +226,14 @@ class GraphTokenEncoder(GraphTokenNet, ModelHubMixin, library_name="qgmem",
 
 
 def _non_empty(graph: Data, dim: int, edge_dim: int) -> Data:
+    """The tensors the encoder reads (``edge_fact`` too when present); an empty graph is one zero node."""
     if graph.x is not None and graph.x.size(0) > 0:
         edge_attr = graph.edge_attr if graph.edge_attr is not None else graph.x.new_zeros((0, edge_dim))
-        return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float())
+        fact = getattr(graph, "edge_fact", None)
+        extra = {"edge_fact": fact.float()} if fact is not None else {}
+        return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float(), **extra)
     return Data(x=torch.zeros(1, dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
-                edge_attr=torch.zeros(0, edge_dim))
+                edge_attr=torch.zeros(0, edge_dim), edge_fact=torch.zeros(0, edge_dim))
 
 
 def resolve_export(model_id: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,

@@ -6,11 +6,11 @@
 - :mod:`~qgmem.prompting.generate`: the one generation helper and the rule that reads an answer back.
 """
 
-from qgmem.prompting.contract import (NO_MEMORY_TEXT, SYSTEM_PROMPT, PromptSettings, build_messages,
+from qgmem.prompting.contract import (GRAPH_ONLY_SYSTEM_PROMPT, NO_MEMORY_TEXT, SYSTEM_PROMPT, PromptSettings, build_messages,
                                       memory_with_graph_text, user_content)
 from qgmem.prompting.encoder import EncodedPrompt, PromptEncoder, end_of_turn_id, stop_token_ids
 from qgmem.prompting.generate import Generation, final_answer, generate, left_pad
 
-__all__ = ["NO_MEMORY_TEXT", "SYSTEM_PROMPT", "EncodedPrompt", "Generation", "PromptEncoder", "PromptSettings",
+__all__ = ["GRAPH_ONLY_SYSTEM_PROMPT", "NO_MEMORY_TEXT", "SYSTEM_PROMPT", "EncodedPrompt", "Generation", "PromptEncoder", "PromptSettings",
            "build_messages", "end_of_turn_id", "memory_with_graph_text", "final_answer", "generate", "left_pad", "stop_token_ids",
            "user_content"]

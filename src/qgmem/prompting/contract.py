@@ -18,6 +18,9 @@ SYSTEM_PROMPT = (
     "short sentence."
 )
 NO_MEMORY_TEXT = "(no memory entries)"
+# The graph-only prompt has no "[M1]" entries to refer to; a short system turn also keeps it cheap.
+GRAPH_ONLY_SYSTEM_PROMPT = ("You answer questions about a user's conversation history from the memory given. "
+                            "Answer in one short sentence.")
 
 
 @dataclass

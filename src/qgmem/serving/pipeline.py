@@ -218,6 +218,7 @@ class QGMemPipeline:
     def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None) -> list[Retrieved]:
         """Activation + graph features for each question (no LM yet)."""
         from qgmem.activation.graph import graph_to_data
+        from qgmem.model.features import needs_fact
 
         if self.store is None:
             raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
@@ -230,7 +231,8 @@ class QGMemPipeline:
             else:
                 memory = self._activator.activate(question, when)
             t1 = time.perf_counter()
-            graph = graph_to_data(memory.graph, self.sentence_encoder)
+            facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
+            graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
             out.append(Retrieved(question, memory, graph, {"activation": t1 - t0,
                                                            "graph_features": time.perf_counter() - t1}, when,
                                  len(self.store)))

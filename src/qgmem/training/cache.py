@@ -47,7 +47,7 @@ CHECKSUMS = "checksums.json"
 REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 4
+CACHE_FORMAT_VERSION = 5  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge)
 
 SPLITS = ("train", "val", "test")
 
@@ -122,6 +122,7 @@ def sample_features():
         "x": List(Value("float32")),  # [num_nodes * feature_dim], row-major
         "edge_index": List(Value("int64")),  # [2 * num_edges], row-major (sources then targets)
         "edge_attr": List(Value("float32")),  # [num_edges * feature_dim]
+        "edge_fact": List(Value("float32")),  # [num_edges * feature_dim]: the edge's unit fact embedding
         "node_text": List(Value("string")), "edge_text": List(Value("string")),
         "edge_unit": List(Value("int32")),
     })
@@ -149,11 +150,13 @@ def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split:
     edge_index = _as_array(getattr(graph, "edge_index", None), np.int64, (2, 0))
     num_edges = edge_index.shape[1] if edge_index.ndim == 2 else 0
     edge_attr = _as_array(getattr(graph, "edge_attr", None), np.float32, (num_edges, feature_dim))
+    edge_fact = _as_array(getattr(graph, "edge_fact", None), np.float32, (num_edges, feature_dim))
     if x.ndim != 2 or (x.shape[0] and x.shape[1] != feature_dim):
         raise ValueError(f"qa {qa_id}: node features have shape {tuple(x.shape)}, expected [N, {feature_dim}]")
-    if edge_index.shape != (2, num_edges) or edge_attr.shape != (num_edges, feature_dim):
-        raise ValueError(f"qa {qa_id}: edge_index {tuple(edge_index.shape)} / edge_attr {tuple(edge_attr.shape)} "
-                         f"do not agree (expected [2, E] and [E, {feature_dim}])")
+    if edge_index.shape != (2, num_edges) or edge_attr.shape != (num_edges, feature_dim) \
+            or edge_fact.shape != (num_edges, feature_dim):
+        raise ValueError(f"qa {qa_id}: edge_index {tuple(edge_index.shape)} / edge_attr {tuple(edge_attr.shape)} / "
+                         f"edge_fact {tuple(edge_fact.shape)} do not agree (expected [2, E] and [E, {feature_dim}])")
     if num_edges and (edge_index.min() < 0 or edge_index.max() >= x.shape[0]):
         raise ValueError(f"qa {qa_id}: edge_index points outside the {x.shape[0]} nodes")
     node_text, edge_text = list(node_text), list(edge_text)
@@ -168,7 +171,7 @@ def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split:
         "category": category, "question": question, "question_time": question_time, "reference": reference,
         "memory_text": memory_text, "num_nodes": int(x.shape[0]), "num_edges": int(num_edges),
         "feature_dim": int(feature_dim), "x": x.reshape(-1), "edge_index": edge_index.reshape(-1),
-        "edge_attr": edge_attr.reshape(-1), "node_text": node_text, "edge_text": edge_text,
+        "edge_attr": edge_attr.reshape(-1), "edge_fact": edge_fact.reshape(-1), "node_text": node_text, "edge_text": edge_text,
         "edge_unit": [int(u) for u in edge_unit],
     }
 
@@ -183,7 +186,7 @@ def _as_array(value: Any, dtype: Any, empty_shape: tuple[int, int]) -> np.ndarra
 
 
 def row_to_data(row: dict[str, Any]):
-    """A cached row back to ``Data(x [N, D], edge_index [2, E], edge_attr [E, D])``.
+    """A cached row back to ``Data(x [N, D], edge_index [2, E], edge_attr [E, D], edge_fact [E, D])``.
 
     An empty working memory (no nodes) becomes one all-zero node with no edges, so every sample has a
     graph token to pool.
@@ -195,9 +198,10 @@ def row_to_data(row: dict[str, Any]):
     x = torch.as_tensor(np.asarray(row["x"], dtype=np.float32)).reshape(n, d)
     edge_index = torch.as_tensor(np.asarray(row["edge_index"], dtype=np.int64)).reshape(2, e)
     edge_attr = torch.as_tensor(np.asarray(row["edge_attr"], dtype=np.float32)).reshape(e, d)
+    edge_fact = torch.as_tensor(np.asarray(row["edge_fact"], dtype=np.float32)).reshape(e, d)
     if n == 0:
         x = torch.zeros(1, d, dtype=torch.float32)
-    return Data(x=x, edge_index=edge_index, edge_attr=edge_attr)
+    return Data(x=x, edge_index=edge_index, edge_attr=edge_attr, edge_fact=edge_fact)
 
 
 def row_to_item(row: dict[str, Any]) -> dict[str, Any]:

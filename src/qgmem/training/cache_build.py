@@ -238,7 +238,7 @@ class Replayer:
         for qa in case.qas:
             # LoCoMo questions carry no time of their own: the last session's date stands in for it
             memory = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
-            data = graph_to_data(memory.graph, self.encoder)
+            data = graph_to_data(memory.graph, self.encoder, facts=[u.fact for u in memory.units])
             rows.append(C.sample_row(
                 qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
                 category=qa.category, question=qa.question, question_time=qa.question_time, reference=qa.answer,

@@ -26,7 +26,7 @@ from qgmem.errors import IntegrityError
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
-from qgmem.prompting import PromptSettings
+from qgmem.prompting import GRAPH_ONLY_SYSTEM_PROMPT, PromptSettings
 from qgmem.training import cache as C
 from qgmem.training import cache_build
 from qgmem.training.answer_filter import MatchRule
@@ -66,8 +66,10 @@ class GraphTextDataModule(L.LightningDataModule):
     """
 
     def __init__(self, *, lm: str, batch_size: int, eval_batch_size: int, num_workers: int,
-                 max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None):
+                 max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None,
+                 graph_only: bool = False):
         super().__init__()
+        self.graph_only = graph_only  # graph-only prompts: no textual working memory (the learning check)
         self.lm = lm
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_prompt_tokens, self.max_answer_tokens = max_prompt_tokens, max_answer_tokens
@@ -79,8 +81,9 @@ class GraphTextDataModule(L.LightningDataModule):
     @property
     def prompt_settings(self) -> PromptSettings:
         """The run's one prompt contract: the collator, the answer filter, the model and the export use it."""
+        extra = {"include_memory_text": False, "system_prompt": GRAPH_ONLY_SYSTEM_PROMPT} if self.graph_only else {}
         return PromptSettings(max_prompt_tokens=self.max_prompt_tokens, max_answer_tokens=self.max_answer_tokens,
-                              enable_thinking=self.enable_thinking)
+                              enable_thinking=self.enable_thinking, **extra)
 
     def split(self, name: str) -> Dataset:
         if not self._splits:
@@ -170,6 +173,8 @@ class QGMemDataModule(GraphTextDataModule):
         rebuild: Discard this key's dataset folder and build it again (not its shards or answers).
         prepare_data_per_node: Build the cache once per node (``False``: once, on global rank 0, for a
             cache folder shared by every node).
+        graph_only: Leave the textual working memory out of the prompts (graph tokens are the only
+            evidence; the learning check's diagnostic setting). The cache is the same.
     """
 
     def __init__(
@@ -204,6 +209,7 @@ class QGMemDataModule(GraphTextDataModule):
         data_fingerprint: Literal["content", "stat"] = "content",
         rebuild: bool = False,
         prepare_data_per_node: bool = True,
+        graph_only: bool = False,
     ):
         self.cache_spec = CacheSpec(
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
@@ -220,7 +226,7 @@ class QGMemDataModule(GraphTextDataModule):
             data_fingerprint=data_fingerprint)
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
-                         enable_thinking=enable_thinking)
+                         enable_thinking=enable_thinking, graph_only=graph_only)
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
@@ -317,9 +323,10 @@ class InMemoryDataModule(GraphTextDataModule):
     def __init__(self, train_items: Sequence[dict[str, Any]], val_items: Sequence[dict[str, Any]] = (),
                  test_items: Sequence[dict[str, Any]] = (), *, tokenizer=None, lm: str = EMBEDDED_LM,
                  batch_size: int = 2, eval_batch_size: int | None = None, max_prompt_tokens: int = 256,
-                 max_answer_tokens: int = 32, feature_dim: int | None = None):
+                 max_answer_tokens: int = 32, feature_dim: int | None = None, graph_only: bool = False):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
-                         max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer)
+                         max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
+                         graph_only=graph_only)
         self.items = {"train": list(train_items), "val": list(val_items), "test": list(test_items)}
         first = next((it for split in self.items.values() for it in split), None)
         if feature_dim is None and first is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -20,8 +20,10 @@ from transformers import SchedulerType, get_scheduler
 
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
-from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
+from qgmem.model.features import GraphFeatures
+from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.training.metrics import AnswerScores
 from qgmem.training.records import EvalRecords, by_category
@@ -66,6 +68,12 @@ class QGMemModule(LightningModule):
         feature_dim: Sentence-encoder dimension = node and edge feature width (linked from the data).
         encoder: Graph encoder shape.
         projector_hidden: Projector's inner width (``None`` = max(encoder width, LM width)).
+        features: Memory content the encoder reads (``text`` = the paper's node/predicate texts;
+            ``edge_fact_sum``/``edge_fact_concat``/``node_fact`` add each unit's fact embedding, see
+            :mod:`qgmem.model.features`).
+        readout: ``mean`` (one token, the paper) or ``queries`` (``num_queries`` learned queries over
+            the nodes → that many graph tokens).
+        num_queries: Graph tokens of the ``queries`` readout (1 with ``mean``).
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
         lr: Peak learning rate.
@@ -91,6 +99,7 @@ class QGMemModule(LightningModule):
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
+                 features: GraphFeatures = "text", readout: Readout = "mean", num_queries: int = 1,
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
@@ -103,6 +112,7 @@ class QGMemModule(LightningModule):
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
+        prompt = replace(prompt, graph_tokens=num_queries)  # the prompt holds as many slots as the readout gives
         if graph not in ("token", "none", "shuffled"):
             raise ValueError(f"graph must be 'token', 'none' or 'shuffled', got {graph!r}")
         self.save_hyperparameters()
@@ -114,7 +124,8 @@ class QGMemModule(LightningModule):
         self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
-                                                  encoder=encoder, projector_hidden=projector_hidden))
+                                                  encoder=encoder, projector_hidden=projector_hidden,
+                                                  features=features, readout=readout, num_queries=num_queries))
         if match_embedding_scale:
             target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
             self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
@@ -159,7 +170,7 @@ class QGMemModule(LightningModule):
 
     # ------------------------------------------------------------------------------------ forward
     def graph_tokens(self, graph: Batch) -> torch.Tensor | None:
-        """``[B, lm_hidden]`` graph tokens (``None`` for ``graph: none``)."""
+        """``[B, K, lm_hidden]`` graph tokens (``None`` for ``graph: none``)."""
         mode = self.hparams.graph
         if mode == "none":
             return None
@@ -194,12 +205,23 @@ class QGMemModule(LightningModule):
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Mean answer-token NLL of a batch."""
         embeds, mask, positions, labels = self.fused_inputs(batch)
-        return answer_nll(self.lm, embeds, mask, positions, labels)
+        return answer_nll(self.lm, embeds, mask, positions, labels, shared_prefix=self.shared_prefix(batch))
+
+    def shared_prefix(self, batch: dict[str, Any]) -> int:
+        """Columns every row shares before the graph slot (the template head), run once as a cache.
+
+        Not with LoRA (the adapters change those states and must get their gradients), nor with
+        gradient checkpointing (transformers turns the key/value cache off for recomputed layers).
+        """
+        if self.hparams.lora is not None or self.hparams.gradient_checkpointing:
+            return 0
+        return shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["graph_pos"])
 
     def sample_nll(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample mean answer NLL ``[B]`` and answer-token counts ``[B]`` (their weighted mean = ``forward``)."""
         embeds, mask, positions, labels = self.fused_inputs(batch)
-        per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none")
+        per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none",
+                             shared_prefix=self.shared_prefix(batch))
         return per_row, (labels[:, 1:] != IGNORE_INDEX).sum(1)
 
     @torch.no_grad()
@@ -311,7 +333,10 @@ class QGMemModule(LightningModule):
 
     def use_prompt_settings(self, settings: PromptSettings | None) -> None:
         """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
-        if settings is None or settings.to_dict() == self.hparams["prompt"]:
+        if settings is None:
+            return
+        settings = replace(settings, graph_tokens=self.net.config.num_tokens)
+        if settings.to_dict() == self.hparams["prompt"]:
             return
         self.prompt_encoder = PromptEncoder(self.tokenizer, settings)
         self.hparams["prompt"] = settings.to_dict()

@@ -13,13 +13,15 @@ def synthetic_items(n: int, feature_dim: int = 8, *, seed: int = 0, max_nodes: i
     from torch_geometric.data import Data
 
     gen = torch.Generator().manual_seed(seed)
+    fact_gen = torch.Generator().manual_seed(seed + 7919)  # its own stream: the graphs do not depend on it
     items = []
     for i in range(n):
         nodes = int(torch.randint(1, max_nodes + 1, (1,), generator=gen))
         edges = int(torch.randint(0, 2 * nodes, (1,), generator=gen))
         graph = Data(x=torch.randn(nodes, feature_dim, generator=gen),
                      edge_index=torch.randint(0, nodes, (2, edges), generator=gen),
-                     edge_attr=torch.randn(edges, feature_dim, generator=gen))
+                     edge_attr=torch.randn(edges, feature_dim, generator=gen),
+                     edge_fact=torch.randn(edges, feature_dim, generator=fact_gen))
         color = ["green", "blue", "red", "amber"][i % 4]
         items.append({"graph": graph, "memory_text": f"[M1] The user marks hot leads {color} in the spreadsheet.",
                       "question": "Which color marks hot leads?", "answer": color.capitalize(),

@@ -1,0 +1,161 @@
+"""The learning-check protocol: shuffled pairing, paired bootstrap statistics, three conditions on one model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data
+
+from qgmem.model.encoder import EncoderConfig
+from qgmem.model.random_lm import save_random_lm
+from qgmem.training.collate import GraphTextCollator
+from qgmem.training.datamodule import synthetic_items
+from qgmem.training.module import QGMemModule
+from qgmem.training.protocol import (SampleScores, derangement, graph_signature, paired_bootstrap, score_conditions,
+                                     summarize, tie_report)
+
+
+@pytest.mark.parametrize("sizes", [[1] * 7, [3, 1, 1, 1], [2, 2, 2], [4, 4], [5, 2, 2, 1]])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_derangement_never_pairs_a_sample_with_its_own_graph(sizes, seed):
+    signatures = [f"g{k}" for k, size in enumerate(sizes) for _ in range(size)]
+    partner = derangement(signatures, seed)
+    assert sorted(partner) == list(range(len(signatures)))  # a permutation: every graph used once
+    assert all(p != i and signatures[p] != signatures[i] for i, p in enumerate(partner))
+
+
+@pytest.mark.parametrize("signatures", [["a"], ["a", "a", "a", "b"]])
+def test_impossible_derangement_is_refused(signatures):
+    with pytest.raises(ValueError, match="at least 2|share one identical graph"):
+        derangement(signatures)
+
+
+def test_graph_signature_sees_every_feature():
+    g = Data(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 2]]), edge_attr=torch.randn(2, 4),
+             edge_fact=torch.randn(2, 4))
+    assert graph_signature(g) == graph_signature(g.clone())
+    for name in ("x", "edge_attr", "edge_fact"):
+        other = g.clone()
+        setattr(other, name, getattr(g, name) + 1)
+        assert graph_signature(other) != graph_signature(g)
+    assert tie_report([graph_signature(g), graph_signature(g.clone()), "x"]) == {
+        "samples": 3, "distinct_graphs": 2, "samples_in_ties": 2, "largest_tie": 2}
+
+
+def test_bootstrap_finds_a_known_difference():
+    rng = np.random.default_rng(0)
+    diffs = -0.5 + 0.3 * rng.standard_normal(60)
+    r = paired_bootstrap(diffs, n_boot=4000)
+    lo, hi = r["ci95"]
+    assert hi < 0 and lo < -0.5 < hi and r["mean"] == pytest.approx(diffs.mean())
+
+
+def test_bootstrap_of_a_zero_difference_contains_zero():
+    x = np.random.default_rng(1).standard_normal(30)
+    r = paired_bootstrap(np.concatenate([x, -x]), n_boot=4000)
+    lo, hi = r["ci95"]
+    assert r["mean"] == pytest.approx(0.0, abs=1e-12) and lo < 0 < hi
+
+
+def test_bootstrap_over_groups_counts_correlated_samples_once():
+    """Ten copies of each of 6 values: per-sample resampling is overconfident, group resampling is not."""
+    values = np.random.default_rng(2).standard_normal(6) + 0.3
+    diffs, groups = np.repeat(values, 10), np.repeat([f"d{i}" for i in range(6)], 10)
+    naive, grouped = paired_bootstrap(diffs, n_boot=4000), paired_bootstrap(diffs, groups, n_boot=4000)
+    assert grouped["groups"] == 6 and naive["groups"] == 60
+    assert grouped["ci95"][1] - grouped["ci95"][0] > 2 * (naive["ci95"][1] - naive["ci95"][0])
+
+
+def _scores(own, shuffled, none, categories):
+    n = len(own)
+    return SampleScores(qa_id=[f"q{i}" for i in range(n)], group=[f"d{i}" for i in range(n)], category=categories,
+                        answer=["Green"] * n, nll={"own": list(own), "shuffled": list(shuffled), "none": list(none)},
+                        predictions={"own": ["green"] * n, "none": ["blue"] * n, "shuffled": ["blue"] * n})
+
+
+def test_summary_averages_seeds_per_sample_and_splits_categories():
+    rng = np.random.default_rng(3)
+    cats = ["a"] * 20 + ["b"] * 20
+    runs = []
+    for _ in range(3):
+        base = 2 + rng.standard_normal(40)
+        # category a: the own token is 0.4 better than shuffled; category b: no difference
+        own = base - np.where(np.array(cats) == "a", 0.4, 0.0)
+        runs.append(_scores(own, base, base + 1.0, cats))
+    s = summarize(runs, n_boot=2000)
+    assert s["seeds"] == 3 and s["n"] == 40 and s["per_category_n"] == {"a": 20, "b": 20}
+    vs = s["token_vs_shuffled"]
+    assert vs["mean"] == pytest.approx(-0.2) and vs["per_seed_mean"] == pytest.approx([-0.2] * 3)
+    assert vs["per_category"]["a"]["ci95"] == pytest.approx([-0.4, -0.4])
+    assert vs["per_category"]["b"]["ci95"] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert s["token_vs_none"]["mean"] == pytest.approx(-1.2)
+    assert s["em_f1"]["own"]["em"] == 1.0 and s["em_f1"]["none"]["f1"] == 0.0
+
+
+def test_summary_refuses_runs_over_other_samples():
+    a = _scores([1.0, 2.0], [1.0, 2.0], [1.0, 2.0], ["x", "x"])
+    b = _scores([1.0, 2.0], [1.0, 2.0], [1.0, 2.0], ["x", "x"])
+    b.qa_id = ["q1", "q0"]
+    with pytest.raises(ValueError, match="different samples"):
+        summarize([a, b])
+
+
+# ---------------------------------------------------------------------------------------- a tiny run
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from qgmem.lm import load_tokenizer
+
+    lm = str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny", hidden_size=32, layers=2))
+    torch.manual_seed(0)
+    module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
+                         max_new_tokens=3, features="edge_fact_sum", readout="queries", num_queries=2)
+    return module, load_tokenizer(lm)
+
+
+@pytest.mark.parametrize("graph_only", [False, True])
+def test_three_conditions_on_one_model(tiny, graph_only):
+    module, tok = tiny
+    items = synthetic_items(6, 8, seed=4)
+    collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=not graph_only)
+    scores, pairing = score_conditions(module, items, collator, batch_size=4, generate=["own"])
+    assert set(scores.nll) == {"own", "shuffled", "none"} and all(len(v) == 6 for v in scores.nll.values())
+    assert pairing["shuffled_same_graph"] == 0 and pairing["distinct_graphs"] == 6
+    assert len(scores.predictions["own"]) == 6 and "none" not in scores.predictions
+    own, shuffled, none = (np.asarray(scores.nll[c]) for c in ("own", "shuffled", "none"))
+    assert not np.allclose(own, shuffled) and not np.allclose(own, none)
+    # scoring one item alone gives the same NLL: batching and padding do not leak between samples
+    alone, _ = score_conditions(module, items[:2], collator, batch_size=1, conditions=["own", "none"])
+    np.testing.assert_allclose(alone.nll["own"], own[:2], atol=1e-5)
+    np.testing.assert_allclose(alone.nll["none"], none[:2], atol=1e-5)
+
+
+def test_a_token_that_ignores_the_graph_shows_no_difference(tiny):
+    """A soft prompt (same token for every graph) gives own − shuffled = 0 exactly, and an interval on 0."""
+    module, tok = tiny
+    items = synthetic_items(6, 8, seed=5)
+    collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8)
+    last = module.net.projector.net[-1]
+    saved = last.weight.detach().clone()
+    with torch.no_grad():
+        last.weight.zero_()  # the token is now the bias: one learned vector whatever the graph
+    try:
+        scores, _ = score_conditions(module, items, collator, batch_size=3, seed=1)
+    finally:
+        with torch.no_grad():
+            last.weight.copy_(saved)
+    s = summarize([scores], n_boot=500)
+    lo, hi = s["token_vs_shuffled"]["ci95"]
+    assert abs(s["token_vs_shuffled"]["mean"]) < 1e-5 and lo <= 1e-5 and hi >= -1e-5  # contains 0
+    assert s["token_vs_none"]["mean"] != pytest.approx(0.0, abs=1e-4)  # the learned vector itself still matters
+
+
+def test_identical_graphs_are_never_each_others_shuffle(tiny):
+    module, tok = tiny
+    items = synthetic_items(6, 8, seed=6)
+    for i in (1, 2):  # three samples share one graph
+        items[i]["graph"] = Data(**{k: v.clone() for k, v in items[0]["graph"].items()})
+    collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8)
+    _, pairing = score_conditions(module, items, collator, batch_size=6, conditions=["own", "shuffled"])
+    assert pairing["samples_in_ties"] == 3 and pairing["shuffled_same_graph"] == 0
