@@ -6,7 +6,9 @@ setting is ``python train.py --config qwen3_8b`` (a preset name or a YAML path);
 resumes. One stage at a time: ``qgmem fit|validate|test --config ...``.
 """
 
-from qgmem.training.cli import main
+import sys
+
+from qgmem.training.cli import script_main
 
 if __name__ == "__main__":
-    main(default_config="default")
+    sys.exit(script_main(default_config="default"))

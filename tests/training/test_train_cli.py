@@ -156,3 +156,20 @@ def test_each_argument_has_its_own_help(key, target):
         assert text.strip() and text != "Path to a configuration file.", f"--{key}.{arg} has no help"
         others = [o for o in names if o != arg and re.search(rf"\b{o}:", text)]
         assert not others, f"--{key}.{arg}'s help holds the text of {others}: {text!r}"
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_train_script_user_error_is_one_message_and_exit_2(monkeypatch, capsys, debug):
+    from qgmem.errors import UserError
+    from qgmem.training import cli as training_cli
+
+    def failing_main(args, default_config=None):
+        assert "--debug" not in args
+        raise UserError("non-finite training loss nan at step 0")
+
+    monkeypatch.setattr(training_cli, "main", failing_main)
+    argv = ["--trainer.max_steps", "1"] + (["--debug"] if debug else [])
+    assert training_cli.script_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "non-finite training loss nan at step 0" in err
+    assert ("Traceback" in err) is debug

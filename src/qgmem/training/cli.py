@@ -262,6 +262,25 @@ def main(args: list[str] | None = None, default_config: str | Path | None = DEFA
     return run_training(_cli(args, run=False, datamodule_class=datamodule_class))
 
 
+def script_main(argv: list[str] | None = None, default_config: str | Path | None = DEFAULT_PRESET) -> int:
+    """``train.py``'s entry point: :func:`main` under the user-error convention of the ``qgmem`` command.
+
+    A user error (bad config, non-finite loss, damaged cache) prints one message and exits 2;
+    ``--debug`` shows the traceback.
+    """
+    from qgmem.cli import DEBUG_FLAG, run_command
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = DEBUG_FLAG in argv
+    argv = [a for a in argv if a != DEBUG_FLAG]
+
+    def job(args: list[str]) -> int:
+        main(args, default_config=default_config)
+        return 0
+
+    return run_command("train.py", job, argv, debug)
+
+
 def run_subcommand(args: list[str], datamodule_class: type | None = None) -> int:
     """``qgmem fit|validate|test [--config FILE|PRESET] ...``: one Lightning stage through its subcommand."""
     if args and args[0] in SUBCOMMANDS:
