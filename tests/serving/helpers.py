@@ -1,12 +1,9 @@
-"""Exports built without training (a randomly initialized network) and a tiny deterministic encoder."""
+"""Exports built without training (a randomly initialized network)."""
 
 from __future__ import annotations
 
-import hashlib
-import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from qgmem.activation.config import ActivationConfig
@@ -16,29 +13,9 @@ from qgmem.model.graph_token import GraphTokenConfig
 from qgmem.model.pretrained import GraphTokenEncoder
 from qgmem.prompting import PromptSettings
 
+from activation.helpers import HashEncoder  # noqa: F401  tests/activation/helpers.py, re-exported for the serving tests
+
 HIDDEN = 32
-
-
-class HashEncoder:
-    """Bag-of-words hashed into ``dim`` signed buckets, L2-normalized (no model load)."""
-
-    model_id = "test:hash-bow"
-
-    def __init__(self, dim: int = 8):
-        self.dim = dim
-
-    def _vector(self, text: str) -> np.ndarray:
-        v = np.zeros(self.dim, dtype=np.float32)
-        for word in re.findall(r"\w+", text.lower()):
-            h = int(hashlib.md5(word.encode()).hexdigest(), 16)
-            v[h % self.dim] += 1.0 if (h >> 8) % 2 else -1.0
-        n = np.linalg.norm(v)
-        return v / n if n > 0 else v
-
-    def encode(self, texts):
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._vector(t) for t in texts]).astype(np.float32)
 
 
 def export_config(lm_path: str, feature_dim: int, **extra) -> dict:

@@ -92,7 +92,8 @@ def _fabric():
     return fabric, local
 
 
-def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> dict[str, Any] | None:
+def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> tuple[dict[str, Any] | None, bool]:
+    """Build over the launched ranks; returns rank 0's summary (or ``None``) and whether this is global rank 0."""
     import torch
 
     from qgmem.training.cache_build import build_on_ranks
@@ -104,8 +105,9 @@ def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> di
     def any_rank(flag: bool) -> bool:
         return bool(fabric.all_reduce(torch.tensor(float(flag)), reduce_op="sum").item() > 0)
 
-    return build_on_ranks(spec, rank, world, barrier=fabric.barrier, any_rank=any_rank, rebuild=rebuild,
-                          progress=progress)
+    summary = build_on_ranks(spec, rank, world, barrier=fabric.barrier, any_rank=any_rank, rebuild=rebuild,
+                             progress=progress)
+    return summary, fabric.global_rank == 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     dm = data_module(args.config, args.overrides)
     spec, progress = dm.cache_spec, not args.no_progress
     if args.shard == "auto":
-        summary = build_with_fabric(spec, dm.prepare_data_per_node, args.rebuild, progress)
+        summary, main_rank = build_with_fabric(spec, dm.prepare_data_per_node, args.rebuild, progress)
+        if not main_rank:  # one JSON line per run: concurrent ranks' prints would interleave on one line
+            return 0
         out = {"dataset_dir": str(spec.dataset_dir), "complete": C.DatasetCache(spec.dataset_dir).complete,
                **({"samples": summary["samples"]} if summary else {})}
     elif args.shard is not None:
