@@ -48,6 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--features", default=None, help="model.features (default: the config's)")
     p.add_argument("--readout", default=None, help="model.readout (default: the config's)")
     p.add_argument("--num-queries", type=int, default=None)
+    p.add_argument("--align-steps", type=int, default=None, help="model.align_steps (default: the config's)")
+    p.add_argument("--align-weight", type=float, default=None, help="model.align_weight (default: the config's)")
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--generate", nargs="*", default=["own", "shuffled", "none"],
                    help="conditions whose greedy answers are scored for EM/F1")
@@ -78,7 +80,8 @@ def run_settings(args, cfg: dict[str, Any], setting: str) -> dict[str, Any]:
     if args.max_prompt_tokens:
         data_cfg["max_prompt_tokens"] = args.max_prompt_tokens
     for key, value in (("lr", args.lr), ("warmup_steps", args.warmup), ("features", args.features),
-                       ("readout", args.readout), ("num_queries", args.num_queries)):
+                       ("readout", args.readout), ("num_queries", args.num_queries),
+                       ("align_steps", args.align_steps), ("align_weight", args.align_weight)):
         if value is not None:
             model_cfg[key] = value
     model_cfg.update(graph="token", max_new_tokens=args.max_new_tokens)

@@ -15,6 +15,7 @@ from torch_geometric.data import Batch
 from qgmem.cli import main as qgmem_main
 from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
 from qgmem.lm import EMBEDDED_LM
+from qgmem.model.alignment import node_word_ids
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
 from qgmem.serving import GraphTokenEncoder, HiddenSizeMismatch
@@ -46,13 +47,15 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
     return str(path)
 
 
-NETS = {"mean": {}, "queries": {"readout": "queries", "num_queries": 2, "features": "edge_fact_sum"}}
+NETS = {"mean": {}, "queries": {"readout": "queries", "num_queries": 2, "features": "edge_fact_sum"},
+        "nodes": {"readout": "nodes", "num_queries": 3, "features": "node_words"}}
+TRAINING = {"nodes": {"align_steps": 3, "align_weight": 0.5}}  # module settings that are not the network's
 
 
 @pytest.fixture(scope="module", params=sorted(NETS))
 def exported(lm_path, tmp_path_factory, request):
     root = tmp_path_factory.mktemp("run")
-    ckpt = fit_checkpoint(root, lm_path, **NETS[request.param])
+    ckpt = fit_checkpoint(root, lm_path, **NETS[request.param], **TRAINING.get(request.param, {}))
     (root / "metrics.json").write_text(json.dumps({"val": {"val/nll": 9.5, "val/em": 0.25}, "test": {"test/f1": 0.5},
                                                    "best_checkpoint": ckpt}))
     return ckpt, export_checkpoint(ckpt, root / "export")
@@ -63,8 +66,16 @@ def test_export_reproduces_the_checkpoint_graph_tokens(exported):
     assert (out / WEIGHTS_FILE).is_file() and (out / CONFIG_FILE).is_file()
     served = GraphTokenEncoder.from_pretrained(out)
     module = QGMemModule.load_from_checkpoint(ckpt).eval()
-    graphs = [item["graph"] for item in synthetic_items(5, D, seed=7)]
+    graphs = []
+    for item in synthetic_items(5, D, seed=7):
+        graph = item["graph"]
+        graph.node_word_ids = node_word_ids([item["node_text"]], [graph.num_nodes], module.tokenizer)
+        graphs.append(graph)
     expected = module.graph_tokens(Batch.from_data_list(graphs))
+    if served.config.features == "node_words":  # serving hands the encoder its LM's word embeddings
+        with pytest.raises(RuntimeError, match="use_word_embedding"):
+            served.encode(graphs)
+        served.use_word_embedding(module.lm.get_input_embeddings())
     tokens = served.encode(graphs)
     assert tokens.shape == (5, served.config.num_tokens, 32) and not tokens.requires_grad
     torch.testing.assert_close(tokens, expected.detach())

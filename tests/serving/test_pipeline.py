@@ -115,3 +115,30 @@ def test_load_memory_reuses_a_saved_store(pipeline, tmp_path):
                                              ("none", [])])
 def test_cited_labels(answer, expected):
     assert cited_labels(answer, 3) == expected
+
+
+def test_node_word_features_and_node_tokens_through_serving(tiny_lm_path, monkeypatch):
+    """An export with ``node_words`` features and the ``nodes`` readout: serving gives the encoder its
+    LM's word embeddings and each graph its node texts' word pieces, and inserts K tokens."""
+    from qgmem.model.encoder import EncoderConfig
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.model.pretrained import GraphTokenEncoder
+
+    from .helpers import HIDDEN, export_config
+
+    config = GraphTokenConfig(feature_dim=8, edge_dim=8, lm_hidden=HIDDEN, features="node_words", readout="nodes",
+                              num_queries=4, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0))
+    encoder = GraphTokenEncoder(config, export_config(tiny_lm_path, 8)).eval()
+    tokenizer = load_tokenizer(tiny_lm_path, padding_side="left")
+    pipe = QGMemPipeline(encoder, load_causal_lm(tiny_lm_path), tokenizer, HashEncoder(8), max_new_tokens=3)
+    pipe.remember(HISTORY)
+    seen = []
+    original = encoder.encode
+    monkeypatch.setattr(encoder, "encode", lambda graphs: seen.extend(graphs) or original(graphs))
+    answers = pipe.answer(QUESTIONS[:2])
+    assert [a.tokens["graph"] for a in answers] == [4, 4]
+    first = pipe.retrieve(QUESTIONS[:1])[0]
+    ids = seen[0].node_word_ids
+    assert ids.shape == (first.graph.num_nodes, 8)
+    text = first.memory.graph.node_text[0]
+    assert ids[0][ids[0] >= 0].tolist() == tokenizer(" " + text, add_special_tokens=False)["input_ids"][:8]

@@ -99,7 +99,8 @@ def test_items_batch_with_pyg():
     for r in rows:
         r.update(answer=r["reference"])
     items = [C.row_to_item(r) for r in rows]
-    assert set(items[0]) == {"graph", "memory_text", "question", "answer", "category", "qa_id"}
+    assert set(items[0]) == {"graph", "memory_text", "question", "answer", "category", "qa_id", "node_text"}
+    assert all(len(it["node_text"]) == it["graph"].num_nodes for it in items)  # one text per node
     batch = Batch.from_data_list([it["graph"] for it in items])
     assert batch.x.shape == (7, 6) and batch.edge_index.shape == (2, 4) and batch.num_graphs == 3
     assert batch.edge_index.max() < 7

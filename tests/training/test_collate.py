@@ -99,3 +99,14 @@ def test_collator_uses_the_given_prompt_settings(smollm2_tokenizer):
     assert batch["input_ids"].shape[0] == 1
     text = smollm2_tokenizer.decode(batch["input_ids"][0])
     assert "Lisbon" in text and "Ana lives" not in text and "Memory:" not in text  # answer kept, memory left out
+
+
+def test_node_texts_become_word_ids_on_their_graph(smollm2_tokenizer):
+    """``node_text`` turns into ``node_word_ids`` on (a copy of) the item's graph, one row per node."""
+    items = [dict(ITEMS[0], node_text=["user", "sister Ana"]), dict(ITEMS[1], node_text=["user", "bees", "hives"])]
+    batch = GraphTextCollator(smollm2_tokenizer)(items)
+    ids = batch["graph"].node_word_ids
+    assert ids.shape == (5, 8) and ids.dtype == torch.long
+    assert ids[1][ids[1] >= 0].tolist() == smollm2_tokenizer(" sister Ana", add_special_tokens=False)["input_ids"]
+    assert not hasattr(ITEMS[0]["graph"], "node_word_ids")  # the dataset's own graph is left as it was
+    assert "node_word_ids" not in GraphTextCollator(smollm2_tokenizer)(ITEMS[:2])["graph"]  # no texts, no ids

@@ -384,7 +384,7 @@ def test_items_follow_the_contract(tiny_data, tmp_path):
     _build(dm)
     dm.setup()
     item = dm.split("val")[0]
-    assert set(item) == {"graph", "memory_text", "question", "answer", "category", "qa_id"}
+    assert set(item) == {"graph", "memory_text", "question", "answer", "category", "qa_id", "node_text"}
     g = item["graph"]
     assert g.x.dtype == torch.float32 and g.x.dim() == 2 and g.x.shape[1] == DIM and g.x.shape[0] >= 1
     assert g.edge_index.dtype == torch.long and g.edge_index.shape[0] == 2
@@ -392,6 +392,7 @@ def test_items_follow_the_contract(tiny_data, tmp_path):
     assert item["memory_text"].startswith("[M1]") and item["question"].endswith("?")
     row = dm.split("val").row(0)
     assert g.x.shape[0] == max(1, row["num_nodes"]) and len(row["node_text"]) == row["num_nodes"]
+    assert item["node_text"] == list(row["node_text"])
 
 
 def test_dataloaders_batch_with_the_collator(tiny_data, tmp_path, smollm2_tokenizer):

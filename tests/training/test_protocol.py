@@ -156,6 +156,24 @@ def test_identical_graphs_are_never_each_others_shuffle(tiny):
     items = synthetic_items(6, 8, seed=6)
     for i in (1, 2):  # three samples share one graph
         items[i]["graph"] = Data(**{k: v.clone() for k, v in items[0]["graph"].items()})
+        items[i]["node_text"] = list(items[0]["node_text"])
     collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8)
     _, pairing = score_conditions(module, items, collator, batch_size=6, conditions=["own", "shuffled"])
     assert pairing["samples_in_ties"] == 3 and pairing["shuffled_same_graph"] == 0
+
+
+def test_shuffled_graph_brings_its_own_node_words(tmp_path):
+    """With ``node_words`` features a shuffled graph is scored with its own words, not the sample's."""
+    from qgmem.lm import load_tokenizer
+
+    lm = str(save_random_lm(tmp_path / "lm", hidden_size=32, layers=1))
+    torch.manual_seed(0)
+    module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
+                         max_new_tokens=3, features="node_words", readout="nodes", num_queries=3)
+    items = synthetic_items(6, 8, seed=7, max_nodes=5)
+    assert len({len(it["node_text"]) for it in items}) > 1  # graphs of different sizes get paired
+    collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,
+                                 include_memory_text=False)
+    scores, pairing = score_conditions(module, items, collator, batch_size=3)
+    assert pairing["shuffled_same_graph"] == 0
+    assert not np.allclose(scores.nll["own"], scores.nll["shuffled"])

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from qgmem.model.encoder import EncoderConfig, RelationalGraphEncoder
-from qgmem.model.features import compose, edge_width, needs_fact
+from qgmem.model.alignment import MAX_WORD_PIECES, PAD_PIECE, word_targets
+from qgmem.model.features import compose, edge_width, needs_fact, needs_words, node_width
 from qgmem.model.projector import GraphProjector
 from qgmem.model.readout import GraphReadout
 
@@ -23,7 +24,8 @@ class GraphTokenConfig:
     """Everything needed to rebuild the network: input widths, features, encoder shape, readout, LM hidden size.
 
     ``features``: which memory content the encoder reads (see :mod:`qgmem.model.features`).
-    ``readout``: ``mean`` (one token) or ``queries`` (``num_queries`` tokens, see :mod:`qgmem.model.readout`).
+    ``readout``: ``mean`` (one token), ``queries`` or ``nodes`` (``num_queries`` tokens, see
+    :mod:`qgmem.model.readout`).
     """
 
     feature_dim: int
@@ -60,14 +62,48 @@ class GraphTokenNet(nn.Module):
     def __init__(self, config: GraphTokenConfig):
         super().__init__()
         self.config = config
-        self.encoder = RelationalGraphEncoder(config.feature_dim, edge_width(config.features, config.edge_dim),
-                                              config.encoder)
+        self.encoder = RelationalGraphEncoder(node_width(config.features, config.feature_dim, config.lm_hidden),
+                                              edge_width(config.features, config.edge_dim), config.encoder)
+        object.__setattr__(self, "_word_source", None)  # the LM's input embeddings, for ``node_words`` (not saved)
         self.readout = GraphReadout(config.readout, config.encoder.hidden, config.num_queries, config.encoder.heads)
         self.projector = GraphProjector(config.encoder.hidden, config.lm_hidden, config.projector_hidden)
+
+    def use_word_embedding(self, embedding: nn.Module | torch.Tensor) -> None:
+        """The frozen LM's input embeddings (module or ``[V, H]`` weight), read by the ``node_words``
+        features. Kept outside the state dict: it belongs to the LM, not to this network."""
+        table = embedding.weight if isinstance(embedding, nn.Module) else embedding
+        if table.dim() != 2 or table.size(1) != self.config.lm_hidden:
+            raise ValueError(f"word embeddings must be [vocab, {self.config.lm_hidden}], got {tuple(table.shape)}")
+        # set past nn.Module's registration: the LM's weight must not become a parameter of this network
+        object.__setattr__(self, "_word_source", embedding)
+
+    def node_words(self, graph) -> torch.Tensor | None:
+        """``[N, lm_hidden]`` word vectors of the graph's nodes (``None`` unless the features read them)."""
+        if not needs_words(self.config.features):
+            return None
+        source = self._word_source
+        if source is None:
+            raise RuntimeError("graph features 'node_words' need the LM's input embeddings: call "
+                               "use_word_embedding(lm.get_input_embeddings()) first")
+        table = source.weight if isinstance(source, nn.Module) else source
+        ids = getattr(graph, "node_word_ids", None)
+        if ids is None:  # e.g. the all-zero node of an empty working memory: no words, a zero vector
+            ids = torch.full((graph.x.size(0), MAX_WORD_PIECES), PAD_PIECE, dtype=torch.long, device=graph.x.device)
+        return word_targets(ids.to(table.device), table.detach())[0].to(graph.x.device)
 
     def forward(self, graph) -> torch.Tensor:
         """``graph``: a PyG ``Data`` or ``Batch`` with ``x``, ``edge_index``, ``edge_attr`` (and ``edge_fact``
         when the features need it)."""
+        h, batch, num_graphs = self.node_states(graph)
+        return self.projector(self.readout(h, batch, num_graphs))
+
+    def node_tokens(self, graph) -> torch.Tensor:
+        """Every node's state through the projector, ``[N, lm_hidden]``: what a ``nodes`` readout inserts
+        for that node, and what :mod:`qgmem.model.alignment` fits to the LM's word embeddings."""
+        return self.projector(self.node_states(graph)[0])
+
+    def node_states(self, graph) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Relation-aware node states ``[N, hidden]``, with the node → graph index and the graph count."""
         batch = getattr(graph, "batch", None)
         num_graphs = int(graph.num_graphs) if batch is not None else 1
         if batch is None:
@@ -78,6 +114,6 @@ class GraphTokenNet(nn.Module):
         edge_fact = getattr(graph, "edge_fact", None) if needs_fact(self.config.features) else None
         if edge_fact is None and edge_attr.size(0) == 0 and needs_fact(self.config.features):
             edge_fact = edge_attr
-        x, edge_attr = compose(self.config.features, graph.x, graph.edge_index, edge_attr, edge_fact)
-        h = self.encoder.node_states(x, graph.edge_index, edge_attr)
-        return self.projector(self.readout(h, batch, num_graphs))
+        x, edge_attr = compose(self.config.features, graph.x, graph.edge_index, edge_attr, edge_fact,
+                               self.node_words(graph))
+        return self.encoder.node_states(x, graph.edge_index, edge_attr), batch, num_graphs

@@ -231,6 +231,9 @@ def _non_empty(graph: Data, dim: int, edge_dim: int) -> Data:
         edge_attr = graph.edge_attr if graph.edge_attr is not None else graph.x.new_zeros((0, edge_dim))
         fact = getattr(graph, "edge_fact", None)
         extra = {"edge_fact": fact.float()} if fact is not None else {}
+        words = getattr(graph, "node_word_ids", None)
+        if words is not None:
+            extra["node_word_ids"] = words.long()
         return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float(), **extra)
     return Data(x=torch.zeros(1, dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
                 edge_attr=torch.zeros(0, edge_dim), edge_fact=torch.zeros(0, edge_dim))

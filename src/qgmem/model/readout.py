@@ -5,6 +5,11 @@
   ``SetTransformerAggregation`` with only its pooling-by-multihead-attention block), giving ``K``
   graph tokens. One mean-pooled token is a known bottleneck for graph-to-LLM projection: several
   queries can each pick out different units of the working memory.
+- ``nodes`` (an extension): the states of the graph's first ``K`` nodes, one token each. Nodes come in
+  working-memory order (the best-ranked unit's subject and object first), so the cut keeps the most
+  relevant ones; a graph with fewer nodes fills its last slots with one learned vector. Each token is
+  a single node's relation-aware state, which the projector can map near the LM's own word embedding
+  of that node (see :mod:`qgmem.model.alignment`): a small frozen LM reads such tokens as words.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import torch
 from torch import nn
 from torch_geometric.nn import global_mean_pool
 from torch_geometric.nn.aggr import SetTransformerAggregation
+from torch_geometric.utils import to_dense_batch
 
-Readout = Literal["mean", "queries"]
-READOUTS: tuple[str, ...] = ("mean", "queries")
+Readout = Literal["mean", "queries", "nodes"]
+READOUTS: tuple[str, ...] = ("mean", "queries", "nodes")
 
 
 class GraphReadout(nn.Module):
@@ -28,14 +34,21 @@ class GraphReadout(nn.Module):
         if kind not in READOUTS:
             raise ValueError(f"readout must be one of {READOUTS}, got {kind!r}")
         if num_queries < 1 or (kind == "mean" and num_queries != 1):
-            raise ValueError(f"readout {kind!r} cannot give {num_queries} tokens (mean gives 1, queries >= 1)")
+            raise ValueError(f"readout {kind!r} cannot give {num_queries} tokens (mean gives 1, queries/nodes >= 1)")
         self.kind, self.num_queries = kind, num_queries
         self.attend = None
+        self.fill = nn.Parameter(torch.zeros(channels)) if kind == "nodes" else None
         if kind == "queries":
             self.attend = SetTransformerAggregation(channels, num_seed_points=num_queries, num_encoder_blocks=0,
                                                     num_decoder_blocks=0, heads=heads, concat=True, layer_norm=True)
 
     def forward(self, h: torch.Tensor, batch: torch.Tensor, num_graphs: int) -> torch.Tensor:
+        if self.kind == "nodes":  # PyG batches keep each graph's nodes contiguous and in their own order
+            dense, present = to_dense_batch(h, batch, batch_size=num_graphs, max_num_nodes=self.num_queries)
+            if dense.size(1) < self.num_queries:
+                dense = torch.cat([dense, dense.new_zeros(num_graphs, self.num_queries - dense.size(1), h.size(-1))], 1)
+                present = torch.cat([present, present.new_zeros(num_graphs, self.num_queries - present.size(1))], 1)
+            return torch.where(present.unsqueeze(-1), dense, self.fill.to(dense.dtype))
         if self.attend is None:
             return global_mean_pool(h, batch, size=num_graphs).unsqueeze(1)
         out = self.attend(h, batch, dim_size=num_graphs)  # [G, K * C]; PyG batches keep ``batch`` sorted

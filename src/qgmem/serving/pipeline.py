@@ -27,6 +27,7 @@ from qgmem.activation.records import LocalGraph, WorkingMemory
 from qgmem.errors import InputPathError, UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
+from qgmem.model.features import needs_words
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
 
@@ -116,6 +117,8 @@ class QGMemPipeline:
                                     f"'graph_token.feature_dim' is {encoder.config.feature_dim} (trained on "
                                     f"features of {expected!r}, field 'sentence_encoder.id')")
         self.encoder, self.lm, self.tokenizer = encoder, lm, tokenizer
+        if lm is not None and needs_words(encoder.config.features):  # node_words features read the LM's embeddings
+            encoder.use_word_embedding(lm.get_input_embeddings())
         self.sentence_encoder = sentence_encoder
         cfg = encoder.export_config  # settings not given explicitly are the export's
         self.construction = construction or _settings(ConstructionConfig, cfg.get("construction"), "construction",
@@ -218,6 +221,7 @@ class QGMemPipeline:
     def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None) -> list[Retrieved]:
         """Activation + graph features for each question (no LM yet)."""
         from qgmem.activation.graph import graph_to_data
+        from qgmem.model.alignment import node_word_ids
         from qgmem.model.features import needs_fact
 
         if self.store is None:
@@ -233,6 +237,8 @@ class QGMemPipeline:
             t1 = time.perf_counter()
             facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
             graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
+            if needs_words(self.encoder.config.features):
+                graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
             out.append(Retrieved(question, memory, graph, {"activation": t1 - t0,
                                                            "graph_features": time.perf_counter() - t1}, when,
                                  len(self.store)))

@@ -207,7 +207,8 @@ def row_to_data(row: dict[str, Any]):
 def row_to_item(row: dict[str, Any]) -> dict[str, Any]:
     """A filtered row to the dataset item the collator consumes (the data↔model contract)."""
     return {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
-            "answer": row["answer"], "category": row["category"], "qa_id": row["qa_id"]}
+            "answer": row["answer"], "category": row["category"], "qa_id": row["qa_id"],
+            "node_text": list(row.get("node_text") or [])}
 
 
 # --------------------------------------------------------------------------------------------------

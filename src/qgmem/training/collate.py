@@ -7,12 +7,14 @@ use). Labels are set from piece lengths, never by comparing with the pad id (pad
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch_geometric.data import Batch
 
+from qgmem.model.alignment import node_word_ids
 from qgmem.prompting import PromptEncoder, PromptSettings
 
 IGNORE_INDEX = -100
@@ -53,9 +55,10 @@ class GraphTextCollator:
             gen_ids[b, Tg - n :] = torch.tensor(p.ids)
             gen_mask[b, Tg - n :] = 1
         graph_pos = torch.tensor([p.graph_pos for p in prompts], dtype=torch.long)
+        graphs = [self._with_words(item) for item in items]
         gen_graph_pos = graph_pos + torch.tensor([Tg - len(p.ids) for p in prompts], dtype=torch.long)
         return {
-            "graph": Batch.from_data_list([item["graph"] for item in items]),
+            "graph": Batch.from_data_list(graphs),
             "input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "graph_pos": graph_pos,
             "gen_input_ids": gen_ids, "gen_attention_mask": gen_mask, "gen_graph_pos": gen_graph_pos,
             "qa_id": [str(item.get("qa_id", i)) for i, item in enumerate(items)],
@@ -64,3 +67,14 @@ class GraphTextCollator:
             "category": [str(item.get("category", "")) for item in items],
             "memory_tokens_dropped": torch.tensor([p.memory_tokens_dropped for p in prompts], dtype=torch.long),
         }
+
+    def _with_words(self, item: dict[str, Any]):
+        """The item's graph with ``node_word_ids`` (its node texts' word pieces, read by the ``node_words``
+        features and the node-token alignment) when the item carries ``node_text``; a shallow copy, so
+        the ids travel with the graph wherever it is paired (the shuffled ablation)."""
+        graph = item["graph"]
+        if "node_text" not in item:
+            return graph
+        graph = copy.copy(graph)
+        graph.node_word_ids = node_word_ids([item["node_text"]], [int(graph.num_nodes)], self.encoder.tokenizer)
+        return graph

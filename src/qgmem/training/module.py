@@ -19,6 +19,7 @@ from torch_geometric.data import Batch, Data
 from transformers import SchedulerType, get_scheduler
 
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
+from qgmem.model.alignment import alignment_loss
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token, shared_prefix_length
@@ -71,9 +72,17 @@ class QGMemModule(LightningModule):
         features: Memory content the encoder reads (``text`` = the paper's node/predicate texts;
             ``edge_fact_sum``/``edge_fact_concat``/``node_fact`` add each unit's fact embedding, see
             :mod:`qgmem.model.features`).
-        readout: ``mean`` (one token, the paper) or ``queries`` (``num_queries`` learned queries over
-            the nodes → that many graph tokens).
-        num_queries: Graph tokens of the ``queries`` readout (1 with ``mean``).
+        readout: ``mean`` (one token, the paper), ``queries`` (``num_queries`` learned queries over
+            the nodes → that many graph tokens) or ``nodes`` (the first ``num_queries`` nodes in
+            working-memory order, one token each).
+        num_queries: Graph tokens of the ``queries`` and ``nodes`` readouts (1 with ``mean``).
+        align_steps: Steps of the node-token alignment stage run before answer training (0 = off): the
+            projector's per-node output is fitted to the LM's word embedding of each node's text
+            (:mod:`qgmem.training.alignment`); no LM forward pass, seconds on a CPU.
+        align_batch_size: Graphs per alignment step.
+        align_lr: Adam learning rate of the alignment stage.
+        align_weight: Weight of the same alignment loss added to the answer loss in every training step
+            (0 = off), which keeps node tokens readable as words while the answer loss trains.
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
         lr: Peak learning rate.
@@ -100,6 +109,7 @@ class QGMemModule(LightningModule):
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
                  features: GraphFeatures = "text", readout: Readout = "mean", num_queries: int = 1,
+                 align_steps: int = 0, align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 0.0,
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
@@ -126,6 +136,7 @@ class QGMemModule(LightningModule):
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
                                                   encoder=encoder, projector_hidden=projector_hidden,
                                                   features=features, readout=readout, num_queries=num_queries))
+        self.net.use_word_embedding(self.lm.get_input_embeddings())
         if match_embedding_scale:
             target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
             self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
@@ -255,6 +266,11 @@ class QGMemModule(LightningModule):
                     self._examples.append({"question": q, "answer": a, "prediction": p})
         if per_row is not None:
             self.records[stage].add(batch, per_row, predictions)
+        ids = getattr(batch["graph"], "node_word_ids", None)
+        if stage == "train" and self.hparams.align_weight > 0 and ids is not None:
+            align = alignment_loss(self.net.node_tokens(batch["graph"]), ids, self.lm.get_input_embeddings().weight)
+            self.log("train/align", align, batch_size=B, on_step=True, on_epoch=True)
+            loss = loss + self.hparams.align_weight * align
         return loss
 
     def training_step(self, batch, batch_idx):
@@ -330,6 +346,27 @@ class QGMemModule(LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         self.data_info = describe_datamodule(datamodule)
         self.use_prompt_settings(getattr(datamodule, "prompt_settings", None))
+
+    def on_train_start(self) -> None:
+        """Run the node-token alignment stage once, at the start of a fresh fit (never on resume)."""
+        steps = int(self.hparams.align_steps)
+        if steps <= 0 or self.global_step > 0:
+            return
+        from qgmem.training.alignment import align_node_tokens
+
+        loader = self.trainer.train_dataloader
+        result = align_node_tokens(self.net, loader.dataset, loader.collate_fn, self.lm.get_input_embeddings().weight,
+                                   steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
+                                   seed=int(getattr(self.trainer.datamodule, "seed", 0) or 0)
+                                   if getattr(self.trainer, "datamodule", None) is not None else 0,
+                                   device=self.device)
+        if self.trainer.world_size > 1:  # ranks aligned on their own draws: keep rank 0's weights everywhere
+            state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
+            self.net.load_state_dict(state)
+        self.alignment_result = result
+        if result:
+            self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
+                          rank_zero_only=True)
 
     def use_prompt_settings(self, settings: PromptSettings | None) -> None:
         """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""

@@ -209,6 +209,8 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
             if condition == "shuffled":
                 for j, i in enumerate(index):
                     chunk[j]["graph"] = items[partner[i]]["graph"]
+                    if "node_text" in items[partner[i]]:  # the graph's own node texts go with it
+                        chunk[j]["node_text"] = items[partner[i]]["node_text"]
             batch = _to_device(collator(chunk), module.device)
             embeds = module.lm.get_input_embeddings()(batch["input_ids"])
             token = None if condition == "none" else module.net(batch["graph"])

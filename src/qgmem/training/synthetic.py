@@ -9,7 +9,8 @@ import torch
 
 def synthetic_items(n: int, feature_dim: int = 8, *, seed: int = 0, max_nodes: int = 5,
                     categories: Sequence[str] = ("user_evidence", "changing_evidence")) -> list[dict[str, Any]]:
-    """``n`` seeded items in the data↔model contract: ``Data(x [N, D], edge_index [2, E], edge_attr [E, D])``."""
+    """``n`` seeded items in the data↔model contract: ``Data(x [N, D], edge_index [2, E], edge_attr [E, D])``
+    plus one short ``node_text`` per node (the targets of the node-token alignment)."""
     from torch_geometric.data import Data
 
     gen = torch.Generator().manual_seed(seed)
@@ -23,9 +24,11 @@ def synthetic_items(n: int, feature_dim: int = 8, *, seed: int = 0, max_nodes: i
                      edge_attr=torch.randn(edges, feature_dim, generator=gen),
                      edge_fact=torch.randn(edges, feature_dim, generator=fact_gen))
         color = ["green", "blue", "red", "amber"][i % 4]
+        names = ["user", color, "hot leads", "the spreadsheet", "Monday"]
+        node_text = [names[j] if j < len(names) else f"entity {j}" for j in range(nodes)]
         items.append({"graph": graph, "memory_text": f"[M1] The user marks hot leads {color} in the spreadsheet.",
                       "question": "Which color marks hot leads?", "answer": color.capitalize(),
-                      "category": categories[i % len(categories)], "qa_id": f"synthetic#{i}"})
+                      "category": categories[i % len(categories)], "qa_id": f"synthetic#{i}", "node_text": node_text})
     return items
 
 
