@@ -83,3 +83,68 @@ def test_chunks_are_committed_so_an_interrupted_batch_resumes(tmp_path):
     results = resumed.chat(PROMPTS)
     assert resumed.inner.usage.calls == 3 and resumed.usage.cache_hits == 2  # first chunk survived
     assert [r.text for r in results] == [_echo(p) for p in PROMPTS]
+
+
+def _slow_echo(calls, release=None):
+    def fn(messages):
+        calls.append(messages[-1]["content"])
+        if release is not None:
+            release.wait(5)
+        return _echo(messages)
+    return fn
+
+
+def test_a_request_in_flight_on_another_thread_is_waited_for_not_asked_twice(tmp_path):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls, release = [], threading.Event()
+    backend = CachedBackend(CallableBackend(_slow_echo(calls, release), "m"), tmp_path / "c.sqlite")
+    with ThreadPoolExecutor(3) as callers:
+        futures = [callers.submit(backend.chat, [PROMPTS[0], PROMPTS[i]]) for i in (1, 2, 3)]
+        while len(calls) < 1:  # the first caller is asking question 0; the others wait for it
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.1)
+        release.set()
+        results = [f.result() for f in futures]
+    assert sorted(calls) == ["question 0", "question 1", "question 2", "question 3"]
+    assert all(r[0].text == "answer to question 0" for r in results)
+    assert sum(not r[0].cached for r in results) == 1 and backend.usage.cache_hits == 2
+    assert backend.usage_here().requests == 0  # the calls were made on the callers' threads, not this one
+
+
+def test_a_reply_that_failed_for_the_thread_that_asked_is_asked_again(tmp_path):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls, release = [], threading.Event()
+
+    def fails_first(messages):
+        calls.append(1)
+        release.wait(5)
+        if len(calls) == 1:
+            raise TimeoutError("model busy")
+        return _echo(messages)
+
+    backend = CachedBackend(CallableBackend(fails_first, "m"), tmp_path / "c.sqlite")
+    with ThreadPoolExecutor(2) as callers:
+        first = callers.submit(backend.chat, [PROMPTS[0]])
+        while not calls:
+            threading.Event().wait(0.01)
+        second = callers.submit(backend.chat, [PROMPTS[0]])
+        threading.Event().wait(0.1)
+        release.set()
+        [a], [b] = first.result(), second.result()
+    # the waiting caller got the failure handed over and asked itself, as it would after a serial failure
+    assert a.error == "TimeoutError: model busy" and b.text == _echo(PROMPTS[0]) and b.error is None
+    assert len(calls) == 2 and len(backend) == 1
+
+
+def test_usage_here_counts_the_calling_thread_only(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    backend = CallableBackend(_echo, "m")
+    backend.chat(PROMPTS[:2])
+    with ThreadPoolExecutor(1) as other:
+        there = other.submit(lambda: (backend.chat(PROMPTS), backend.usage_here().requests)[1]).result()
+    assert there == 5 and backend.usage_here().requests == 2 and backend.usage.requests == 7

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -113,3 +114,27 @@ def test_api_key_comes_from_the_named_env_var_and_is_never_exposed(monkeypatch, 
 def test_unknown_backend_kind_is_rejected():
     with pytest.raises(ValueError, match="unknown LLM backend"):
         make_backend(LLMConfig(backend="carrier-pigeon"))
+
+
+def test_callers_on_several_threads_share_one_bound():
+    """Threads sharing the backend (cases replayed side by side) never exceed max_concurrency together."""
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def respond(req):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return completion(req["messages"][0]["content"].upper())
+
+    with StubServer(respond) as server:
+        backend = _backend(server.url, max_concurrency=3)
+        batches = [[[{"role": "user", "content": f"c{c}q{i}"}] for i in range(4)] for c in range(4)]
+        with ThreadPoolExecutor(4) as callers:
+            results = list(callers.map(backend.chat, batches))
+        backend.close()
+    assert [[r.text for r in rs] for rs in results] == [[f"C{c}Q{i}" for i in range(4)] for c in range(4)]
+    assert 2 <= peak[0] <= 3  # 4 callers × 4 requests: up to 12 at once if each call had its own bound
+    assert len(server.requests) == 16

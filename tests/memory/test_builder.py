@@ -78,3 +78,28 @@ def test_stats_accumulate_over_dialogues_and_meta_records_the_build():
 def test_llm_settings_without_a_backend_are_rejected(config):
     with pytest.raises(ValueError, match="needs an LLM backend"):
         MemoryBuilder(config, BagOfWordsEncoder())
+
+
+@pytest.mark.parametrize("extractor", ["llm", "heuristic"])
+def test_extract_run_ahead_on_another_thread_then_build_equals_build(tmp_path, extractor):
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    def builder():
+        return MemoryBuilder(ConstructionConfig(extractor=extractor, consolidation="rule"), BagOfWordsEncoder(),
+                             llm=CallableBackend(_recorded, "recorded"))
+
+    whole, split = builder(), builder()
+    reference = whole.build(_dialogue())
+    with ThreadPoolExecutor(1) as ahead:  # the LLM part on a worker thread, as the cache build runs it
+        extraction = ahead.submit(split.extract, _dialogue()).result()
+    assert split.stats.dialogues == 0  # extraction alone records nothing
+    store = split.build(_dialogue(), extraction)
+    assert [u.to_dict() for u in store.units] == [u.to_dict() for u in reference.units]
+    np.testing.assert_array_equal(store.embeddings, reference.embeddings)
+    counts = {k: v for k, v in whole.stats.to_dict().items() if k != "seconds"}
+    assert {k: v for k, v in split.stats.to_dict().items() if k != "seconds"} == counts
+    assert counts["llm_requests"] == (counts["windows"] if extractor == "llm" else 0)
+    with pytest.raises(ValueError, match="extraction of 'resume' given for dialogue 'other'"):
+        split.build(make_dialogue([[("User", "Hi there.")]], dialogue_id="other"), extraction)

@@ -18,8 +18,11 @@ from qgmem.llm.local import TransformersChatBackend
 
 __all__ = [
     "CallableBackend", "CachedBackend", "ChatResult", "Conversation", "LLMBackend", "LLMConfig",
-    "OpenAIChatBackend", "TransformersChatBackend", "Usage", "make_backend",
+    "OpenAIChatBackend", "SERVER_BACKENDS", "TransformersChatBackend", "Usage", "make_backend",
 ]
+
+#: ``LLMConfig.backend`` names of an OpenAI-compatible server (served by :class:`OpenAIChatBackend`)
+SERVER_BACKENDS = ("openai", "http", "vllm", "sglang", "ollama")
 
 
 class CallableBackend(LLMBackend):
@@ -54,7 +57,7 @@ class CallableBackend(LLMBackend):
 def make_backend(config: LLMConfig) -> LLMBackend:
     """Build the configured backend, wrapped in :class:`CachedBackend` when ``cache_path`` is set."""
     kind = config.backend.lower()
-    if kind in ("openai", "http", "vllm", "sglang", "ollama"):
+    if kind in SERVER_BACKENDS:
         backend: LLMBackend = OpenAIChatBackend(config)
     elif kind in ("transformers", "local", "hf"):
         backend = TransformersChatBackend(config)

@@ -107,10 +107,26 @@ class LLMBackend(ABC):
 
     name: str = "base"
 
+    #: whether several threads may call :meth:`chat` at once and be served concurrently (an HTTP server
+    #: is; a local model answers one batch at a time, so callers would only queue behind it)
+    concurrent_callers: bool = False
+
     def __init__(self, model_id: str):
         self.model_id = model_id
         self.usage = Usage()
         self._lock = threading.Lock()
+        self._thread_usage = threading.local()
+
+    def usage_here(self) -> Usage:
+        """The counters of the calls made from the calling thread alone.
+
+        Several threads may share one backend (cases replayed side by side against one server); each
+        takes its own before/after difference from this rather than from :attr:`usage`, which counts all.
+        """
+        usage = getattr(self._thread_usage, "usage", None)
+        if usage is None:
+            usage = self._thread_usage.usage = Usage()
+        return usage
 
     def chat(self, conversations: list[Conversation], *, max_new_tokens: int = 512,
              temperature: float = 0.0, validate: Validators = None) -> list[ChatResult]:
@@ -128,16 +144,8 @@ class LLMBackend(ABC):
         if len(results) != len(conversations):  # a backend bug, not a request failure
             raise RuntimeError(f"{self.name} returned {len(results)} results for {len(conversations)} requests")
         with self._lock:
-            self.usage.requests += len(results)
-            for r in results:
-                if not r.cached:
-                    self.usage.calls += 1
-                    self.usage.prompt_tokens += r.prompt_tokens
-                    self.usage.completion_tokens += r.completion_tokens
-                else:
-                    self.usage.cache_hits += 1
-                self.usage.errors += r.error is not None
-                self.usage.unusable += r.unusable
+            _count_results(self.usage, results)
+        _count_results(self.usage_here(), results)
         return results
 
     def _chat_checked(self, conversations: list[Conversation], *, max_new_tokens: int, temperature: float,
@@ -158,6 +166,19 @@ class LLMBackend(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(model_id={self.model_id!r})"
+
+
+def _count_results(usage: Usage, results: list[ChatResult]) -> None:
+    usage.requests += len(results)
+    for r in results:
+        if not r.cached:
+            usage.calls += 1
+            usage.prompt_tokens += r.prompt_tokens
+            usage.completion_tokens += r.completion_tokens
+        else:
+            usage.cache_hits += 1
+        usage.errors += r.error is not None
+        usage.unusable += r.unusable
 
 
 def reply_problem(text: str, validate: Validator | None = None) -> str | None:

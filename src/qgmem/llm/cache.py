@@ -7,7 +7,8 @@ so a bad reply is asked again next time instead of being replayed forever. A sto
 the caller's check on replay (written by an older version, say) is deleted and asked again.
 
 Misses are sent to the inner backend in chunks and each chunk is committed before the next starts; a
-build killed midway therefore keeps everything it had paid for. :meth:`CachedBackend.drop` (the
+build killed midway therefore keeps everything it had paid for. Threads that share one cache ask a
+request once: one that another thread is asking right now waits for that reply instead. :meth:`CachedBackend.drop` (the
 ``--refresh-llm-cache`` flag) deletes a chosen range of entries so they are asked again.
 """
 
@@ -19,6 +20,7 @@ import re
 import sqlite3
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +112,24 @@ class KeyRange:
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
+@dataclass
+class _Asking:
+    """One :meth:`CachedBackend.chat` call's requests and the results being filled in."""
+
+    conversations: list[Conversation]
+    validate: list[Validator | None]
+    results: list[ChatResult | None]
+    params: dict
+
+    def fill(self, idx: list[int], answer: ChatResult, first_is_copy: bool = False) -> None:
+        """``answer`` for every position of one key; all but the first (or all) as replays of it."""
+        for n, i in enumerate(idx):
+            copy = first_is_copy or n > 0
+            self.results[i] = answer if not copy else ChatResult(
+                answer.text, answer.prompt_tokens, answer.completion_tokens, cached=True, error=answer.error,
+                unusable=answer.unusable)
+
+
 class CachedBackend(LLMBackend):
     """Wraps another backend; identical requests are answered from ``path`` with ``cached=True``.
 
@@ -125,7 +145,10 @@ class CachedBackend(LLMBackend):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.chunk_size = chunk_size or max(1, int(getattr(inner, "chunk_size", 8)))
         self.dropped = 0
+        self.concurrent_callers = inner.concurrent_callers
         self._db_lock = threading.Lock()
+        self._inflight: dict[str, Future] = {}  # keys being asked right now, by any thread
+        self._inflight_lock = threading.Lock()
         try:
             self._db = sqlite3.connect(str(self.path), check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -191,22 +214,86 @@ class CachedBackend(LLMBackend):
         for i, r in enumerate(results):
             if r is None:
                 pending.setdefault(keys[i], []).append(i)
+        ask = _Asking(conversations, validate, results, {"max_new_tokens": max_new_tokens, "temperature": temperature})
         todo = list(pending.items())
-        for start in range(0, len(todo), self.chunk_size):
-            chunk = todo[start:start + self.chunk_size]
-            checks = [validate[idx[0]] for _, idx in chunk]
-            answers = self.inner.chat([conversations[idx[0]] for _, idx in chunk],
-                                      max_new_tokens=max_new_tokens, temperature=temperature, validate=checks)
-            answers = [check_reply(a, v) for a, v in zip(answers, checks)]  # an inner backend that skips it
-            self._store([(key, a) for (key, _), a in zip(chunk, answers)])
-            for (_, idx), answer in zip(chunk, answers):
-                results[idx[0]] = answer
-                for dup in idx[1:]:
-                    results[dup] = ChatResult(answer.text, answer.prompt_tokens, answer.completion_tokens,
-                                              cached=True, error=answer.error, unusable=answer.unusable)
+        for second_round in (False, True):
+            owned, borrowed, found = self._claim(todo, validate, force=second_round)
+            for idx, hit in found:
+                ask.fill(idx, hit, first_is_copy=True)
+            self._ask(ask, owned)
+            todo = []
+            for key, idx, future in borrowed:
+                answer = future.result()
+                answer = None if answer is None else check_reply(
+                    ChatResult(answer.text, answer.prompt_tokens, answer.completion_tokens, cached=True,
+                               error=answer.error, unusable=answer.unusable), validate[idx[0]])
+                if answer is None or answer.error is not None:
+                    todo.append((key, idx))  # it failed for the thread that asked: ask it here, as a serial run would
+                else:
+                    ask.fill(idx, answer, first_is_copy=True)
+            if not todo:
+                break
         with self._lock:
             self.usage.retries = self.inner.usage.retries
         return [r for r in results if r is not None]
+
+    def _claim(self, todo: list[tuple[str, list[int]]], validate: list[Validator | None], force: bool):
+        """Split ``todo`` into the requests this thread asks, those another thread is asking right now,
+        and those another thread stored since this one looked them up.
+
+        Threads sharing this backend (cases replayed side by side) often send the same prompt (cases of
+        one persona share their distractor conversations): it is asked once and the others wait for its
+        reply, as they would have found it stored had the cases run one after another. With ``force``
+        everything is asked here (a reply waited for failed); a key nobody else is asking is still
+        registered so that others can wait for it. An owner stores its reply before it stops being in
+        flight, so a key neither in flight nor stored (looked up under the same lock) is not answered.
+        """
+        owned: list[tuple[str, list[int], Future | None]] = []
+        borrowed: list[tuple[str, list[int], Future]] = []
+        found: list[tuple[list[int], ChatResult]] = []
+        with self._inflight_lock:
+            for key, idx in todo:
+                other = self._inflight.get(key)
+                if other is not None and not force:
+                    borrowed.append((key, idx, other))
+                    continue
+                if other is None and not force:
+                    hit = self._lookup(key)
+                    if hit is not None and reply_problem(hit.text, validate[idx[0]]) is None:
+                        found.append((idx, hit))
+                        continue
+                mine = None
+                if other is None:
+                    mine = self._inflight[key] = Future()
+                owned.append((key, idx, mine))
+        return owned, borrowed, found
+
+    def _settle(self, key: str, future: Future | None, answer: ChatResult | None) -> None:
+        """Hand ``answer`` (``None``: not asked, after an exception) to the threads waiting for ``key``."""
+        if future is None:
+            return
+        with self._inflight_lock:
+            if self._inflight.get(key) is future:
+                del self._inflight[key]
+        if not future.done():
+            future.set_result(answer)
+
+    def _ask(self, ask: "_Asking", owned: list[tuple[str, list[int], Future | None]]) -> None:
+        """Send ``owned`` to the inner backend in chunks, each committed before the next starts."""
+        try:
+            for start in range(0, len(owned), self.chunk_size):
+                chunk = owned[start:start + self.chunk_size]
+                checks = [ask.validate[idx[0]] for _, idx, _ in chunk]
+                answers = self.inner.chat([ask.conversations[idx[0]] for _, idx, _ in chunk], **ask.params,
+                                          validate=checks)
+                answers = [check_reply(a, v) for a, v in zip(answers, checks)]  # an inner backend that skips it
+                self._store([(key, a) for (key, _, _), a in zip(chunk, answers)])
+                for (key, idx, future), answer in zip(chunk, answers):
+                    ask.fill(idx, answer)
+                    self._settle(key, future, answer)
+        finally:  # an exception midway: whoever waits for the rest asks them itself
+            for key, _, future in owned:
+                self._settle(key, future, None)
 
     def _chat(self, conversations: list[Conversation], *, max_new_tokens: int,
               temperature: float) -> list[ChatResult]:

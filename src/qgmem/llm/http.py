@@ -1,6 +1,8 @@
 """OpenAI-compatible ``/chat/completions`` over HTTP (vLLM, SGLang, Ollama, OpenAI).
 
-Requests run concurrently up to ``max_concurrency``; 429, 5xx, timeouts, dropped connections and empty
+Requests run concurrently up to ``max_concurrency``: one pool of that many request threads serves every
+caller, so threads that share the backend (cases replayed side by side) never hold more requests in
+flight together than that; 429, 5xx, timeouts, dropped connections and empty
 replies (HTTP 200 with no content) are retried with exponential backoff (honouring ``Retry-After``);
 other 4xx and unreadable bodies fail the item at once. ``timeout_s`` bounds each read; ``deadline_s``
 bounds the whole request, retries and backoff included: the body is read as a stream and abandoned
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,6 +40,7 @@ def _count(value) -> int:
 
 class OpenAIChatBackend(LLMBackend):
     name = "openai"
+    concurrent_callers = True
 
     def __init__(self, config: LLMConfig, client: httpx.Client | None = None, sleep=time.sleep):
         super().__init__(config.model)
@@ -50,16 +54,21 @@ class OpenAIChatBackend(LLMBackend):
             limits=httpx.Limits(max_connections=config.max_concurrency),
         )
         self._sleep = sleep
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _requests(self) -> ThreadPoolExecutor:
+        """The request threads every caller shares: at most ``max_concurrency`` requests in flight in all."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.chunk_size, thread_name_prefix="qgmem-http")
+            return self._pool
 
     def _chat(self, conversations: list[Conversation], *, max_new_tokens: int,
               temperature: float) -> list[ChatResult]:
-        def one(messages: Conversation) -> ChatResult:
-            return self._request(messages, max_new_tokens, temperature)
-
-        if len(conversations) == 1 or self.config.max_concurrency <= 1:
-            return [one(c) for c in conversations]
-        with ThreadPoolExecutor(max_workers=min(self.config.max_concurrency, len(conversations))) as pool:
-            return list(pool.map(one, conversations))
+        pool = self._requests()
+        futures = [pool.submit(self._request, c, max_new_tokens, temperature) for c in conversations]
+        return [f.result() for f in futures]
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         if retry_after:
@@ -137,4 +146,8 @@ class OpenAIChatBackend(LLMBackend):
         return ChatResult(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
 
     def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()

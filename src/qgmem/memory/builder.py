@@ -65,6 +65,15 @@ class BuildStats:
                 setattr(self, name, getattr(self, name) + value)
 
 
+@dataclass
+class Extraction:
+    """One dialogue's units, before embedding and consolidation, and the counts of extracting them."""
+
+    dialogue_id: str
+    units: list[MemoryUnit]
+    stats: BuildStats
+
+
 def _user_name(dialogue: Dialogue) -> str:
     for turn in dialogue.turns():
         if turn.role.lower() != "assistant":
@@ -108,10 +117,16 @@ class MemoryBuilder:
             "params": self.config.to_dict(),
         }
 
-    def build(self, dialogue: Dialogue) -> MemoryStore:
+    def extract(self, dialogue: Dialogue) -> Extraction:
+        """Windows → atomic units (the extractor's part of :meth:`build`), with what it cost.
+
+        The LLM extractor's part touches only the backend, so several dialogues may be extracted at
+        once from threads sharing this builder (one server kept busy); :meth:`build` then finishes each
+        in order, on one thread. Nothing here writes :attr:`stats`.
+        """
         started = time.perf_counter()
         stats = BuildStats(dialogues=1, turns=dialogue.num_turns())
-        usage_before = self.llm.usage.to_dict() if self.llm is not None else None
+        usage_before = self.llm.usage_here().to_dict() if self.llm is not None else None
         windows = make_windows(dialogue, self.config.window_size, self.config.window_overlap)
         stats.windows = len(windows)
         session_times = {s.id: s.time for s in dialogue.sessions}
@@ -134,6 +149,21 @@ class MemoryBuilder:
                         stats.skipped_examples.append(f"{dialogue.id}/{window.id}: {outcome.skipped}")
             stats.skip_reasons.update(report.skip_reasons)
         units.sort(key=lambda u: u.order)  # stable: extraction order within a turn is kept
+        self._add_llm_usage(stats, usage_before)
+        stats.seconds = time.perf_counter() - started
+        return Extraction(dialogue.id, units, stats)
+
+    def build(self, dialogue: Dialogue, extraction: Extraction | None = None) -> MemoryStore:
+        """The dialogue's store; ``extraction`` is :meth:`extract`'s result when it was run ahead."""
+        started = time.perf_counter()
+        if extraction is None:
+            extraction = self.extract(dialogue)
+        elif extraction.dialogue_id != dialogue.id:
+            raise ValueError(f"extraction of {extraction.dialogue_id!r} given for dialogue {dialogue.id!r}")
+        else:
+            started -= extraction.stats.seconds
+        stats, units = extraction.stats, extraction.units
+        usage_before = self.llm.usage_here().to_dict() if self.llm is not None else None
         embeddings = self.encoder.encode([u.fact for u in units]) if units else np.zeros(
             (0, int(getattr(self.encoder, "dim", 0))), dtype=np.float32)
         trace_report = build_traces(units, embeddings, self.encoder.encode, self.config,
@@ -141,13 +171,7 @@ class MemoryBuilder:
         stats.units, stats.traces = len(units), len(trace_report.traces)
         stats.updates, stats.supplements = trace_report.updates, trace_report.supplements
         stats.consolidation_fallbacks = trace_report.llm_fallbacks
-        if self.llm is not None:
-            after = self.llm.usage.to_dict()
-            stats.llm_requests = after["requests"] - usage_before["requests"]
-            stats.llm_calls = after["calls"] - usage_before["calls"]
-            stats.llm_cache_hits = after["cache_hits"] - usage_before["cache_hits"]
-            stats.prompt_tokens = after["prompt_tokens"] - usage_before["prompt_tokens"]
-            stats.completion_tokens = after["completion_tokens"] - usage_before["completion_tokens"]
+        self._add_llm_usage(stats, usage_before)
         stats.seconds = time.perf_counter() - started
         meta = self.expected_meta()
         meta.update(dialogue_id=dialogue.id, counts={k: v for k, v in stats.to_dict().items()
@@ -155,3 +179,14 @@ class MemoryBuilder:
         self.stats.merge(stats)
         return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta)
+
+    def _add_llm_usage(self, stats: BuildStats, before: dict[str, int] | None) -> None:
+        """Add this thread's LLM calls since ``before`` (other threads' calls are theirs to count)."""
+        if before is None:
+            return
+        after = self.llm.usage_here().to_dict()
+        stats.llm_requests += after["requests"] - before["requests"]
+        stats.llm_calls += after["calls"] - before["calls"]
+        stats.llm_cache_hits += after["cache_hits"] - before["cache_hits"]
+        stats.prompt_tokens += after["prompt_tokens"] - before["prompt_tokens"]
+        stats.completion_tokens += after["completion_tokens"] - before["completion_tokens"]

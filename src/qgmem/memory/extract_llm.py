@@ -1,7 +1,8 @@
 """The LLM extractor (the paper's method): one prompted JSON reply per window, validated.
 
 All windows of a dialogue go to the backend as one batch (it bounds concurrency or batches generation
-itself). A reply that does not validate is asked again once, quoting the error; if that fails too, the
+itself); the cache build runs several dialogues' extractions at once on threads sharing one server
+backend, whose ``max_concurrency`` bounds them all together. A reply that does not validate is asked again once, quoting the error; if that fails too, the
 window is skipped and the reason counted. The check runs inside the backend call (``validate=``), so
 a reply that does not validate is never stored in the response cache. A backend error (timeout, HTTP failure after the backend's
 own retries) skips the window at once. Either way the build goes on: a bad reply costs one window.

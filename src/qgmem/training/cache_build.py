@@ -226,12 +226,26 @@ class Replayer:
                                           path=a.reranker_path, batch_size=a.reranker_batch_size,
                                           max_doc_tokens=a.reranker_max_doc_tokens)
 
-    def rows(self, split: str, case: Any) -> list[dict[str, Any]]:
+    @property
+    def cases_in_flight(self) -> int:
+        """How many cases :func:`build_samples` keeps in flight: more than one only for the LLM extractor
+        over a backend that serves concurrent callers (an OpenAI-compatible server)."""
+        if self.llm is None or self.spec.construction.extractor != "llm" or not self.llm.concurrent_callers:
+            return 1
+        setting = self.spec.construction_cases_in_flight
+        return max(1, int(self.spec.construction_llm.max_concurrency if setting is None else setting))
+
+    def extract(self, case: Any):
+        """The LLM extraction of ``case``'s dialogue alone (safe to run on several threads at once)."""
+        return self.builder.extract(case.dialogue)
+
+    def rows(self, split: str, case: Any, extraction: Any = None) -> list[dict[str, Any]]:
+        """The samples of ``case``; ``extraction`` is :meth:`extract`'s result when it was run ahead."""
         from qgmem.activation.activator import Activator
         from qgmem.activation.graph import graph_to_data
 
         spec = self.spec
-        store = self.builder.build(case.dialogue)
+        store = self.builder.build(case.dialogue, extraction)
         activator = Activator(store, self.encoder, spec.activation, reranker=self.reranker, llm=self.llm)
         group = group_of(case, spec.group_key)
         rows = []
@@ -249,9 +263,54 @@ class Replayer:
         return rows
 
     def close(self) -> None:
-        """Persist the vectors encoded since the last flush."""
+        """Persist the vectors encoded since the last flush; release the construction backend."""
         if self.memo is not None:
             self.memo.flush()
+        if self.llm is not None:
+            self.llm.close()
+
+
+class CasesAhead:
+    """The LLM extraction of the next cases, run on threads while the current case is finished.
+
+    Only the extraction runs ahead (it waits on the server); embedding, consolidation, activation and
+    the shard write stay on the calling thread in plan order, so every encoder call and every shard is
+    the serial build's, and a failure surfaces at its own case (:meth:`extraction` re-raises it there).
+    At most ``width`` cases are extracted at once; the backend's ``max_concurrency`` bounds the
+    requests of all of them together. ``width`` 1 runs nothing ahead.
+    """
+
+    def __init__(self, replayer: Replayer, plan: list[tuple[str, Any]], todo: list[int], width: int):
+        from collections import deque
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.replayer, self.plan, self.width = replayer, plan, max(1, width)
+        self._queue = deque(todo)
+        self._running: dict[int, Any] = {}
+        self._pool = ThreadPoolExecutor(self.width, thread_name_prefix="qgmem-case") if self.width > 1 else None
+
+    def _fill(self) -> None:
+        while self._queue and len(self._running) < self.width:
+            index = self._queue.popleft()
+            self._running[index] = self._pool.submit(self.replayer.extract, self.plan[index][1])
+
+    def extraction(self, index: int) -> Any:
+        """Case ``index``'s extraction (waiting for it), or ``None`` when nothing runs ahead."""
+        if self._pool is None:
+            return None
+        self._fill()
+        future = self._running.pop(index)
+        self._fill()  # the next case starts while this one is finished
+        return future.result()
+
+    def close(self) -> None:
+        """Drop what was started ahead (a failure or an interrupt); nothing of it was written."""
+        for future in self._running.values():
+            future.cancel()
+        self._running.clear()
+        self._queue.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def memo_dir(spec: CacheSpec, encoder: Any):
@@ -277,6 +336,7 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     mine = [i for i in range(len(plan)) if shard.owns(i)]
     todo = [i for i in mine if not samples.has_shard(i)]
     replayer = Replayer(spec, encoder) if todo else None
+    ahead = CasesAhead(replayer, plan, todo, replayer.cases_in_flight) if replayer is not None else None
     built = 0
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"cache: cases (shard {shard})"
                if shard.count > 1 else "cache: cases", unit="case", disable=not progress)
@@ -287,7 +347,7 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
                                     "turns": _turns(case), "shard": str(shard)}
             started = time.perf_counter()
             try:
-                rows = replayer.rows(split, case)
+                rows = replayer.rows(split, case, ahead.extraction(index))
             except Exception as exc:  # noqa: BLE001 - lenient mode records the case as skipped
                 if spec.strict:
                     raise RuntimeError(f"case {index} ({case.id!r}, split {split}): construction/activation failed: "
@@ -299,6 +359,8 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
             bar.update(1)
     finally:
         bar.close()
+        if ahead is not None:
+            ahead.close()
         if replayer is not None:
             replayer.close()
     present = sum(samples.has_shard(i) for i in range(len(plan)))
@@ -307,7 +369,8 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     metas = [samples.shard_meta(i) for i in range(len(plan))]
     skipped = [{"case_id": m["case_id"], "split": m["split"], "reason": m["skipped"]} for m in metas if "skipped" in m]
     seconds: dict[str, Any] = {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built,
-                               "case_s_sum": round(sum(m.get("seconds", 0.0) for m in metas), 2)}
+                               "case_s_sum": round(sum(m.get("seconds", 0.0) for m in metas), 2),
+                               "cases_in_flight": replayer.cases_in_flight if replayer is not None else None}
     if replayer is not None and replayer.memo is not None:
         seconds["embedding_memo"] = replayer.memo.stats()
     done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt, "seconds": seconds}
@@ -431,5 +494,5 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
     return out, report, answer_info
 
 
-__all__ = ["Replayer", "Shard", "as_spec", "build_cache", "build_on_ranks", "build_samples", "count_categories",
+__all__ = ["CasesAhead", "Replayer", "Shard", "as_spec", "build_cache", "build_on_ranks", "build_samples", "count_categories",
            "filter_samples", "finish_cache", "plan_cases"]

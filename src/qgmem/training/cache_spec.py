@@ -15,6 +15,7 @@ from typing import Any, Literal
 from qgmem.activation.config import ActivationConfig
 from qgmem.embed import DEFAULT_ENCODER, sentence_encoder_dim
 from qgmem.lm import EMBEDDED_LM
+from qgmem.llm.backends import SERVER_BACKENDS
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
 from qgmem.prompting import PromptSettings
@@ -41,6 +42,9 @@ class CacheSpec:
     construction: ConstructionConfig = field(default_factory=ConstructionConfig)
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     construction_llm: LLMConfig | None = None
+    #: cases whose LLM extraction runs at once (``None``: the server backend's ``max_concurrency``; 1 =
+    #: one case after another); how the build runs, not what it builds, so it is in no key
+    construction_cases_in_flight: int | None = None
     sentence_encoder: str = DEFAULT_SENTENCE_ENCODER
     lm: str = EMBEDDED_LM
     answer_filter: Literal["none", "match", "llm"] = "match"
@@ -65,6 +69,15 @@ class CacheSpec:
         ratios = tuple(self.split_ratios)
         if len(ratios) != 3 or any(r < 0 for r in ratios) or abs(sum(ratios) - 1.0) > 1e-6:
             raise ValueError(f"split_ratios must be three non-negative numbers summing to 1, got {self.split_ratios}")
+        if self.construction_cases_in_flight is not None:
+            if self.construction_cases_in_flight < 1:
+                raise ValueError(f"construction_cases_in_flight must be >= 1 or None (the backend's "
+                                 f"max_concurrency), got {self.construction_cases_in_flight}")
+            backend = self.construction_llm.backend.lower() if self.construction_llm is not None else None
+            if self.construction_cases_in_flight > 1 and backend not in SERVER_BACKENDS:
+                raise ValueError(f"construction_cases_in_flight={self.construction_cases_in_flight} needs an "
+                                 f"OpenAI-compatible server as construction_llm (backend: openai), got "
+                                 f"{backend!r}: a local model answers one case's windows as one batch")
         if self.num_cases is not None and self.num_cases < 1:
             raise ValueError(f"num_cases must be >= 1 or None (all cases), got {self.num_cases}")
         self.split_ratios = tuple(float(r) for r in ratios)

@@ -150,6 +150,9 @@ class QGMemDataModule(GraphTextDataModule):
         construction: Offline memory construction settings (windows, extractor, traces).
         activation: Query-time activation settings (channels, pool, k, reranker).
         construction_llm: LLM backend of the ``llm`` extractor (``None`` = no LLM construction).
+        construction_cases_in_flight: Cases whose LLM extraction runs at once during the cache build
+            (``None`` = the server backend's ``max_concurrency``; ``1`` = one case after another). The
+            backend's ``max_concurrency`` bounds their requests together; not part of the cache key.
         sentence_encoder: Frozen sentence encoder of node and edge features (id, folder or ``embedded:``).
         lm: Frozen LM whose tokenizer and answers the samples use (linked from ``model.lm``).
         answer_filter: Which training samples are kept: ``none`` (all with a reference answer),
@@ -189,6 +192,7 @@ class QGMemDataModule(GraphTextDataModule):
         construction: ConstructionConfig | None = None,
         activation: ActivationConfig | None = None,
         construction_llm: LLMConfig | None = None,
+        construction_cases_in_flight: int | None = None,
         sentence_encoder: str = DEFAULT_SENTENCE_ENCODER,
         lm: str = EMBEDDED_LM,
         answer_filter: Literal["none", "match", "llm"] = "match",
@@ -215,7 +219,8 @@ class QGMemDataModule(GraphTextDataModule):
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
             group_key=group_key, seed=seed, distractor_conversations=distractor_conversations,
             construction=construction or ConstructionConfig(), activation=activation or ActivationConfig(),
-            construction_llm=construction_llm, sentence_encoder=sentence_encoder, lm=lm,
+            construction_llm=construction_llm, construction_cases_in_flight=construction_cases_in_flight,
+            sentence_encoder=sentence_encoder, lm=lm,
             answer_filter=answer_filter, judge=judge,
             match_rule=MatchRule(min_tokens=match_min_tokens, f1_threshold=match_f1_threshold),
             cache_dir=cache_dir, prompt=PromptSettings(max_prompt_tokens=max_prompt_tokens,
