@@ -60,7 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # steps per setting: graph-only prompts are ~4x shorter, so the same wall time buys more steps
-DEFAULT_STEPS = {"graph-only": 150, "text-graph": 60}
+DEFAULT_STEPS = {"graph-only": 100, "text-graph": 60}
 
 
 def load_config(path: str) -> dict[str, Any]:
