@@ -53,8 +53,8 @@ def align_node_tokens(net: torch.nn.Module, dataset: Sequence[dict[str, Any]], c
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 optimizer.step()
-                first = float(loss) if step == 0 else first
-                last = float(loss)
+                last = loss.item()
+                first = last if step == 0 else first
                 step += 1
                 if step >= steps:
                     break
