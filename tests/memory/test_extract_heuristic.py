@@ -187,6 +187,17 @@ def test_he_she_they_resolve_to_the_last_name_mentioned():
         ("Omar", "wants", "weekly dashboards every Monday morning")]
 
 
+def test_each_claim_keeps_the_sentence_said_just_before_it():
+    previous = _turn("t0", "Daniel", "Glad to hear it. Still on track for Lisbon?")
+    claims = HeuristicExtractor().sentence_claims(
+        _turn("t1", "Priya", "Yes, and my cousin Arjun decided to run it with me. Thanks! We booked a flat."),
+        "Daniel", previous)
+    assert [(c.context, c.context_speaker) for c in claims] == [
+        ("Still on track for Lisbon?", "Daniel"), ("Thanks!", "Priya")]  # a skipped sentence counts too
+    [first] = HeuristicExtractor().sentence_claims(_turn("t0", "Priya", "We booked a flat in Porto."), "Daniel")
+    assert (first.context, first.context_speaker) == ("", "")
+
+
 def test_shared_image_and_assistant_advice_become_claims():
     [image] = HeuristicExtractor().sentence_claims(
         _turn("t1", "Melanie", "[shares an image: a photo of three kids at a café]"), "Caroline")

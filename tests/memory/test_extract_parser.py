@@ -86,6 +86,38 @@ def test_reply_without_a_clause_takes_the_relation_of_the_question(extractor, qu
     assert unit.source_turn_ids == ["s0:1"] and unit.fact.startswith("User, asked")
 
 
+# An object "it" takes the named thing of the earlier clause or of the sentence just before (the
+# first two are the LoCoMo-form fixture's and ConvoMem's turns); an unnamed referent, a chain of "it"s,
+# an idiom and a subject "it" stay as they are.
+@pytest.mark.parametrize("turns,triple,relation,entity", [
+    ([("Daniel", "Glad to hear it. Still on track for Lisbon?"),
+      ("Priya", "Yes, and my cousin Arjun decided to run it with me.")],
+     ("Priya's cousin", "run", "Lisbon"), ["Lisbon", "run with", "Priya"], "Lisbon"),
+    ([("Assistant", "Is there anything else about your CRM workflow you'd like to discuss?"),
+      ("User", "Their CRM was a clunky mess, and I couldn't rely on it.")],
+     ("Their CRM", "was", "clunky mess"), ["User", "could not rely on", "Their CRM"], "CRM"),
+    ([("User", "I bought a Trek bike last week and I love it.")],
+     ("User", "bought", "Trek bike"), ["User", "loves", "Trek bike"], "Trek"),
+    ([("User", "I finally got my new standing desk. I assembled it myself on Sunday.")],
+     ("User", "assembled", "it"), None, None),
+    ([("User", "The company CRM is so clunky. I have to export the list and then sort it myself.")],
+     None, ["User", "sort", "it"], None),
+    ([("Assistant", "Still on track for Lisbon?"), ("User", "I made it, and I am proud of it.")],
+     ("User", "made", "it"), None, None),
+])
+def test_object_it_takes_a_named_referent(extractor, turns, triple, relation, entity):
+    unit = _units(extractor, turns)[-1]
+    triples = [(unit.subject, unit.predicate, unit.object), *map(tuple, unit.relations)]
+    if triple is not None:
+        assert triples[0] == triple
+    if relation is not None:
+        assert tuple(relation) in triples
+    if entity is not None:
+        assert entity in unit.entities and all("it" not in (head, tail) for head, _, tail in triples)
+    else:  # the "it" stays, and no name is borrowed from another sentence
+        assert any("it" in (head, tail) for head, _, tail in triples) and unit.entities == []
+
+
 def test_same_claims_and_grounding_as_the_heuristic_rules_on_real_cases(extractor, convomem_path):
     cases = load_cases("convomem", convomem_path, distractor_conversations=0).cases[:2]
     heuristic = HeuristicExtractor(ConstructionConfig())

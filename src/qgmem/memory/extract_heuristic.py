@@ -224,6 +224,10 @@ class Claim:
     question: str = ""
     asker: str = ""
     antecedent: str | None = None
+    # the sentence said just before this one (earlier in the turn, else the turn before's last) and
+    # who said it: where the parser extractor looks for what an object "it" refers to
+    context: str = ""
+    context_speaker: str = ""
 
 
 def split_sentences(text: str) -> list[str]:
@@ -574,6 +578,10 @@ class HeuristicExtractor:
         names = set(names) | {turn.speaker, listener}
         question = asker = None
         antecedent: str | None = None
+        last_said, last_by = "", ""  # the sentence before the current one, and its speaker
+        if previous is not None:
+            said = split_sentences(_normalize(_IMAGE.sub("", previous.text)))
+            last_said, last_by = (said[-1], previous.speaker) if said else ("", "")
         if previous is not None and previous.speaker != turn.speaker:
             asked = [q for q in split_sentences(_normalize(_IMAGE.sub("", previous.text))) if q.endswith("?")]
             if asked and not _GREETING_QUESTION.match(asked[-1]):
@@ -589,6 +597,9 @@ class HeuristicExtractor:
                 claims.append(claim)
         for raw in split_sentences(_IMAGE.sub("", text)):
             original = raw.strip()
+            said_before, said_by = last_said, last_by
+            if original:
+                last_said, last_by = original, turn.speaker
             if not original or original.endswith("?") or _FILLER.match(original):
                 continue
             bare = _strip_vocative(original, names)
@@ -631,6 +642,7 @@ class HeuristicExtractor:
                 claim.kind, claim.body, claim.antecedent = kind, body, antecedent
                 if kind == "reply":
                     claim.question, claim.asker = question or "", asker or ""
+                claim.context, claim.context_speaker = said_before, said_by
                 claims.append(claim)
             antecedent = _last_name(original, names) or antecedent
         return claims

@@ -18,15 +18,23 @@ recur across training cases, and each is parsed once per process.
 
 from __future__ import annotations
 
+import re
+
 from qgmem.memory.config import ConstructionConfig
 from qgmem.timeexpr import find_fact_time
 from qgmem.memory.extract_heuristic import Claim, HeuristicExtractor, find_entities, find_location
 from qgmem.memory.nlp import load_pipeline, parse_texts
 from qgmem.memory.records import MemoryUnit
-from qgmem.memory.relations import Names, Reading, date_phrases, entities, read_claim
+from qgmem.memory.relations import Names, Reading, date_phrases, entities, read_claim, thing_antecedents
 from qgmem.memory.windows import Window
 
 _MEMO_LIMIT = 200_000
+_IT = re.compile(r"\bit\b", re.IGNORECASE)
+
+
+def _mentions_it(sentence: str) -> bool:
+    """Whether a sentence has an "it" to resolve (only then is the sentence before it parsed too)."""
+    return _IT.search(sentence) is not None
 
 
 class ParserExtractor:
@@ -50,8 +58,9 @@ class ParserExtractor:
         return self._nlp
 
     def _key(self, claim: Claim, speaker: str, listener: str) -> tuple:
+        context = (claim.context, claim.context_speaker) if _mentions_it(claim.sentence) else ("", "")
         return (claim.kind, claim.sentence, claim.body, claim.question, claim.asker, speaker, listener,
-                claim.antecedent)
+                claim.antecedent, *context)
 
     def read(self, items: list[tuple[Claim, str, str]]) -> list[tuple[Reading | None, list[str], list[str]]]:
         """``(reading, entities, date phrases)`` per ``(claim, speaker, listener)``, parsing misses in one batch."""
@@ -60,6 +69,7 @@ class ParserExtractor:
         self.memo_hits += len(items) - len(missing)
         if missing:
             texts = [c.sentence for _, (c, _, _) in missing] + [c.question for _, (c, _, _) in missing if c.question]
+            texts += [c.context for _, (c, _, _) in missing if c.context and _mentions_it(c.sentence)]
             docs = parse_texts(self.nlp, texts, self.batch_size)
             self.parsed_sentences += len(docs)
             if len(self._memo) + len(missing) > _MEMO_LIMIT:
@@ -67,10 +77,18 @@ class ParserExtractor:
             for key, (claim, speaker, listener) in missing:
                 doc = docs[claim.sentence]
                 names = Names(speaker, listener, claim.antecedent)
+                things = {}
+                if _mentions_it(claim.sentence):
+                    context = docs.get(claim.context) if claim.context else None
+                    said_by = claim.context_speaker
+                    context_names = names if said_by in ("", speaker) else Names(said_by, speaker)
+                    things = thing_antecedents(doc, names, context, context_names)
+                    names = Names(speaker, listener, claim.antecedent, {i: t for i, (t, _) in things.items()}, doc)
                 reading = read_claim(doc, claim.body or claim.sentence, claim.kind, names,
                                      question_doc=docs.get(claim.question) if claim.question else None,
                                      asker=claim.asker)
-                self._memo[key] = (reading, entities(doc, {speaker, listener}), date_phrases(doc))
+                found = entities(doc, {speaker, listener}) + [e for _, ents in things.values() for e in ents]
+                self._memo[key] = (reading, list(dict.fromkeys(found)), date_phrases(doc))
         return [self._memo[k] for k in keys]
 
     def extract_windows(self, windows: list[Window], dialogue_id: str, user_name: str = "User",

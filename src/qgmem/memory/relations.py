@@ -15,7 +15,8 @@ so this module turns a parsed sentence into short spans and the relation between
 - spans are compact: head noun plus compounds, adjectives, numbers and possessors, no determiners,
   relative clauses or prepositional tails (those become their own edges), at most ``MAX_NODE_CHARS``;
 - first and second person become the speaker's and listener's names, "he/she/they" the last name
-  mentioned before the sentence.
+  mentioned before the sentence, and an object "it" the named thing it refers to in the earlier clause
+  or the sentence just before, when there is one (:func:`thing_antecedents`).
 
 Everything here is a pure function of the ``Doc`` and the names, so results can be memoized by text.
 """
@@ -72,14 +73,22 @@ class Reading:
 
 
 class Names:
-    """Who "I", "you" and "he/she/they" are for one sentence."""
+    """Who "I", "you" and "he/she/they" are for one sentence, and what its object "it"s refer to.
 
-    def __init__(self, speaker: str, listener: str, antecedent: str | None = None):
+    ``things`` maps the token index of an object "it" in the sentence's ``doc`` to its antecedent's
+    node text (:func:`thing_antecedents`).
+    """
+
+    def __init__(self, speaker: str, listener: str, antecedent: str | None = None,
+                 things: dict[int, str] | None = None, doc=None):
         self.speaker, self.listener, self.antecedent = speaker, listener, antecedent
+        self.things, self.doc = things or {}, doc
 
     def word(self, token) -> str:
-        """The token's text with person resolved ("my" -> "User's")."""
+        """The token's text with person resolved ("my" -> "User's") and a resolved "it" replaced."""
         low = token.lower_
+        if low == "it" and self.things and token.doc is self.doc and token.i in self.things:
+            return self.things[token.i]
         if low in _FIRST:
             return self.speaker
         if low in _FIRST_POSS:
@@ -124,7 +133,10 @@ def noun_span(head, names: Names, limit: int = MAX_NODE_TOKENS) -> str:
         if ent is not None and len(ent) <= limit:
             words = [t.text for t in ent if t.dep_ != "det" and t.lower_ != "the"]
             poss = [c for c in head.lefts if c.dep_ == "poss" and c.i < ent.start]
-            prefix = [names.word(poss[0]) + ("" if names.word(poss[0]).endswith("'s") else "'s")] if poss else []
+            owner = names.word(poss[0]) if poss else ""
+            if poss and not owner.endswith("'s") and not (poss[0].pos_ == "PRON" and owner == poss[0].text):
+                owner += "'s"  # "my CRM" -> "User's CRM"; an unresolved "their CRM" stays as it is
+            prefix = [owner] if poss else []
             text = _tidy(_join(prefix + words))
             if len(text) <= MAX_NODE_CHARS:
                 return text
@@ -515,11 +527,10 @@ def _question_relation(doc, names: Names) -> tuple[str, str] | None:
     return None
 
 
-def entities(doc, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
-    """Named entities (people, organisations, places, products, works; not dates or numbers), in order."""
+def _entity_texts(ents, exclude: set[str] | frozenset[str]) -> list[str]:
     seen: dict[str, None] = {}
     low_exclude = {e.lower() for e in exclude} | {"user", "assistant", "i"}
-    for ent in doc.ents:
+    for ent in ents:
         if ent.label_ in _NOT_ENTITY_LABELS:
             continue
         words = [t for t in ent if not (t.i == ent.start and t.lower_ in ("the", "a", "an"))]
@@ -530,6 +541,90 @@ def entities(doc, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]
         if len(text) > 1 and text.lower() not in low_exclude:
             seen.setdefault(text, None)
     return list(seen)
+
+
+def entities(doc, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Named entities (people, organisations, places, products, works; not dates or numbers), in order."""
+    return _entity_texts(doc.ents, exclude)
+
+
+#: "it" as an object names a thing ("run it", "take care of it"); as a subject it is mostly expletive or a
+#: whole situation ("it's raining", "it was great"), and after these verbs mostly an idiom ("made it",
+#: "do it", "call it a day", "you name it", "top it off", "go for it")
+_IT_OBJECT_DEPS = ("dobj", "obj", "pobj", "dative")
+_IDIOM_IT_VERBS = {"make", "do", "mean", "call", "name", "top", "cut", "hit", "go"}
+_THING_POS = ("NOUN", "PROPN")
+
+
+def _named_thing(tok, exclude: set[str]):
+    """The head of the noun phrase a named thing (not a person, date or number) heads or modifies
+    ("Lisbon" in "the Lisbon half marathon" → marathon), or ``None``."""
+    if not tok.ent_type_ or tok.ent_type_ in _NOT_ENTITY_LABELS or tok.ent_type_ == "PERSON" or tok.text in exclude:
+        return None
+    head = tok
+    while head.dep_ == "compound" and head.head.pos_ in _THING_POS and head.head.i != head.i:
+        head = head.head
+    return head if head.pos_ in _THING_POS else None
+
+
+def _referent(tokens, exclude: set[str]):
+    """``(head, settled)``: the named thing an object "it" after ``tokens`` refers to, and whether
+    ``tokens`` settle the question (so no earlier sentence is searched).
+
+    The most recent direct object or predicate noun that is a thing decides (a predicate noun stands
+    for the subject it describes: "Their CRM was a clunky mess" → CRM); it counts only when it holds a
+    name ("I export the list and sort it": no name, so none). Without one, the last phrase that holds a
+    name. ``tokens`` that say "it" themselves settle it with none: that chain starts further back.
+    """
+    if any(t.lower_ in ("it", "its") and t.pos_ == "PRON" for t in tokens):
+        return None, True
+    named = {h.i: h for h in (_named_thing(t, exclude) for t in tokens) if h is not None}
+    objects = [t for t in tokens if t.dep_ in ("dobj", "obj", "attr") and t.pos_ in _THING_POS
+               and t.ent_type_ not in _NOT_ENTITY_LABELS | {"PERSON"}]
+    if objects:
+        last = objects[-1]
+        if last.dep_ == "attr" and last.i not in named:
+            subj = _subject(last.head)
+            last = subj if subj is not None and subj.i in named else last
+        return named.get(last.i), True
+    return (list(named.values())[-1], True) if named else (None, False)
+
+
+def thing_antecedents(doc, names: Names, context=None, context_names: Names | None = None
+                      ) -> dict[int, tuple[str, list[str]]]:
+    """``{token index: (node text, named entities)}`` for each object "it" of ``doc`` that refers to a
+    named thing.
+
+    Light coreference, the counterpart of the last-name rule for "he/she/they", precision first: the
+    referent must hold a name (an organisation, place, product, event, work…; a person is "he/she"),
+    and is looked for in the earlier clauses of the same sentence ("I bought a Trek bike and I love
+    it"), then in the sentence said just before (``context``: earlier in the turn, or the other
+    speaker's last sentence: "Still on track for Lisbon?" — "My cousin decided to run it with me").
+    Unnamed referents ("the desk") are left as "it": a recency guess over every noun phrase was right
+    only about half the time on ConvoMem. The entities are the names inside the referent's phrase, so
+    a unit that says "it" is found by the name it stands for.
+    """
+    exclude = {names.speaker, names.listener}
+    out: dict[int, tuple[str, list[str]]] = {}
+    for tok in doc:
+        if tok.lower_ != "it" or tok.pos_ != "PRON" or tok.dep_ not in _IT_OBJECT_DEPS:
+            continue
+        verb = tok.head.head if tok.dep_ == "pobj" else tok.head
+        if verb.lemma_.lower() in _IDIOM_IT_VERBS:
+            continue
+        # not the verb's own arguments, nor the phrase the "it" sits in ("a stickler for it")
+        earlier = [t for t in doc[:tok.i] if t.head.i != verb.i and not t.is_ancestor(tok)]
+        (head, settled), who = _referent(earlier, exclude), names
+        if not settled and context is not None:
+            (head, _), who = _referent(list(context), exclude), context_names or names
+        if head is None:
+            continue
+        text = noun_span(head, who)
+        if text and text.lower() != "it":
+            inside = [e for e in head.doc.ents if e.root.i == head.i or (
+                e.root.head.i == head.i and e.root.dep_ in ("compound", "amod", "nmod"))]
+            out[tok.i] = (text, _entity_texts(inside, exclude))
+    return out
 
 
 def date_phrases(doc) -> list[str]:

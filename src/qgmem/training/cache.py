@@ -47,7 +47,7 @@ CHECKSUMS = "checksums.json"
 REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 5  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge)
+CACHE_FORMAT_VERSION = 6  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent
 
 SPLITS = ("train", "val", "test")
 
