@@ -12,7 +12,7 @@ from qgmem.model import (GRAPH_FEATURES, EncoderConfig, GraphProjector, GraphRea
                          RelationalGraphEncoder)
 
 D = 6
-READOUTS = [("mean", 1), ("queries", 1), ("queries", 3), ("nodes", 4)]
+READOUTS = [("mean", 1), ("queries", 1), ("queries", 3), ("nodes", 4), ("summary_nodes", 5)]
 VOCAB = 20
 WORDS = torch.randn(VOCAB, 10, generator=torch.Generator().manual_seed(99))  # a stand-in for the LM's embeddings
 
@@ -116,7 +116,8 @@ def test_fact_features_without_edge_fact_are_refused(features):
 
 
 @pytest.mark.parametrize("kind,k,match", [("mean", 2, "cannot give"), ("sum", 1, "readout must be"),
-                                          ("queries", 0, "cannot give"), ("nodes", 0, "cannot give")])
+                                          ("queries", 0, "cannot give"), ("nodes", 0, "cannot give"),
+                                          ("summary_nodes", 1, "cannot give")])
 def test_invalid_readout(kind, k, match):
     with pytest.raises(ValueError, match=match):
         GraphReadout(kind, 8, k)
@@ -139,6 +140,16 @@ def test_nodes_readout_keeps_the_first_k_nodes_in_order_and_fills_the_rest():
     torch.testing.assert_close(out[0], h[:4])
     torch.testing.assert_close(out[1, 0], h[5])
     torch.testing.assert_close(out[1, 1:], torch.full((3, 3), 7.0))
+
+
+def test_summary_nodes_readout_puts_the_mean_first():
+    readout = GraphReadout("summary_nodes", 3, num_queries=3)
+    h = torch.arange(15, dtype=torch.float32).view(5, 3)
+    out = readout(h, torch.tensor([0, 0, 0, 1, 1]), 2)
+    assert out.shape == (2, 3, 3)
+    torch.testing.assert_close(out[0, 0], h[:3].mean(0))
+    torch.testing.assert_close(out[0, 1:], h[:2])  # K - 1 = 2 node slots: the third node is cut
+    torch.testing.assert_close(out[1], torch.stack([h[3:].mean(0), h[3], h[4]]))
 
 
 def test_nodes_readout_token_follows_its_node():
