@@ -48,8 +48,10 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
 
 
 NETS = {"mean": {}, "queries": {"readout": "queries", "num_queries": 2, "features": "edge_fact_sum"},
-        "nodes": {"readout": "nodes", "num_queries": 3, "features": "node_words"}}
-TRAINING = {"nodes": {"align_steps": 3, "align_weight": 0.5}}  # module settings that are not the network's
+        "nodes": {"readout": "nodes", "num_queries": 3, "features": "node_words"},
+        "summary_nodes": {"readout": "summary_nodes", "num_queries": 3, "features": "node_words"}}
+ALIGN = {"align_steps": 3, "align_weight": 0.5}
+TRAINING = {"nodes": ALIGN, "summary_nodes": ALIGN}  # module settings that are not the network's
 
 
 @pytest.fixture(scope="module", params=sorted(NETS))
