@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -102,7 +103,8 @@ def main() -> None:
     parser.add_argument("--distractors", default="0,1,2,4,6")
     parser.add_argument("--parts", default="build,encoder", help="build, encoder or both (comma-separated)")
     parser.add_argument("--ks", default="5,10,20,50")
-    parser.add_argument("--cache-dir", default="/tmp/qgmem-cost-growth")
+    parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "qgmem-cost-growth"),
+                        help="scratch cache folder (default: under the system's temporary directory)")
     parser.add_argument("--out", default="docs")
     args = parser.parse_args()
 
