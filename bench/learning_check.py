@@ -10,7 +10,9 @@ Each seed's trained weights are evaluated on the held-out split three ways: the 
 shuffled token (another sample's graph, never an identical one) and no token. The figure is the paired
 per-sample difference in answer NLL (own − shuffled, own − none), seed-averaged per sample, with a 95 %
 bootstrap interval over dialogues; also per category, plus EM/F1 of greedy answers. Every seed's results
-are written to ``--root`` and reused by a rerun with the same settings. The last line printed is one
+are written to ``--root`` and reused by a rerun with the same settings. The model is the config's
+(``configs/default.yaml``: node tokens with the alignment stage); ``--features text --readout mean
+--num-queries 1 --align-steps 0 --align-weight 0`` is the paper's. The last line printed is one
 JSON object::
 
     python bench/learning_check.py --protocol graph-only --root checkpoints/learning-check
