@@ -19,6 +19,22 @@ def _backend(url: str, **overrides) -> OpenAIChatBackend:
     return OpenAIChatBackend(config, sleep=lambda s: None)
 
 
+def peak_counting_responder():
+    """A stub handler that answers each prompt upper-cased after 50 ms, and the peak of requests in flight."""
+    active, peak, lock = [0], [0], threading.Lock()
+
+    def respond(req):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return completion(req["messages"][0]["content"].upper())
+
+    return respond, peak
+
+
 def test_success_returns_text_and_usage_and_sends_params():
     with StubServer(lambda req: completion("hi there", 7, 2)) as server:
         backend = _backend(server.url)
@@ -70,16 +86,7 @@ def test_unreachable_server_is_an_error_per_item():
 
 
 def test_batch_keeps_order_and_bounds_concurrency():
-    active, peak, lock = [0], [0], threading.Lock()
-
-    def respond(req):
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(0.05)
-        with lock:
-            active[0] -= 1
-        return completion(req["messages"][0]["content"].upper())
+    respond, peak = peak_counting_responder()
 
     prompts = [[{"role": "user", "content": f"q{i}"}] for i in range(9)]
     with StubServer(respond) as server:
@@ -118,16 +125,7 @@ def test_unknown_backend_kind_is_rejected():
 
 def test_callers_on_several_threads_share_one_bound():
     """Threads sharing the backend (cases replayed side by side) never exceed max_concurrency together."""
-    active, peak, lock = [0], [0], threading.Lock()
-
-    def respond(req):
-        with lock:
-            active[0] += 1
-            peak[0] = max(peak[0], active[0])
-        time.sleep(0.05)
-        with lock:
-            active[0] -= 1
-        return completion(req["messages"][0]["content"].upper())
+    respond, peak = peak_counting_responder()
 
     with StubServer(respond) as server:
         backend = _backend(server.url, max_concurrency=3)

@@ -213,8 +213,11 @@ def test_load_refuses_a_checkpoint_of_another_shape(lm_path, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path):
-    module, data = make_module(lm_path), make_data(lm_path, n_train=8, n_eval=4)
+@pytest.mark.parametrize("settings", [{}, {"features": "node_words", "readout": "nodes", "num_queries": 3,
+                                          "align_steps": 2, "align_weight": 0.5}], ids=["paper", "aligned"])
+def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path, settings):
+    """Also with the alignment stage, whose result rank 0 broadcasts before the first answer step."""
+    module, data = make_module(lm_path, **settings), make_data(lm_path, n_train=8, n_eval=4)
     t = trainer(tmp_path, strategy="ddp_spawn", devices=2, max_steps=2, val_check_interval=1)
     t.fit(module, datamodule=data)
     best = t.checkpoint_callback.best_model_path
