@@ -24,8 +24,8 @@ class GraphTokenConfig:
     """Everything needed to rebuild the network: input widths, features, encoder shape, readout, LM hidden size.
 
     ``features``: which memory content the encoder reads (see :mod:`qgmem.model.features`).
-    ``readout``: ``mean`` (one token), ``queries`` or ``nodes`` (``num_queries`` tokens, see
-    :mod:`qgmem.model.readout`).
+    ``readout``: ``mean`` (one token), ``queries``, ``nodes`` or ``summary_nodes`` (``num_queries``
+    tokens, see :mod:`qgmem.model.readout`).
     """
 
     feature_dim: int

@@ -73,9 +73,10 @@ class QGMemModule(LightningModule):
             ``edge_fact_sum``/``edge_fact_concat``/``node_fact`` add each unit's fact embedding, see
             :mod:`qgmem.model.features`).
         readout: ``mean`` (one token, the paper), ``queries`` (``num_queries`` learned queries over
-            the nodes → that many graph tokens) or ``nodes`` (the first ``num_queries`` nodes in
-            working-memory order, one token each).
-        num_queries: Graph tokens of the ``queries`` and ``nodes`` readouts (1 with ``mean``).
+            the nodes → that many graph tokens), ``nodes`` (the first ``num_queries`` nodes in
+            working-memory order, one token each) or ``summary_nodes`` (the mean token, then the first
+            ``num_queries - 1`` nodes).
+        num_queries: Graph tokens of the ``queries``, ``nodes`` and ``summary_nodes`` readouts (1 with ``mean``).
         align_steps: Steps of the node-token alignment stage run before answer training (0 = off): the
             projector's per-node output is fitted to the LM's word embedding of each node's text
             (:mod:`qgmem.training.alignment`); no LM forward pass, seconds on a CPU.
