@@ -172,3 +172,68 @@ def test_lone_surrogate_is_a_named_error(tmp_path, locomo_doc):
         load_cases("locomo", path)
     assert (err.value.item, err.value.field) == (0, "conversation.session_1[2].text")
     assert len(load_cases("locomo", path, strict=False).cases) == 1
+
+
+# --- second round: skipped records count nowhere, repeated turn/session ids, empty texts ------------
+
+@pytest.mark.parametrize(("dataset", "fixture"), [("locomo", "locomo_file"), ("longmemeval", "longmemeval_file")])
+def test_skipped_duplicates_add_nothing_to_the_evidence_counts(request, tmp_path, dataset, fixture):
+    source = request.getfixturevalue(fixture)
+    once = load_cases(dataset, source)
+    (tmp_path / "a.json").write_bytes(source.read_bytes())
+    (tmp_path / "b.json").write_bytes(source.read_bytes())  # the same file twice: every item a duplicate
+    twice = load_cases(dataset, tmp_path, strict=False)
+    assert twice.report["skipped"] == len(once.cases)
+    assert twice.report["evidence"] == once.report["evidence"]  # was: every count doubled ("of 18" for 9)
+    assert once.report["evidence"]["total"] > 0
+
+
+def test_skipped_record_adds_no_cut_turns(tmp_path, locomo_doc):
+    locomo_doc[1]["conversation"]["session_1"][0]["text"] = "word " * 400
+    locomo_doc[1]["qa"][0]["category"] = 9  # the sample is skipped after its long turn was cut
+    loaded = load_cases("locomo", _write(tmp_path / "d.json", locomo_doc), strict=False, max_turn_chars=100)
+    assert loaded.report["skipped"] == 1 and loaded.report["truncated_turns"] == 0
+
+
+def test_locomo_repeated_dia_id_names_the_id_and_both_turns(tmp_path, locomo_doc):
+    conv = locomo_doc[0]["conversation"]
+    conv["session_2"][1]["dia_id"] = conv["session_1"][0]["dia_id"]
+    path = _write(tmp_path / "d.json", locomo_doc)
+    with pytest.raises(DataFormatError) as err:
+        load_cases("locomo", path)
+    assert (err.value.item, err.value.field) == (0, "conversation.session_2[1].dia_id")
+    assert "repeated dia_id 'D1:1': already used at conversation.session_1[0]" in str(err.value)
+    loaded = load_cases("locomo", path, strict=False)
+    assert loaded.report["skipped"] == 1 and [c.id for c in loaded.cases] == [locomo_doc[1]["sample_id"]]
+
+
+def test_longmemeval_repeated_haystack_session_id_is_an_error(tmp_path, longmemeval_doc):
+    ids = longmemeval_doc[0]["haystack_session_ids"]
+    ids[1] = ids[0]
+    path = _write(tmp_path / "d.json", longmemeval_doc)
+    with pytest.raises(DataFormatError) as err:
+        load_cases("longmemeval", path)
+    assert (err.value.item, err.value.field) == (0, "haystack_session_ids[1]")
+    assert f"repeated session id {ids[0]!r}: already haystack_session_ids[0]" in str(err.value)
+    loaded = load_cases("longmemeval", path, strict=False)
+    assert loaded.report["skipped"] == 1 and [c.id for c in loaded.cases] == [longmemeval_doc[1]["question_id"]]
+
+
+@pytest.mark.parametrize("key", ["question", "answer"])
+@pytest.mark.parametrize("blank", ["", "  \n"])
+def test_empty_question_or_answer_is_an_error(tmp_path, locomo_doc, longmemeval_doc, key, blank):
+    locomo_doc[0]["qa"][1][key] = blank
+    longmemeval_doc[0][key] = blank
+    item = convomem_item(0)
+    item[key] = blank
+    write_core(tmp_path / "convomem", "user_evidence", [item, convomem_item(1)])
+    cases = [("locomo", _write(tmp_path / "l.json", locomo_doc), f"qa[1].{key}"),
+             ("longmemeval", _write(tmp_path / "m.json", longmemeval_doc), key),
+             ("convomem", tmp_path / "convomem", key)]
+    for dataset, path, field in cases:
+        options = {"distractor_conversations": 0} if dataset == "convomem" else {}
+        with pytest.raises(DataFormatError) as err:
+            load_cases(dataset, path, **options)
+        assert (err.value.item, err.value.field) == (0, field) and str(err.value).endswith("empty text")
+        loaded = load_cases(dataset, path, strict=False, **options)
+        assert loaded.report["skipped"] == 1 and len(loaded.cases) == 1

@@ -22,7 +22,7 @@ def test_cases_turns_times_and_evidence(longmemeval_file):
     assert [t.text for t in first.dialogue.turns()] == [t["content"] for s in raw[0]["haystack_sessions"] for t in s]
     assert second.qas[0].answer == "0" and second.qas[0].meta["abstention"] is True
     assert second.qas[0].evidence_turn_ids == []
-    assert [s.id for s in second.dialogue.sessions] == ["ultrachat_1", "ultrachat_1~2"]
+    assert [s.id for s in second.dialogue.sessions] == ["ultrachat_1", "ultrachat_2"]
     assert "京都" in second.dialogue.turns()[0].text
     assert loaded.report["evidence"]["exact"] == 1
     assert loaded.report["categories"] == {"single-session-user": 1, "temporal-reasoning": 1}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,20 @@ def need(obj: Any, key: str, types: type | tuple[type, ...], *, file: str, item:
     return value
 
 
+def need_text(obj: Any, key: str, types: type | tuple[type, ...] = str, **kw: Any) -> Any:
+    """:func:`need` for a question or an answer: blank text (``""``, spaces) is an error too.
+
+    An empty question cannot be asked and an empty reference scores every answer as wrong; ``None``
+    passes through where the field is optional.
+    """
+    value = need(obj, key, types, **kw)
+    if isinstance(value, str) and not value.strip():
+        where = kw.get("where", "")
+        raise DataFormatError("empty text", file=kw.get("file"), item=kw.get("item"),
+                              field=f"{where}.{key}" if where else key)
+    return value
+
+
 def _check_unicode(text: str, *, file: str, item: int | str | None, field: str) -> None:
     """A lone surrogate (``"\\udcff"`` in the JSON) cannot be written as UTF-8 by any later stage."""
     try:
@@ -144,6 +160,26 @@ class LoadContext:
             raise DataFormatError(f"duplicate {kind} {value!r}: already used at {self._ids[key]}", file=file,
                                   item=item, field=field)
         self._ids[key] = here
+
+    @contextmanager
+    def record(self) -> Iterator[None]:
+        """Count what one record adds (evidence mappings, cut turns) only when it is kept.
+
+        A record that fails (strict: raised; lenient: skipped) counts nowhere but in the skip report, so
+        a skipped duplicate never adds its evidence a second time.
+        """
+        evidence, truncated, examples = self.evidence, self.truncated_turns, len(self.truncated_examples)
+        self.evidence = EvidenceCounts()
+        try:
+            yield
+        except BaseException:
+            self.truncated_turns = truncated
+            del self.truncated_examples[examples:]
+            raise
+        else:
+            evidence.merge(self.evidence)
+        finally:
+            self.evidence = evidence
 
     def rel(self, path: Path) -> str:
         """A path relative to the loaded root (what error messages and ``Case.source`` carry)."""
@@ -212,8 +248,9 @@ def load_json_lists(dataset: str, path: str | Path, strict: bool, what: str, par
         for i, raw in enumerate(doc):
             ctx.items += 1
             try:
-                case = parse(raw, rel, i, ctx)
-                ctx.claim_id(id_kind, case.id, file=rel, item=i, field=id_kind)
+                with ctx.record():
+                    case = parse(raw, rel, i, ctx)
+                    ctx.claim_id(id_kind, case.id, file=rel, item=i, field=id_kind)
             except DataFormatError as exc:
                 ctx.fail(exc)
             else:

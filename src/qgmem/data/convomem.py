@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, need, read_json
+from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, need, need_text, read_json
 from qgmem.data.errors import DataFormatError
 from qgmem.data.evidence import DEFAULT_FUZZY_THRESHOLD, SpanMatcher
 from qgmem.data.history import (DEFAULT_DISTRACTORS, Conversation, Message, case_rng, draw_distractors,
@@ -182,8 +182,8 @@ def _parse_item(raw: Any, key: str, rel: str, index: int | str, category: str, c
     def get(k, types, **kw):
         return need(raw, k, types, file=rel, item=index, where=where, **kw)
 
-    question = get("question", str)
-    answer = get("answer", (str, int, float))
+    question = need_text(raw, "question", str, file=rel, item=index, where=where)
+    answer = need_text(raw, "answer", (str, int, float), file=rel, item=index, where=where)
     spans_raw = get("message_evidences", list)
     spans: list[tuple[str | None, str]] = []
     for j, ev in enumerate(spans_raw):

@@ -54,6 +54,13 @@ class EvidenceCounts:
         if outcome == "unmatched" and example is not None and len(self.unmatched_examples) < _MAX_EXAMPLES:
             self.unmatched_examples.append(example)
 
+    def merge(self, other: EvidenceCounts) -> None:
+        """Add ``other``'s counts (and its examples, up to the cap)."""
+        for name in ("exact", "contained", "fuzzy", "normalized", "unmatched"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        room = max(0, _MAX_EXAMPLES - len(self.unmatched_examples))
+        self.unmatched_examples.extend(other.unmatched_examples[:room])
+
     @property
     def total(self) -> int:
         return self.exact + self.contained + self.fuzzy + self.normalized + self.unmatched

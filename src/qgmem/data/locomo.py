@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, load_json_lists, need
+from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, load_json_lists, need, need_text
 from qgmem.data.dates import to_iso
 from qgmem.data.errors import DataFormatError
 from qgmem.data.evidence import normalize_dia_ids
@@ -56,6 +56,7 @@ def _sample(raw: Any, rel: str, i: int, ctx: LoadContext, adversarial_gold: str)
     if not numbers:
         raise DataFormatError("no session_N lists", file=rel, item=i, field="conversation.session_1")
     sessions: list[Session] = []
+    dia_places: dict[str, str] = {}  # dia_id -> where it was first used
     for n in numbers:
         key = f"session_{n}"
         turns_raw = need(conv, key, list, file=rel, item=i, where="conversation")
@@ -80,15 +81,18 @@ def _sample(raw: Any, rel: str, i: int, ctx: LoadContext, adversarial_gold: str)
             if caption:
                 text = f"{text} [shares an image: {caption}]" if text else f"[shares an image: {caption}]"
             text = ctx.cap_turn(text, file=rel, item=i, field=f"{w}.text")
-            turns.append(Turn(id=need(t, "dia_id", str, file=rel, item=i, where=w).strip(), session_id=sid,
-                              speaker=speaker, role=speakers[speaker], text=text, time=time))
+            dia_id = need(t, "dia_id", str, file=rel, item=i, where=w).strip()
+            if dia_id in dia_places:
+                raise DataFormatError(f"repeated dia_id {dia_id!r}: already used at {dia_places[dia_id]}",
+                                      file=rel, item=i, field=f"{w}.dia_id")
+            dia_places[dia_id] = f"conversation.{key}[{j}]"
+            turns.append(Turn(id=dia_id, session_id=sid, speaker=speaker, role=speakers[speaker], text=text,
+                              time=time))
         sessions.append(Session(id=sid, turns=turns, time=time, meta={"date_time": date_raw}))
     dialogue = Dialogue(id=sample_id, sessions=sessions,
                         meta={"speaker_a": conv["speaker_a"], "speaker_b": conv["speaker_b"]})
     dialogue.reindex()
-    known = {t.id for t in dialogue.turns()}
-    if len(known) != dialogue.num_turns():
-        raise DataFormatError("repeated dia_id", file=rel, item=i, field="conversation.session_N[].dia_id")
+    known = set(dia_places)
     qas = [_qa(q, rel, i, j, sample_id, known, ctx, adversarial_gold, sessions[-1].time)
            for j, q in enumerate(need(raw, "qa", list, file=rel, item=i))]
     return Case(id=sample_id, dialogue=dialogue, qas=qas,
@@ -99,12 +103,12 @@ def _sample(raw: Any, rel: str, i: int, ctx: LoadContext, adversarial_gold: str)
 def _qa(raw: Any, rel: str, i: int, j: int, sample_id: str, known: set[str], ctx: LoadContext,
         adversarial_gold: str, last_time: str | None) -> QA:
     w = f"qa[{j}]"
-    question = need(raw, "question", str, file=rel, item=i, where=w)
+    question = need_text(raw, "question", str, file=rel, item=i, where=w)
     cat_id = need(raw, "category", int, file=rel, item=i, where=w)
     if cat_id not in CATEGORIES:
         raise DataFormatError(f"unknown category {cat_id} (expected 1-5)", file=rel, item=i, field=f"{w}.category")
     meta: dict[str, Any] = {"category_id": cat_id, "reference_time": last_time}
-    answer = need(raw, "answer", (str, int, float), file=rel, item=i, where=w, optional=True)
+    answer = need_text(raw, "answer", (str, int, float), file=rel, item=i, where=w, optional=True)
     adversarial = need(raw, "adversarial_answer", (str, int, float), file=rel, item=i, where=w, optional=True)
     if adversarial is not None:
         meta["adversarial_answer"] = str(adversarial)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, load_json_lists, need
+from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, load_json_lists, need, need_text
 from qgmem.data.dates import to_iso
 from qgmem.data.errors import DataFormatError
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
@@ -43,8 +43,8 @@ def _entry(raw: Any, rel: str, i: int, ctx: LoadContext) -> Case:
 
     qid = str(get("question_id", (str, int)))
     qtype = get("question_type", str)
-    question = get("question", str)
-    answer = get("answer", (str, int, float))
+    question = need_text(raw, "question", str, file=rel, item=i)
+    answer = need_text(raw, "answer", (str, int, float), file=rel, item=i)
     question_time = _iso(get("question_date", str), rel, i, "question_date")
     ids = get("haystack_session_ids", list)
     dates = get("haystack_dates", list)
@@ -69,9 +69,11 @@ def _entry(raw: Any, rel: str, i: int, ctx: LoadContext) -> Case:
                                   field=f"haystack_sessions[{k}]")
         if not turns_raw:
             raise DataFormatError("empty conversation (no turns)", file=rel, item=i, field=f"haystack_sessions[{k}]")
-        base = str(sid_raw)
-        seen[base] = seen.get(base, 0) + 1
-        sid = base if seen[base] == 1 else f"{base}~{seen[base]}"
+        sid = base = str(sid_raw)
+        if base in seen:  # two sessions under one id: evidence and answer_session_ids would be ambiguous
+            raise DataFormatError(f"repeated session id {base!r}: already haystack_session_ids[{seen[base]}]",
+                                  file=rel, item=i, field=f"haystack_session_ids[{k}]")
+        seen[base] = k
         time = _iso(date_raw, rel, i, f"haystack_dates[{k}]")
         turns = []
         for t, turn in enumerate(turns_raw):
