@@ -74,3 +74,22 @@ def test_stale_temp_by_dead_pid_or_age(tmp_path):
     assert remove_stale_temp(tmp_path) == sorted([dead, mine_old])
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hidden", f".z.old-{os.getpid()}"]
     assert stale_temp(tmp_path / "missing") == []
+
+
+def test_seal_and_verify_sealed(tmp_path):
+    from qgmem.integrity import CHECKSUMS, seal, verify_sealed
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    (tmp_path / "sub" / "b.bin").write_bytes(b"defg")
+    seal(tmp_path, ["sub/b.bin", "a.bin"])
+    assert set(verify_sealed(tmp_path)) == {"a.bin", "sub/b.bin"}
+    (tmp_path / "sub" / "b.bin").write_bytes(b"defh")
+    with pytest.raises(IntegrityError, match=r"b\.bin: checksum mismatch .*\(fix\)"):
+        verify_sealed(tmp_path, hint="fix")
+    (tmp_path / CHECKSUMS).write_text("[1]")
+    with pytest.raises(IntegrityError, match="not a checksum listing"):
+        verify_sealed(tmp_path)
+    (tmp_path / CHECKSUMS).unlink()
+    with pytest.raises(IntegrityError, match="checksums.json: missing"):
+        verify_sealed(tmp_path)

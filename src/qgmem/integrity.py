@@ -25,6 +25,8 @@ from typing import Any
 from qgmem.errors import IntegrityError
 
 _CHUNK = 1 << 20
+#: the manifest file of a sealed folder (see :func:`seal`)
+CHECKSUMS = "checksums.json"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)$")
 
 
@@ -67,6 +69,37 @@ def verify_files(directory: str | Path, records: dict[str, dict[str, Any]], hint
     """:func:`verify_file` for every entry of a manifest written by :func:`manifest`."""
     for name, expected in records.items():
         verify_file(Path(directory) / name, expected, hint=hint)
+
+
+def seal(folder: str | Path, names: Iterable[str], listing: str = CHECKSUMS) -> Path:
+    """Write ``folder/listing``: the :func:`manifest` of ``names`` (call it last, once they are written)."""
+    import json
+
+    folder = Path(folder)
+    path = folder / listing
+    path.write_text(json.dumps(manifest(folder, sorted(names)), indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def verify_sealed(folder: str | Path, hint: str | None = None, listing: str = CHECKSUMS) -> dict[str, dict[str, Any]]:
+    """Check every file a :func:`seal` listing names; a missing or unreadable listing is an error too.
+
+    Returns the listing (what was checked).
+    """
+    import json
+
+    folder = Path(folder)
+    path = folder / listing
+    if not path.is_file():
+        raise IntegrityError(f"{path}: missing, so {folder} cannot be verified", hint=hint)
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise IntegrityError(f"{path}: unreadable ({exc})", hint=hint) from None
+    if not isinstance(records, dict) or not all(isinstance(v, dict) for v in records.values()):
+        raise IntegrityError(f"{path}: not a checksum listing", hint=hint)
+    verify_files(folder, records, hint=hint)
+    return records
 
 
 def temp_path(final: str | Path, kind: str = "tmp") -> Path:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
 
+from qgmem.errors import IntegrityError
 from qgmem.export import export_checkpoint
 from qgmem.lm import load_causal_lm
 from qgmem.model.encoder import EncoderConfig
@@ -62,5 +63,10 @@ def test_lora_export_without_its_adapter_is_refused(lora_run, tmp_path):
     copy = tmp_path / "export"
     shutil.copytree(out, copy)
     shutil.rmtree(copy / ADAPTER_DIR)
+    with pytest.raises(IntegrityError, match="lora_adapter/adapter_config.json: missing .*qgmem export"):
+        GraphTokenEncoder.from_pretrained(copy)
+    (copy / "checksums.json").unlink()  # an export without checksums (version 2) is caught when the LM is loaded
+    config = json.loads((copy / "config.json").read_text())
+    (copy / "config.json").write_text(json.dumps({**config, "format_version": 2}))
     with pytest.raises(ExportFormatError, match="field 'lora' is set but the export has no lora_adapter/ folder"):
         load_lm_for(GraphTokenEncoder.from_pretrained(copy), None, None, "cpu")

@@ -8,6 +8,7 @@ import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
 
+from qgmem.errors import IntegrityError
 from qgmem.model.pretrained import (ADAPTER_DIR, CONFIG_FILE, FORMAT_VERSION, WEIGHTS_FILE, ExportFormatError,
                                     GraphTokenEncoder, HiddenSizeMismatch)
 from qgmem.training.datamodule import synthetic_items
@@ -18,7 +19,8 @@ from .helpers import HIDDEN, make_encoder, make_export
 def test_round_trip_gives_the_same_graph_tokens(tiny_lm_path, tmp_path):
     encoder = make_encoder(tiny_lm_path)
     encoder.save_pretrained(tmp_path / "export")
-    assert {p.name for p in (tmp_path / "export").iterdir()} == {WEIGHTS_FILE, CONFIG_FILE, "README.md"}
+    assert {p.name for p in (tmp_path / "export").iterdir()} == {WEIGHTS_FILE, CONFIG_FILE, "README.md",
+                                                                      "checksums.json"}
     loaded = GraphTokenEncoder.from_pretrained(tmp_path / "export")
     graphs = [it["graph"] for it in synthetic_items(3, 8, seed=4)]
     tokens = loaded.encode(graphs)
@@ -58,7 +60,8 @@ def test_push_to_hub_uploads_the_export_folder(tiny_lm_path, monkeypatch):
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     assert make_encoder(tiny_lm_path).push_to_hub("someone/qgmem-export") == "https://hub.example/commit/1"
-    assert pushed["repo"] == "someone/qgmem-export" and pushed["files"] == ["README.md", CONFIG_FILE, WEIGHTS_FILE]
+    assert pushed["repo"] == "someone/qgmem-export" and pushed["files"] == ["README.md", "checksums.json", CONFIG_FILE,
+                                                                                   WEIGHTS_FILE]
     assert pushed["card"]["license"] == "cc-by-nc-4.0"
 
 
@@ -95,7 +98,7 @@ def _edit_config(folder, edit):
      r"config field graph_token\.encoder\.layers = 3 disagrees with the weights, which have 2 'encoder.convs\.\*' layers"),
     (lambda c: c["graph_token"].update(feature_dim=12),
      r"config field graph_token\.feature_dim = 12 disagrees with the weights: 'encoder.input.weight' has size 8"),
-    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2\]"),
+    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2, 3\]"),
     (lambda c: c.update(format="other"), r"field 'format' is 'other'"),
 ])
 def test_mismatched_export_is_refused_by_name(tiny_lm_path, tmp_path, edit, message):
@@ -133,3 +136,82 @@ def test_version_1_export_with_lora_is_refused(tiny_lm_path, tmp_path):
     with pytest.raises(ExportFormatError, match="version-1 export keeps its LoRA adapter outside PEFT's format"):
         GraphTokenEncoder.from_pretrained(folder)
     assert not (folder / ADAPTER_DIR).exists()
+
+
+# --- damaged exports: flipped, truncated, damaged header, NaN, missing checksums ---------------------
+
+def _flip(path, offset=None, n=32):
+    data = bytearray(path.read_bytes())
+    start = len(data) // 2 if offset is None else offset
+    for i in range(start, start + n):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_flipped_bytes_in_the_weights_are_refused_naming_the_file(tiny_lm_path, tmp_path):
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    _flip(folder / WEIGHTS_FILE)  # was: loaded silently, weights up to 4,720 in magnitude
+    with pytest.raises(IntegrityError) as err:
+        GraphTokenEncoder.from_pretrained(folder)
+    assert f"{folder / WEIGHTS_FILE}: checksum mismatch" in str(err.value) and "qgmem export" in str(err.value)
+
+
+@pytest.mark.parametrize("sealed", [True, False])
+def test_truncated_or_garbled_weights_name_the_file(tiny_lm_path, tmp_path, sealed):
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    weights = folder / WEIGHTS_FILE
+    if sealed:  # cut short: the size check says so before anything is parsed
+        weights.write_bytes(weights.read_bytes()[:100])
+        match = r"graph_encoder\.safetensors: truncated \(100 bytes"
+    else:  # a version-2 export has no checksums: a damaged header must still name the file, not raise SafetensorError
+        _edit_config(folder, lambda c: c.update(format_version=2))
+        (folder / "checksums.json").unlink()
+        _flip(weights, offset=8, n=16)
+        match = r"graph_encoder\.safetensors: unreadable safetensors file"
+    with pytest.raises(IntegrityError, match=match) as err:
+        GraphTokenEncoder.from_pretrained(folder)
+    assert "qgmem export" in str(err.value)
+
+
+def test_a_nan_tensor_is_refused_at_load_naming_it(tiny_lm_path, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from qgmem.integrity import seal
+
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    state = load_file(str(folder / WEIGHTS_FILE))
+    name = sorted(state)[1]
+    state[name] = state[name].clone()
+    state[name].view(-1)[0] = float("nan")
+    save_file(state, str(folder / WEIGHTS_FILE))
+    seal(folder, [WEIGHTS_FILE])  # checksums that match: only the finiteness check can catch it
+    with pytest.raises(IntegrityError, match=rf"1 of {len(state)} weight tensors hold NaN or inf \({name}\)"):
+        GraphTokenEncoder.from_pretrained(folder)  # was: loaded, and every answer was ""
+
+
+def test_a_version_3_export_without_checksums_is_refused(tiny_lm_path, tmp_path):
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    (folder / "checksums.json").unlink()
+    with pytest.raises(IntegrityError, match=r"checksums.json: missing, so .* cannot be verified .*qgmem export"):
+        GraphTokenEncoder.from_pretrained(folder)
+
+
+def test_a_version_2_export_loads_unverified_with_a_warning(tiny_lm_path, tmp_path, caplog):
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    (folder / "checksums.json").unlink()
+    _edit_config(folder, lambda c: c.update(format_version=2))
+    with caplog.at_level("WARNING", logger="qgmem.model"):
+        assert GraphTokenEncoder.from_pretrained(folder).config.lm_hidden == HIDDEN
+    assert "carries no checksums and is loaded unverified" in caplog.text
+
+
+def test_answer_command_on_a_damaged_export_exits_2_naming_the_file(tiny_lm_path, tmp_path, capsys):
+    from qgmem.cli import main
+
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    _flip(folder / WEIGHTS_FILE)
+    history = tmp_path / "h.json"
+    history.write_text(json.dumps([[{"speaker": "user", "text": "I like green."}]]))
+    assert main(["answer", "--export", str(folder), "--history", str(history), "--question", "Which?"]) == 2
+    err = capsys.readouterr().err
+    assert "graph_encoder.safetensors: checksum mismatch" in err and "Traceback" not in err

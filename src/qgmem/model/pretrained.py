@@ -7,16 +7,22 @@ An export folder (or Hub repository) holds:
   contract, the sentence encoder, the construction and activation settings and the run's metrics;
 - ``lora_adapter/``: LoRA adapters of the frozen LM in PEFT's own format (``adapter_config.json`` +
   ``adapter_model.safetensors``), present only for a LoRA run, applied by ``PeftModel.from_pretrained``;
-- ``README.md``: the model card with YAML metadata (:mod:`qgmem.model.card`).
+- ``README.md``: the model card with YAML metadata (:mod:`qgmem.model.card`);
+- ``checksums.json`` (format version 3 on): the size and SHA-256 of the weight files (the encoder's and
+  the adapter's), written last and checked at load (:mod:`qgmem.integrity`), so flipped bytes or a cut
+  file are an :class:`~qgmem.errors.IntegrityError` naming the file. ``config.json`` and the card are
+  text, checked field by field instead, and may be edited by hand.
 
 Saving, loading and pushing go through ``huggingface_hub``'s :class:`~huggingface_hub.ModelHubMixin`,
 so a hub id works wherever a folder does. Loading checks ``format_version`` and refuses a config whose
-shapes disagree with the weights, naming the config field.
+shapes disagree with the weights, naming the config field, and weights that are unreadable or hold a
+NaN or an inf (the rule the export follows when it writes them), naming the file or the tensor.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -26,7 +32,9 @@ from huggingface_hub import ModelHubMixin
 from safetensors.torch import load_file, save_file
 from torch_geometric.data import Batch, Data
 
-from qgmem.errors import InputPathError, UserError
+from qgmem.errors import InputPathError, IntegrityError, UserError
+from qgmem.finite import nonfinite_names
+from qgmem.integrity import seal, verify_sealed
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
@@ -34,9 +42,16 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 ADAPTER_DIR = "lora_adapter"
 FORMAT = "qgmem-graph-token"
-FORMAT_VERSION = 2
-#: versions this code reads: 1 (prompt settings mixed with notes, LoRA as a bare safetensors file) and 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: versions this code reads: 1 (prompt settings mixed with notes, LoRA as a bare safetensors file), 2 (no
+#: checksums) and 3 (``checksums.json`` of the weight files)
+READABLE_VERSIONS = (1, 2, 3)
+#: the first version whose exports carry ``checksums.json`` (older ones load unverified, with a warning)
+SEALED_VERSION = 3
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+#: what fixes an export that fails its checks
+EXPORT_HINT = "run `qgmem export --ckpt CHECKPOINT --out FOLDER` again to write the export anew"
+logger = logging.getLogger("qgmem.model")
 
 
 class ExportFormatError(UserError, ValueError):
@@ -139,6 +154,8 @@ class GraphTokenEncoder(GraphTokenNet, ModelHubMixin, library_name="qgmem",
             self._save_adapter(save_directory / ADAPTER_DIR, config)
         (save_directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
         (save_directory / CARD_FILE).write_text(model_card(config))
+        weight_files = [WEIGHTS_FILE] + ([f"{ADAPTER_DIR}/{name}" for name in ADAPTER_FILES] if self.adapter else [])
+        seal(save_directory, weight_files)  # last: a folder with checksums.json is complete
 
     def _save_adapter(self, folder: Path, config: dict[str, Any]) -> None:
         from peft import LoraConfig
@@ -197,12 +214,20 @@ class GraphTokenEncoder(GraphTokenNet, ModelHubMixin, library_name="qgmem",
                 f"{folder}: field 'graph_token.lm_hidden' is {net_config.lm_hidden} (trained for LM "
                 f"{(config.get('lm') or {}).get('id')!r}), but the serving LM has hidden size {expected_hidden_size}; "
                 "export an encoder trained against this LM instead")
+        if config.get("format_version", 0) >= SEALED_VERSION:
+            verify_sealed(folder, hint=EXPORT_HINT)
+        else:
+            logger.warning("%s: a version-%s export carries no checksums and is loaded unverified; re-export it "
+                           "to have its weights checked", folder, config.get("format_version"))
         model = cls(net_config, config)
-        state = load_file(str(weights_path))
+        state = read_weights(weights_path)
         problem = shape_mismatch_message(config["graph_token"], model.state_dict(), state, str(folder))
         if problem:
             raise ExportFormatError(problem)
         model.load_state_dict(state, strict=True)
+        adapter = folder / ADAPTER_DIR / "adapter_model.safetensors"
+        if config.get("lora") and adapter.is_file():
+            read_weights(adapter)  # checked finite here; PEFT loads it with the LM
         model.source = str(folder)
         model.requires_grad_(False)
         return model.to(device).eval()
@@ -237,6 +262,23 @@ def _non_empty(graph: Data, dim: int, edge_dim: int) -> Data:
         return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float(), **extra)
     return Data(x=torch.zeros(1, dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
                 edge_attr=torch.zeros(0, edge_dim), edge_fact=torch.zeros(0, edge_dim))
+
+
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one export weight file; unreadable or non-finite ones are refused, naming file and tensor."""
+    from safetensors import SafetensorError
+
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise IntegrityError(f"{path}: unreadable safetensors file ({type(exc).__name__}: {exc})",
+                             hint=EXPORT_HINT) from None
+    bad = nonfinite_names(state)
+    if bad:
+        raise IntegrityError(f"{path}: {len(bad)} of {len(state)} weight tensors hold NaN or inf "
+                             f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to load them",
+                             hint=EXPORT_HINT)
+    return state
 
 
 def resolve_export(model_id: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
