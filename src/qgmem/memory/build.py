@@ -3,7 +3,11 @@
 Stores go to ``OUT/stores/<dialogue folder>/`` (see :mod:`qgmem.memory.store` for the format) with an
 ``OUT/index.jsonl`` mapping dialogue ids to folders and ``OUT/summary.json`` with the build counts.
 A store already in ``OUT`` with the same construction parameters is reused, and LLM replies are kept
-in ``OUT/llm_cache.sqlite``, so an interrupted build run again finishes where it stopped.
+in ``OUT/llm_cache.sqlite``, so an interrupted build run again finishes where it stopped. A store some of
+whose windows got no usable LLM reply is built again on resume (its good replies come from the cache,
+so only those windows are asked again); a dialogue with too many such windows (``--max-failed-windows``)
+stops the build, exit 2, and saves nothing for it. One build writes an ``OUT`` at a time
+(:func:`qgmem.memory.output.build_lock`).
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import re
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError, as_user_error
+from qgmem.memory.config import MAX_FAILED_WINDOW_SHARE
+from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, write_index, write_json_atomic
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -42,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window-overlap", type=int, default=2)
     parser.add_argument("--consolidation", default="auto", choices=("auto", "rule", "llm"))
     parser.add_argument("--no-resume", action="store_true", help="rebuild stores that already exist")
+    parser.add_argument("--max-failed-windows", type=float, default=MAX_FAILED_WINDOW_SHARE, metavar="SHARE",
+                        help="stop when more than this share of one dialogue's windows got no usable LLM reply "
+                             f"(default {MAX_FAILED_WINDOW_SHARE:g}; a dialogue whose windows all failed always stops)")
     llm = parser.add_argument_group("LLM (for --extractor llm or --consolidation llm)")
     llm.add_argument("--llm-backend", default="transformers", choices=("transformers", "openai"))
     llm.add_argument("--llm-model", default="embedded:SmolLM2-135M-Instruct", help="model folder, hub id or served name")
@@ -71,11 +81,16 @@ def _summary_line(stats: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    with ExitStack() as held:  # the OUT lock, taken once the data and the options are known to be good
+        return _build(args, held)
+
+
+def _build(args: argparse.Namespace, held: ExitStack) -> int:
     from tqdm import tqdm
 
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
-    from qgmem.memory.builder import BuildStats, MemoryBuilder
+    from qgmem.memory.builder import BuildStats, ConstructionFailed, MemoryBuilder
     from qgmem.memory.config import ConstructionConfig
     from qgmem.memory.store import MemoryStore, StoreMismatchError, clean_stale_temp
 
@@ -113,20 +128,26 @@ def run(args: argparse.Namespace) -> int:
         if args.refresh_llm_cache:
             dropped = llm.drop(args.refresh_llm_cache)
             print(f"dropped {dropped} cached LLM replies ({args.refresh_llm_cache})", file=sys.stderr)
-    builder = MemoryBuilder(config, SentenceEncoder(args.encoder), llm=llm)
+    with as_user_error(ValueError, prefix="bad option: --max-failed-windows: "):
+        builder = MemoryBuilder(config, SentenceEncoder(args.encoder), llm=llm,
+                                max_failed_share=args.max_failed_windows)
     expected = builder.expected_meta()
-    (out / "stores").mkdir(parents=True, exist_ok=True)
-    stale = clean_stale_temp(out / "stores")
+    held.enter_context(build_lock(out))  # a second build of the same OUT stops here, naming the lock
+    (out / STORES_DIR).mkdir(parents=True, exist_ok=True)
+    stale = clean_stale_temp(out / STORES_DIR)
     if stale:
         print(f"removed {len(stale)} half-written store folders of killed builds", file=sys.stderr)
-    index, reused, rejected = [], 0, []
+    index, reused, rejected, retried, stopped = [], 0, [], 0, None
     for dialogue in tqdm(dialogues, desc="build-memory", unit="dialogue", file=sys.stderr,
                          disable=not sys.stderr.isatty() and args.json):
-        folder = out / "stores" / dialogue_folder(dialogue.id)
+        folder = out / STORES_DIR / dialogue_folder(dialogue.id)
         store = None
         if not args.no_resume and (folder / "meta.json").exists():
             try:
                 store = MemoryStore.load(folder, expected_meta={**expected, "dialogue_id": dialogue.id})
+                if store.meta.get("counts", {}).get("skipped_windows", 0):  # ask its failed windows again
+                    retried += 1
+                    raise StoreMismatchError("windows to retry")
                 reused += 1
                 counts = {k: v for k, v in store.meta.get("counts", {}).items()
                           if k in BuildStats.__dataclass_fields__ and not k.startswith(("llm_", "prompt_", "completion_"))}
@@ -137,23 +158,29 @@ def run(args: argparse.Namespace) -> int:
                 rejected.append(f"{folder}: {exc}")
                 store = None
         if store is None:
-            store = builder.build(dialogue)
+            try:
+                store = builder.build(dialogue)
+            except ConstructionFailed as exc:  # an outage is never saved as a finished store
+                stopped = exc
+                break
             store.save(folder)
-        index.append({"dialogue_id": dialogue.id, "folder": f"stores/{folder.name}", "units": len(store.units),
+        index.append({"dialogue_id": dialogue.id, "folder": f"{STORES_DIR}/{folder.name}", "units": len(store.units),
                       "traces": len(store.traces)})
-    (out / "index.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in index),
-                                     encoding="utf-8")
+    write_index(out, index)
     stats = builder.stats.to_dict()
     stats.update(dialogues=len(dialogues), reused_dialogues=reused, rebuilt_corrupt=len(rejected),
-                 rebuilt_corrupt_examples=rejected[:10], removed_temp=len(stale), seconds=round(time.perf_counter() - started, 3),
+                 rebuilt_corrupt_examples=rejected[:10], retried_failed_windows_stores=retried,
+                 stopped=str(stopped) if stopped else None, removed_temp=len(stale), seconds=round(time.perf_counter() - started, 3),
                  dataset=args.dataset, extractor=config.extractor, out=str(out),
                  load_skipped=loaded.report.get("skipped", 0),
                  load_truncated_turns=loaded.report.get("truncated_turns", 0))
     if llm is not None:
         stats["llm"] = {"backend": llm.name, "model": llm.model_id}
         llm.close()
-    (out / "summary.json").write_text(json.dumps(stats, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_json_atomic(out / SUMMARY_FILE, json.dumps(stats, indent=1, ensure_ascii=False))
     print(_summary_line(stats))
+    if stopped is not None:
+        raise stopped
     if stats["load_skipped"]:
         print(f"skipped {stats['load_skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]))

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from qgmem.data.records import Dialogue
+from qgmem.errors import UserError
 from qgmem.llm.base import LLMBackend
-from qgmem.memory.config import ConstructionConfig
+from qgmem.memory.config import MAX_FAILED_WINDOW_SHARE, ConstructionConfig
 from qgmem.memory.extract_heuristic import HeuristicExtractor
 from qgmem.memory.extract_llm import LLMExtractor
 from qgmem.memory.extract_parser import ParserExtractor
@@ -65,6 +66,10 @@ class BuildStats:
                 setattr(self, name, getattr(self, name) + value)
 
 
+class ConstructionFailed(UserError):
+    """Too many of a dialogue's windows got no usable LLM reply (an outage, a refused key): no store is kept."""
+
+
 @dataclass
 class Extraction:
     """One dialogue's units, before embedding and consolidation, and the counts of extracting them."""
@@ -86,9 +91,16 @@ class MemoryBuilder:
 
     ``llm`` is required by the LLM extractor and by LLM consolidation; pass a
     :class:`~qgmem.llm.backends.CachedBackend` to make builds replayable and resumable.
+    ``max_failed_share``: past this share of a dialogue's windows skipped for want of a usable LLM
+    reply (or when all of them are), :meth:`build` raises :class:`ConstructionFailed` instead of
+    returning a store that would look finished.
     """
 
-    def __init__(self, config: ConstructionConfig, encoder, llm: LLMBackend | None = None):
+    def __init__(self, config: ConstructionConfig, encoder, llm: LLMBackend | None = None,
+                 max_failed_share: float = MAX_FAILED_WINDOW_SHARE):
+        if not 0.0 <= max_failed_share <= 1.0:
+            raise ValueError(f"max_failed_share must be in [0, 1], got {max_failed_share}")
+        self.max_failed_share = max_failed_share
         self.config = config
         self.encoder = encoder
         self.llm = llm
@@ -163,6 +175,7 @@ class MemoryBuilder:
         else:
             started -= extraction.stats.seconds
         stats, units = extraction.stats, extraction.units
+        self.check_failures(dialogue.id, stats)
         usage_before = self.llm.usage_here().to_dict() if self.llm is not None else None
         embeddings = self.encoder.encode([u.fact for u in units]) if units else np.zeros(
             (0, int(getattr(self.encoder, "dim", 0))), dtype=np.float32)
@@ -179,6 +192,23 @@ class MemoryBuilder:
         self.stats.merge(stats)
         return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta)
+
+    def check_failures(self, dialogue_id: str, stats: BuildStats) -> None:
+        """Raise :class:`ConstructionFailed` when too many windows of one dialogue got no usable reply.
+
+        The counts still join :attr:`stats`, so the build's summary says what failed.
+        """
+        failed, total = stats.skipped_windows, stats.windows
+        if not failed or (failed < total and failed <= self.max_failed_share * total):
+            return
+        self.stats.merge(stats)
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(stats.skip_reasons.items()))
+        first = f"; first: {stats.skipped_examples[0]}" if stats.skipped_examples else ""
+        raise ConstructionFailed(
+            f"dialogue {dialogue_id!r}: {failed} of {total} windows got no usable LLM reply ({reasons}), more "
+            f"than the allowed share {self.max_failed_share:g}{first}; no store was saved for it",
+            hint="check the LLM server, model and key, then run again: finished stores are reused and only "
+                 "the failed windows are asked again")
 
     def _add_llm_usage(self, stats: BuildStats, before: dict[str, int] | None) -> None:
         """Add this thread's LLM calls since ``before`` (other threads' calls are theirs to count)."""

@@ -6,6 +6,11 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 EXTRACTORS = ("parser", "heuristic", "llm")
+#: the largest share of one dialogue's windows whose LLM extraction may fail (no reply, or none that
+#: validated) before construction stops instead of saving the store; a dialogue whose windows all failed
+#: is never a finished store. Not a ``ConstructionConfig`` field: it decides whether to keep a store,
+#: not what the store holds, so it is no part of a store's or a cache's parameters.
+MAX_FAILED_WINDOW_SHARE = 0.5
 CONSOLIDATIONS = ("auto", "rule", "llm")
 
 

@@ -13,7 +13,9 @@ On disk a store is one folder (no pickle anywhere)::
 checked at load (:mod:`qgmem.integrity`), so flipped bytes or a truncated file are an
 :class:`~qgmem.errors.IntegrityError` naming the file, never data used as if it were good. A store is
 written into a temporary folder beside its final one and renamed into place when complete; a killed
-save leaves a ``.<name>.tmp-<pid>`` folder that :func:`clean_stale_temp` removes.
+save leaves a ``.<name>.tmp-<pid>`` folder that :func:`clean_stale_temp` removes. The swap into place
+and every load hold the store's lock file (``.<name>.lock`` beside it, :func:`store_lock`), so two
+writers never interleave their renames and a reader never sees the folder between them.
 
 ``load(directory, expected_meta)`` compares every key given in ``expected_meta`` (recursively, e.g.
 ``{"extractor": "heuristic", "params": {"window_size": 6}}``) with the stored meta and raises
@@ -25,6 +27,8 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +49,30 @@ REBUILD_HINT = "rebuild it with `qgmem build-memory ... --out <build folder>`, w
 def clean_stale_temp(stores_dir: str | Path) -> list[Path]:
     """Remove half-written store folders left in ``stores_dir`` by killed builds; returns them."""
     return remove_stale_temp(stores_dir)
+
+
+@contextmanager
+def store_lock(directory: str | Path, shared_ok: bool = False) -> Iterator[None]:
+    """Hold the lock of the store at ``directory`` (``.<name>.lock`` beside it) while it is swapped or read.
+
+    ``shared_ok``: a reader that cannot create the lock file (a read-only folder, which no one can be
+    writing through this code) reads without it.
+    """
+    from filelock import FileLock
+
+    directory = Path(directory)
+    lock = FileLock(str(directory.parent / f".{directory.name}.lock"))
+    try:
+        lock.acquire()
+    except OSError:
+        if not shared_ok:
+            raise
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 class StoreMismatchError(ValueError):
@@ -124,7 +152,8 @@ class MemoryStore:
                 "files": manifest(tmp, DATA_FILES)}
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1, sort_keys=True),
                                        encoding="utf-8")
-        return replace_dir(tmp, directory)
+        with store_lock(directory):
+            return replace_dir(tmp, directory)
 
     @classmethod
     def load(cls, directory: str | Path, expected_meta: dict[str, Any] | None = None,
@@ -132,15 +161,23 @@ class MemoryStore:
         """Read a store written by :meth:`save`; check ``expected_meta`` (see the module docstring).
 
         ``verify`` (default) checks each file's size and checksum against ``meta.json`` first and
-        raises :class:`~qgmem.errors.IntegrityError` naming the file when one differs.
+        raises :class:`~qgmem.errors.IntegrityError` naming the file when one differs. The store's lock
+        is held while it is read (:func:`store_lock`).
         """
+        directory = Path(directory)
+        with store_lock(directory, shared_ok=True):
+            return cls._load(directory, expected_meta, strict, verify)
+
+    @classmethod
+    def _load(cls, directory: Path, expected_meta: dict[str, Any] | None, strict: bool, verify: bool) -> MemoryStore:
         from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
         directory = Path(directory)
         meta_path = directory / "meta.json"
         if not meta_path.is_file():
-            raise InputPathError(f"{meta_path}: not a memory store (no meta.json; was the build interrupted?)")
+            raise InputPathError(f"{meta_path}: not a memory store (no meta.json; was the build interrupted?)",
+                                 hint=REBUILD_HINT)
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

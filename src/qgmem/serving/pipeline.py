@@ -24,7 +24,7 @@ from torch_geometric.data import Data
 
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.records import LocalGraph, WorkingMemory
-from qgmem.errors import InputPathError, UserError
+from qgmem.errors import UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
 from qgmem.model.features import needs_words
@@ -192,23 +192,11 @@ class QGMemPipeline:
         return self.use_store(store)
 
     def load_memory(self, folder: str | Path, dialogue_id: str | None = None) -> MemoryStore:
-        """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder)."""
-        folder = Path(folder)
-        if (folder / "meta.json").is_file():
-            return self.use_store(MemoryStore.load(folder))
-        stores = sorted(p for p in (folder / "stores").glob("*") if (p / "meta.json").is_file()) \
-            if (folder / "stores").is_dir() else []
-        if not stores:
-            raise InputPathError(f"{folder}: no memory store (neither a store folder with meta.json nor the "
-                                 "--out folder of `qgmem build-memory`)")
-        loaded = [MemoryStore.load(p) for p in stores] if dialogue_id or len(stores) > 1 else [MemoryStore.load(stores[0])]
-        if len(loaded) == 1 and dialogue_id is None:
-            return self.use_store(loaded[0])
-        for store in loaded:
-            if store.dialogue_id == dialogue_id:
-                return self.use_store(store)
-        ids = ", ".join(s.dialogue_id for s in loaded[:10])
-        raise UserError(f"{folder}: holds {len(loaded)} stores; name one with dialogue_id (--dialogue): {ids}")
+        """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder):
+        chosen by its index (:func:`qgmem.memory.output.load_built_store`), never "the only one readable"."""
+        from qgmem.memory.output import load_built_store
+
+        return self.use_store(load_built_store(folder, dialogue_id))
 
     def use_store(self, store: MemoryStore) -> MemoryStore:
         from qgmem.activation.activator import Activator
