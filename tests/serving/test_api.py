@@ -62,3 +62,45 @@ def test_api_failure_is_an_empty_answer_with_its_error(api_pipeline):
         pipe = api_pipeline(server.url)
         [answer] = pipe.answer("boom?")
     assert answer.answer == "" and "500" in answer.error
+
+
+def _default_graph_token_settings() -> dict:
+    """``features`` / ``readout`` / ``num_queries`` of the default preset (what ``python train.py`` exports)."""
+    import yaml
+
+    from qgmem.configs import preset_path
+
+    found = {}
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key in ("features", "readout", "num_queries") and not isinstance(value, (dict, list)):
+                    found[key] = value
+                walk(value)
+    walk(yaml.safe_load(preset_path("default").read_text()))
+    return found
+
+
+def test_api_backbone_with_the_default_export(tiny_lm_path):
+    """The default export's node_words features need the LM's tokenizer only for the graph token; an API
+    backbone (which reads the graph as text, and has no LM) used to crash building node word ids."""
+    from qgmem.model.encoder import EncoderConfig
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.model.pretrained import GraphTokenEncoder
+
+    from .helpers import HIDDEN, export_config
+
+    settings = _default_graph_token_settings()
+    assert settings["features"] == "node_words"  # the default this test is about
+    config = GraphTokenConfig(feature_dim=8, edge_dim=8, lm_hidden=HIDDEN, **settings,
+                              encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0))
+    encoder = GraphTokenEncoder(config, export_config(tiny_lm_path, 8)).eval()
+    with StubServer(_reply) as server:
+        backend = make_backend(LLMConfig(backend="openai", base_url=server.url, model="m", api_key_env=None,
+                                         max_retries=0, timeout_s=10))
+        pipe = QGMemPipeline(encoder, None, None, HashEncoder(8), backbone=TextGraphBackbone(backend, max_new_tokens=8))
+        pipe.remember(HISTORY)
+        answers = pipe.answer(QUESTIONS[:2])
+    assert [a.answer for a in answers] == ["You live in Lisbon [M1]."] * 2 and len(server.requests) == 2
+    assert all(a.error is None for a in answers)

@@ -225,7 +225,7 @@ class QGMemPipeline:
             t1 = time.perf_counter()
             facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
             graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
-            if needs_words(self.encoder.config.features):
+            if needs_words(self.encoder.config.features) and self.backbone is None:  # an API backbone reads text
                 graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
             out.append(Retrieved(question, memory, graph, {"activation": t1 - t0,
                                                            "graph_features": time.perf_counter() - t1}, when,
