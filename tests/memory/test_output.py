@@ -1,0 +1,82 @@
+"""The build's --out folder: the store served is the one the index names, never "the one left readable"."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from qgmem.cli import main
+from qgmem.errors import InputPathError, IntegrityError, UserError
+from qgmem.serving.pipeline import QGMemPipeline
+
+from .test_build_cli import fake_encoder  # noqa: F401  (fixture)
+
+LOCOMO = Path(__file__).parents[1] / "fixtures" / "locomo_small.json"
+
+
+@pytest.fixture()
+def two_stores(tmp_path, fake_encoder, capsys):  # noqa: F811
+    out = tmp_path / "out"
+    assert main(["build-memory", "--dataset", "locomo", "--path", str(LOCOMO), "--out", str(out),
+                 "--extractor", "heuristic"]) == 0
+    capsys.readouterr()
+    index = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    assert len(index) == 2
+    return out, index
+
+
+def _load(folder, dialogue=None):
+    """``QGMemPipeline.load_memory`` without a model (it hands the store to ``use_store``)."""
+    return QGMemPipeline.load_memory(SimpleNamespace(use_store=lambda store: store), folder, dialogue)
+
+
+def test_a_store_with_its_meta_deleted_is_an_error_naming_it(two_stores):
+    out, index = two_stores
+    (out / index[0]["folder"] / "meta.json").unlink()  # as an interrupted write leaves it
+    with pytest.raises(UserError, match="holds 2 stores; name one"):
+        _load(out)  # was: answered from the other dialogue's store, rc 0
+    with pytest.raises(InputPathError) as err:
+        _load(out, index[0]["dialogue_id"])
+    assert str(out / index[0]["folder"] / "meta.json") in str(err.value) and "build-memory" in str(err.value)
+    assert _load(out, index[1]["dialogue_id"]).dialogue_id == index[1]["dialogue_id"]
+
+
+def test_an_unknown_dialogue_lists_the_index_not_the_readable_stores(two_stores):
+    out, index = two_stores
+    (out / index[0]["folder"] / "meta.json").unlink()
+    with pytest.raises(UserError) as err:
+        _load(out, "nobody")
+    assert f"no store of dialogue 'nobody' in index.jsonl (it lists 2: {index[0]['dialogue_id']}, " \
+           f"{index[1]['dialogue_id']})" in str(err.value)
+
+
+def test_a_damaged_index_or_a_swapped_store_is_named(two_stores):
+    from qgmem.memory.output import load_built_store
+
+    out, index = two_stores
+    rows = (out / "index.jsonl").read_text().splitlines()
+    swapped = [json.loads(rows[0]), json.loads(rows[1])]
+    swapped[0]["folder"], swapped[1]["folder"] = swapped[1]["folder"], swapped[0]["folder"]
+    (out / "index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in swapped))
+    with pytest.raises(UserError, match=rf"holds dialogue {index[1]['dialogue_id']!r}, but .*index.jsonl says"):
+        load_built_store(out, index[0]["dialogue_id"])
+    (out / "index.jsonl").write_text(rows[0] + "\n{not json\n")
+    with pytest.raises(IntegrityError, match=r"index.jsonl, line 2"):
+        load_built_store(out, index[0]["dialogue_id"])
+
+
+def test_one_store_folder_and_an_out_without_index(two_stores):
+    from qgmem.memory.output import load_built_store
+
+    out, index = two_stores
+    one = out / index[1]["folder"]
+    assert load_built_store(one).dialogue_id == index[1]["dialogue_id"]
+    with pytest.raises(UserError, match="holds the store of dialogue"):
+        load_built_store(one, index[0]["dialogue_id"])
+    (out / "index.jsonl").unlink()
+    (out / index[0]["folder"] / "meta.json").unlink()
+    with pytest.raises(InputPathError, match="meta.json: not a memory store"):  # never skipped to look further
+        load_built_store(out, "nobody")
