@@ -221,3 +221,41 @@ def test_prefix_is_a_key_range(prefix, start, end):
 def test_bad_refresh_spec_is_a_user_error(spec):
     with pytest.raises(UserError, match="--refresh-llm-cache"):
         KeyRange.parse(spec)
+
+
+# --- secrets: a server that echoes the Authorization header ------------------------------------------
+
+KEY = "sk-test-0123456789abcdefSECRET"
+
+
+def echo_headers(holder: dict, status: int = 401):
+    """A responder that puts the request's headers in its error body, as some proxies do."""
+    def respond(request):
+        headers = holder["server"].headers[-1]
+        return status, json.dumps({"error": f"invalid key in Authorization: {headers['Authorization']}",
+                                   "key": KEY, "received_headers": headers})
+    return respond
+
+
+@pytest.mark.parametrize("status", [401, 500])
+def test_the_api_key_never_reaches_an_error_message(monkeypatch, status):
+    monkeypatch.setenv("QGMEM_TEST_KEY", KEY)
+    holder: dict = {}
+    with StubServer(echo_headers(holder, status)) as server:
+        holder["server"] = server
+        backend = _backend(server.url, api_key_env="QGMEM_TEST_KEY", max_retries=1, backoff_s=0.0)
+        [result] = backend.chat([[{"role": "user", "content": "hi"}]])
+        backend.close()
+    assert server.headers[0]["Authorization"] == f"Bearer {KEY}"  # the key was sent, and echoed back
+    assert not result.ok and f"HTTP {status}" in result.error
+    assert KEY not in result.error and KEY[:8] not in result.error and "Bearer [redacted]" in result.error
+
+
+def test_redact_takes_out_keys_and_bearer_tokens_before_a_cut():
+    from qgmem.llm.http import _excerpt, redact
+
+    assert redact(f'{{"Authorization": "Bearer {KEY}"}} and {KEY}', (KEY,)) == \
+        '{"Authorization": "Bearer [redacted]"} and [redacted]'
+    assert redact("authorization: bearer abc.def-ghi") == "authorization: bearer [redacted]"
+    cut = _excerpt(("y" * 190 + KEY).encode(), (KEY,))  # the cut would fall inside the key
+    assert cut == "y" * 190 + "[redacted]" and KEY[:5] not in cut

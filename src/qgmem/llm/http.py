@@ -7,13 +7,16 @@ replies (HTTP 200 with no content) are retried with exponential backoff (honouri
 other 4xx and unreadable bodies fail the item at once. ``timeout_s`` bounds each read; ``deadline_s``
 bounds the whole request, retries and backoff included: the body is read as a stream and abandoned
 when the deadline passes, so a server that sends one byte at a time cannot hold a call open. The API key is read from the environment variable named in the config at construction
-and lives only in the client's headers: it is never logged, cached or put in an error message.
+and lives only in the client's headers: it is never logged or cached, and every error message is passed
+through :func:`redact` first, so a server that echoes the ``Authorization`` header in an error body (or
+any ``Bearer …`` token) cannot put the key in a summary, a log or the console.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +28,25 @@ from qgmem.llm.base import ChatResult, Conversation, LLMBackend, LLMConfig, repl
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 #: a chat reply is a few kilobytes; a body past this is not one (and must not fill memory)
 MAX_BODY_BYTES = 64 * 1024 * 1024
+
+
+_BEARER = re.compile(r"(Bearer\s+)[^\s\"',;}\]]+", re.IGNORECASE)
+REDACTED = "[redacted]"
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """``text`` with each of ``secrets`` and every ``Bearer <token>`` replaced by ``[redacted]``."""
+    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def _excerpt(raw: bytes, secrets: tuple[str, ...], limit: int = 200) -> str:
+    """The first ``limit`` characters of a body for an error message, redacted *before* it is cut (so no
+    part of a key survives at the cut)."""
+    return redact(raw[: 64 * 1024].decode("utf-8", "replace"), secrets)[:limit]
 
 
 class DeadlineExceeded(Exception):
@@ -47,8 +69,10 @@ class OpenAIChatBackend(LLMBackend):
         self.config = config
         self.chunk_size = max(1, config.max_concurrency)
         headers = {"Content-Type": "application/json"}
+        self._secrets: tuple[str, ...] = ()
         if config.api_key_env and os.environ.get(config.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[config.api_key_env]}"
+            self._secrets = (os.environ[config.api_key_env],)
         self._client = client or httpx.Client(
             base_url=config.base_url.rstrip("/"), headers=headers, timeout=httpx.Timeout(config.timeout_s),
             limits=httpx.Limits(max_connections=config.max_concurrency),
@@ -68,7 +92,13 @@ class OpenAIChatBackend(LLMBackend):
               temperature: float) -> list[ChatResult]:
         pool = self._requests()
         futures = [pool.submit(self._request, c, max_new_tokens, temperature) for c in conversations]
-        return [f.result() for f in futures]
+        return [self._redacted(f.result()) for f in futures]
+
+    def _redacted(self, result: ChatResult) -> ChatResult:
+        """The result with the key (and any bearer token) taken out of its error message."""
+        if result.error is not None:
+            result.error = redact(result.error, self._secrets)
+        return result
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         if retry_after:
@@ -96,14 +126,14 @@ class OpenAIChatBackend(LLMBackend):
                 error = f"connection error: {type(e).__name__}"
             else:
                 if status == 200:
-                    result = self._parse(raw)
+                    result = self._parse(raw, self._secrets)
                     problem = reply_problem(result.text) if result.error is None else None
                     if problem is not None:
                         error = f"{problem}: HTTP 200 with no usable content"
                     else:
                         return result
                 else:
-                    error = f"HTTP {status}: {raw[:200].decode('utf-8', 'replace')}"
+                    error = f"HTTP {status}: {_excerpt(raw, self._secrets)}"
                     if status not in RETRY_STATUS:
                         return ChatResult("", 0, 0, error=error)
             if attempt < self.config.max_retries:
@@ -132,15 +162,15 @@ class OpenAIChatBackend(LLMBackend):
             return response.status_code, b"".join(chunks), response.headers.get("retry-after")
 
     @staticmethod
-    def _parse(raw: bytes) -> ChatResult:
+    def _parse(raw: bytes, secrets: tuple[str, ...] = ()) -> ChatResult:
         try:
             data = json.loads(raw)
             text = data["choices"][0]["message"]["content"]
             if not isinstance(text, str):
                 raise TypeError(f"content is {type(text).__name__}")
         except (ValueError, KeyError, IndexError, TypeError) as e:
-            return ChatResult("", 0, 0, error=f"unreadable response body ({type(e).__name__}: {str(e)[:80]}): "
-                                             f"{raw[:200].decode('utf-8', 'replace')!r}")
+            return ChatResult("", 0, 0, error=f"unreadable response body ({type(e).__name__}: "
+                                             f"{redact(str(e), secrets)[:80]}): {_excerpt(raw, secrets)!r}")
         usage = data.get("usage") if isinstance(data, dict) else None
         usage = usage if isinstance(usage, dict) else {}
         return ChatResult(text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")))
