@@ -158,3 +158,82 @@ def test_refresh_llm_cache_asks_the_dropped_replies_again(tmp_path, convomem_pat
     assert refreshed["llm_calls"] == first["llm_requests"] and refreshed["units"] == first["units"]
     assert f"dropped {first['llm_requests']} cached LLM replies (all)" in captured.err
     assert "--refresh-llm-cache 'nonsense!': expected all, a hex key prefix" in bad and "Traceback" not in bad
+
+
+# --- an LLM outage is never saved as a finished store; failed windows are asked again on resume -------
+
+def _llm_args(server_url, convomem_path, out, *extra, deadline="30"):
+    """``deadline`` 0.5 s for a failing server: one attempt, no backoff wait (the backoff would pass it)."""
+    return ["build-memory", "--dataset", "convomem", "--path", str(convomem_path), "--out", str(out), "--limit", "1",
+            "--extractor", "llm", "--llm-backend", "openai", "--llm-model", "stub", "--llm-base-url", server_url,
+            "--consolidation", "rule", "--llm-deadline", deadline, "--json", *extra]
+
+
+@pytest.mark.parametrize("outage", [(401, "unauthorized"), (500, "server error"), completion("")],
+                         ids=["401", "500", "empty"])
+def test_an_outage_stops_the_build_and_a_later_run_recovers(tmp_path, convomem_path, capsys, fake_encoder, outage):
+    with StubServer(lambda request: outage) as down:
+        assert main(_llm_args(down.url, convomem_path, tmp_path, deadline="0.5")) == 2  # was: rc 0, "units 0, skipped 2"
+    err = capsys.readouterr().err
+    assert "windows got no usable LLM reply (llm_error " in err and "no store was saved for it" in err
+    assert "Traceback" not in err
+    assert not list((tmp_path / "stores").glob("*/meta.json"))  # nothing that looks finished
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stopped"].startswith("dialogue ") and summary["skipped_windows"] == summary["windows"] > 0
+    with StubServer(lambda request: completion(_recorded(request["messages"]))) as healthy:
+        assert main(_llm_args(healthy.url, convomem_path, tmp_path)) == 0  # resume: no --no-resume needed
+    after = _last_json(capsys)
+    assert after["reused_dialogues"] == 0 and after["units"] > 0 and after["skipped_windows"] == 0
+
+
+def test_failed_windows_under_the_threshold_are_asked_again_on_resume(tmp_path, convomem_path, capsys, fake_encoder):
+    def flaky(request):
+        if any("Friday" in m["content"] for m in request["messages"]):
+            return 500, "down for this one"
+        return completion(_recorded(request["messages"]))
+
+    with StubServer(flaky) as server:
+        assert main(_llm_args(server.url, convomem_path, tmp_path, deadline="0.5")) == 0
+    first = _last_json(capsys)
+    assert 0 < first["skipped_windows"] < first["windows"] / 2 and first["skip_reasons"] == {
+        "llm_error": first["skipped_windows"]}
+    with StubServer(lambda request: completion(_recorded(request["messages"]))) as healthy:
+        assert main(_llm_args(healthy.url, convomem_path, tmp_path)) == 0
+    second = _last_json(capsys)
+    assert second["retried_failed_windows_stores"] == 1 and second["reused_dialogues"] == 0
+    assert second["skipped_windows"] == 0 and second["units"] > first["units"]
+    # the good replies came from the cache: only the failed windows reached the server
+    assert len(healthy.requests) == second["llm_calls"] == first["skipped_windows"]
+
+
+def test_max_failed_windows_zero_stops_at_one_failed_window(tmp_path, convomem_path, capsys, fake_encoder):
+    def flaky(request):
+        if any("Friday" in m["content"] for m in request["messages"]):
+            return 401, "no"
+        return completion(_recorded(request["messages"]))
+
+    with StubServer(flaky) as server:
+        assert main(_llm_args(server.url, convomem_path, tmp_path, "--max-failed-windows", "0")) == 2
+        assert "more than the allowed share 0;" in capsys.readouterr().err
+        assert main(_llm_args(server.url, convomem_path, tmp_path, "--max-failed-windows", "1.5")) == 2
+        assert "max_failed_share must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_api_key_is_in_no_summary_and_no_output(tmp_path, convomem_path, capsys, fake_encoder, monkeypatch):
+    key = "sk-live-0123456789SECRETKEY"
+    monkeypatch.setenv("QGMEM_TEST_KEY", key)
+    holder = {}
+
+    def echo(request):  # a proxy that echoes the request headers in its 401 body
+        return 401, json.dumps({"error": "bad key", "headers": holder["server"].headers[-1], "key": key})
+
+    with StubServer(echo) as server:
+        holder["server"] = server
+        assert main(_llm_args(server.url, convomem_path, tmp_path, "--llm-api-key-env", "QGMEM_TEST_KEY",
+                              deadline="0.5")) == 2
+    assert server.headers[0]["Authorization"] == f"Bearer {key}"
+    captured = capsys.readouterr()
+    written = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*.json*"))
+    assert "HTTP 401" in captured.err + written
+    for text in (captured.out, captured.err, written):
+        assert key not in text and key[:10] not in text
