@@ -80,3 +80,28 @@ def test_one_store_folder_and_an_out_without_index(two_stores):
     (out / index[0]["folder"] / "meta.json").unlink()
     with pytest.raises(InputPathError, match="meta.json: not a memory store"):  # never skipped to look further
         load_built_store(out, "nobody")
+
+
+@pytest.mark.slow
+def test_a_second_build_of_one_out_stops_with_a_clear_message(tmp_path, fake_encoder, capsys):  # noqa: F811
+    """Another process holds OUT's lock (as a running build does): this build stops, exit 2, and leaves
+    the first one's index and summary alone (was: both wrote them, the last one won)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom qgmem.memory.output import build_lock\n"
+                               f"with build_lock({str(out)!r}):\n    print('held', flush=True)\n    sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        args = ["build-memory", "--dataset", "locomo", "--path", str(LOCOMO), "--out", str(out), "--extractor",
+                "heuristic"]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "another `qgmem build-memory` is writing this folder" in err and ".build.lock" in err
+        assert "Traceback" not in err and not (out / "index.jsonl").exists() and not (out / "stores").exists()
+    finally:
+        holder.communicate("", timeout=30)  # the holder exits, and the lock goes with it
+    assert main(args) == 0 and (out / "index.jsonl").is_file()

@@ -163,3 +163,24 @@ def test_save_replaces_atomically_and_stale_temp_is_cleaned(built, tmp_path):
     live.mkdir()
     assert clean_stale_temp(folder.parent) == [dead]
     assert not dead.exists() and live.exists() and folder.exists()
+
+
+@pytest.mark.slow
+def test_two_writers_and_a_reader_of_one_store_never_collide(tmp_path):
+    """Two processes save one store over and over while a third loads it (was: `OSError: Directory not
+    empty` in the writers, "missing file" errors in the reader): the swap and the load share a lock."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = tmp_path / "stores" / "d"
+    MemoryStore(dialogue_id="d", embeddings=np.ones((0, 4), dtype=np.float32)).save(folder)
+    child = Path(__file__).with_name("store_race_child.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(child), role, str(folder), "150"], stdout=subprocess.PIPE,
+                              text=True, env=env) for role in ("writer", "writer", "reader")]
+    results = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert [r["errors"][:3] for r in results] == [[], [], []]
+    assert MemoryStore.load(folder).meta["role"] == "writer"
+    assert sorted(p.name for p in folder.parent.iterdir()) == [".d.lock", "d"]  # no temp or .old- folder left
