@@ -91,5 +91,5 @@ def test_seal_and_verify_sealed(tmp_path):
     with pytest.raises(IntegrityError, match="not a checksum listing"):
         verify_sealed(tmp_path)
     (tmp_path / CHECKSUMS).unlink()
-    with pytest.raises(IntegrityError, match="checksums.json: missing"):
+    with pytest.raises(IntegrityError, match="checksums.json: is missing"):
         verify_sealed(tmp_path)

@@ -91,7 +91,8 @@ def verify_sealed(folder: str | Path, hint: str | None = None, listing: str = CH
     folder = Path(folder)
     path = folder / listing
     if not path.is_file():
-        raise IntegrityError(f"{path}: missing, so {folder} cannot be verified", hint=hint)
+        what = "is missing" if folder.is_dir() else "is missing (with its folder)"
+        raise IntegrityError(f"{path}: {what}, so {folder} cannot be verified", hint=hint)
     try:
         records = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:

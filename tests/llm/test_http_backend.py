@@ -62,6 +62,7 @@ def test_gives_up_after_max_retries_with_an_error_not_an_exception():
 
 @pytest.mark.parametrize("status,body,expect", [
     (400, '{"error": "bad"}', "HTTP 400"),
+    (401, '{"error": "invalid api key"}', "HTTP 401"),
     (200, "this is not json", "unreadable response body"),
     (200, '{"choices": []}', "unreadable response body"),
     (200, '{"choices": [{"message": {"content": null}}]}', "unreadable response body"),

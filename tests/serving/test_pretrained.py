@@ -192,7 +192,7 @@ def test_a_nan_tensor_is_refused_at_load_naming_it(tiny_lm_path, tmp_path):
 def test_a_version_3_export_without_checksums_is_refused(tiny_lm_path, tmp_path):
     folder = make_export(tmp_path / "export", tiny_lm_path)
     (folder / "checksums.json").unlink()
-    with pytest.raises(IntegrityError, match=r"checksums.json: missing, so .* cannot be verified .*qgmem export"):
+    with pytest.raises(IntegrityError, match=r"checksums.json: is missing, so .* cannot be verified .*qgmem export"):
         GraphTokenEncoder.from_pretrained(folder)
 
 

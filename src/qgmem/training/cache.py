@@ -38,11 +38,12 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from qgmem.errors import IntegrityError
+from qgmem.integrity import CHECKSUMS as INTEGRITY_CHECKSUMS
 
 log = logging.getLogger(__name__)
 
 #: the file in each published folder listing its other files' size and SHA-256
-CHECKSUMS = "checksums.json"
+CHECKSUMS = INTEGRITY_CHECKSUMS  # one name for every sealed folder (qgmem.integrity)
 #: how to rebuild the cache when a part cannot be rebuilt in place
 REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
 
@@ -231,10 +232,10 @@ def _quiet_datasets() -> Iterator[None]:
 
 def seal(folder: Path) -> None:
     """Write ``folder/CHECKSUMS``: size + SHA-256 of every other file under ``folder`` (written last)."""
-    from qgmem.integrity import manifest
+    from qgmem.integrity import seal as seal_files
 
-    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS)
-    write_json(folder / CHECKSUMS, manifest(folder, names))
+    seal_files(folder, [p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                        if p.is_file() and p.name != CHECKSUMS], listing=CHECKSUMS)
 
 
 def verify_folder(folder: Path, hint: str = REBUILD_HINT) -> None:
@@ -243,17 +244,9 @@ def verify_folder(folder: Path, hint: str = REBUILD_HINT) -> None:
     A folder without ``CHECKSUMS`` (written before they were recorded, or damaged) cannot be trusted
     either; a file present but not listed is ignored (``datasets`` may add cache files beside its own).
     """
-    from qgmem.integrity import verify_files
+    from qgmem.integrity import verify_sealed
 
-    listing = folder / CHECKSUMS
-    if not listing.is_file():
-        what = "is missing" if folder.is_dir() else "is missing (with its folder)"
-        raise IntegrityError(f"{listing}: {what}, so {folder} cannot be verified", hint=hint)
-    try:
-        records = read_json(listing)
-    except (OSError, ValueError) as exc:
-        raise IntegrityError(f"{listing}: unreadable ({exc})", hint=hint) from exc
-    verify_files(folder, records, hint=hint)
+    verify_sealed(folder, hint=hint, listing=CHECKSUMS)
 
 
 def load_arrow(folder: Path, hint: str = REBUILD_HINT):
