@@ -67,12 +67,12 @@ def store_lock(directory: str | Path, shared_ok: bool = False) -> Iterator[None]
     except OSError:
         if not shared_ok:
             raise
-        yield
-        return
+        lock = None
     try:
         yield
     finally:
-        lock.release()
+        if lock is not None:
+            lock.release()
 
 
 class StoreMismatchError(ValueError):
