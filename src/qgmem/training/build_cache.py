@@ -23,7 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qgmem.errors import UserError
+from qgmem.errors import UserError, argparse_command, run_command, split_debug
+
+PROG = "qgmem build-cache"
+DESCRIPTION = __doc__.splitlines()[0].replace("``", "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,10 +143,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m qgmem.training.build_cache`` (what torchrun launches)."""
-    from qgmem.cli import main as qgmem_main
-
-    return qgmem_main(["build-cache", *(sys.argv[1:] if argv is None else argv)])
+    """Entry point for ``python -m qgmem.training.build_cache`` (what torchrun launches): ``qgmem build-cache``."""
+    argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
+    return run_command(PROG, argparse_command(PROG, DESCRIPTION, add_arguments, run), argv, debug)
 
 
 if __name__ == "__main__":  # pragma: no cover
