@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_modes(text: str) -> list[str]:
-    from qgmem.serving.pipeline import GRAPH_MODES
+    from qgmem.serving.records import GRAPH_MODES
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in GRAPH_MODES]
