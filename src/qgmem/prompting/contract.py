@@ -38,6 +38,9 @@ class PromptSettings:
             and the graph tokens are the only memory the LM sees.
         first_line: an answer is its first non-empty line (generation stops at a line break when thinking
             is off): the prompt asks for one short sentence and a small LM that goes on only costs time.
+        memory_units: the textual working memory keeps only its first ``m`` entries (``[M1]`` ..
+            ``[Mm]``, the top of the reranked order) while the graph tokens still cover all ``k`` units;
+            ``None`` keeps every entry. The context-budget setting: ``0`` leaves no entry in the text.
     """
 
     max_prompt_tokens: int = 1024
@@ -47,8 +50,11 @@ class PromptSettings:
     graph_tokens: int = 1
     include_memory_text: bool = True
     first_line: bool = True
+    memory_units: int | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_units is not None and self.memory_units < 0:
+            raise ValueError(f"memory_units must be >= 0 or None (all units), got {self.memory_units}")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.max_answer_tokens < 1:
