@@ -522,3 +522,22 @@ def test_graph_only_prompts_carry_no_memory_text(smollm2_tokenizer, graph_only):
         text = smollm2_tokenizer.decode(batch["input_ids"][b])
         assert (item["memory_text"] in text) is not graph_only and ("Memory:" in text) is not graph_only
         assert item["question"] in text and item["answer"] in text
+
+
+def test_two_order_seeds_give_two_training_orders_on_one_cache(smollm2_tokenizer):
+    """The protocol's seeds vary the data order (and the alignment stage's) without a new cache."""
+    from qgmem.training.datamodule import InMemoryDataModule
+    from qgmem.training.module import _order_seed
+
+    items = synthetic_items(12, 8, seed=0)
+
+    def order(seed):
+        dm = InMemoryDataModule(items, tokenizer=smollm2_tokenizer, batch_size=3, order_seed=seed)
+        return list(iter(dm.train_dataloader().sampler)), dm
+
+    (a, dm_a), (b, dm_b) = order(0), order(1)
+    assert sorted(a) == sorted(b) == list(range(12)) and a != b
+    assert order(1)[0] == b  # the same seed, the same order
+    assert (_order_seed(dm_a), _order_seed(dm_b), _order_seed(None)) == (0, 1, 0)
+    dm_b.order_seed = 5
+    assert _order_seed(dm_b) == 5

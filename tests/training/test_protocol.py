@@ -279,7 +279,7 @@ def _aligned_control_scores(kind: str, seeds=(0, 1)):
 def test_positive_control_own_beats_ablated_strongly():
     """Answer = one node's text: a model that can read node texts must lose much NLL when that node goes."""
     r = _aligned_control_scores("positive")
-    assert r["ci95"][1] < -0.5, r
+    assert r["ci95"][1] < -0.3 and r["mean"] < -0.5, r
 
 
 @pytest.mark.slow
