@@ -279,9 +279,10 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
         raise ValueError(f"unknown condition(s) {unknown}; known: {list(CONDITIONS)}")
     module.eval()
     signatures = [graph_signature(it["graph"]) for it in items]
-    partner = derangement(signatures, seed)
+    partner = derangement(signatures, seed) if "shuffled" in conditions else list(range(len(items)))
     report = {**tie_report(signatures),
-              "shuffled_same_graph": sum(signatures[p] == signatures[i] for i, p in enumerate(partner)),
+              "shuffled_same_graph": sum(signatures[p] == signatures[i] for i, p in enumerate(partner))
+              if "shuffled" in conditions else None,
               "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in items)}
     scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)],
                           group=[str(g) for g in (groups or [it.get("qa_id", i) for i, it in enumerate(items)])],
