@@ -198,11 +198,22 @@ def mean_of(values) -> float:
 
 def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
     """Mean text tokens of the prompt and of its memory part over ``items``, plus the graph tokens' count."""
+    from qgmem.activation.serialize import first_entries
+
     enc = dm.collator.encoder
     encoded = [enc.prompt(it["memory_text"], it["question"]) for it in items]
     k = 0 if model_cfg.get("graph") == "none" else int(model_cfg.get("num_queries", 1))
-    return {"prompt_tokens": sum(len(e.ids) for e in encoded) / max(1, len(encoded)),
-            "memory_tokens": sum(e.memory_tokens for e in encoded) / max(1, len(encoded)), "graph_tokens": k}
+    whole = []  # entries [M1]..[Mj] that fit in the prompt's memory text whole (what a budget of m amounts to)
+    for it, e in zip(items, encoded):
+        text = first_entries(it["memory_text"], enc.settings.memory_units)
+        j = 0
+        while first_entries(text, j + 1) != first_entries(text, j) and \
+                len(enc._ids(first_entries(text, j + 1).strip())) <= e.memory_tokens:
+            j += 1
+        whole.append(j)
+    n = max(1, len(encoded))
+    return {"prompt_tokens": sum(len(e.ids) for e in encoded) / n, "memory_tokens": sum(e.memory_tokens for e in encoded) / n,
+            "graph_tokens": k, "entries_whole": sum(whole) / n}
 
 
 def usable(split) -> tuple[list[dict[str, Any]], list[str], int]:
@@ -305,7 +316,8 @@ def ci(result: dict[str, Any] | None) -> str:
 def print_tables(name: str, s: dict[str, Any]) -> None:
     print(f"\n### {name}: {s['n']} {s['split']} samples, {s['seeds']} seeds, {s['train_samples']} train samples, "
           f"{s['steps']} steps of {s['batch_size']}, lr {s['lr']}, features `{s['features']}`, readout "
-          f"`{s['readout']}` (K={s['num_queries']}); prompt text {s['prompt_tokens']:.0f} tokens\n")
+          f"`{s['readout']}` (K={s['num_queries']}); prompt text {s['prompt_tokens']:.0f} tokens, memory "
+          f"{s['memory_tokens']:.0f}, entries kept whole {s['entries_whole']:.1f}\n")
     print("| condition | answer NLL | EM | F1 |\n| --- | --- | --- | --- |")
     for c, v in s["nll"].items():
         em = s["em_f1"].get(c, {})
@@ -341,6 +353,7 @@ def brief(s: dict[str, Any]) -> dict[str, Any]:
                per_category={k: {c: {"mean": v["mean"], "ci95": v["ci95"]} for c, v in s[k]["per_category"].items()}
                              for k in CONTRAST_KEYS if k in s},
                prompt_tokens=round(s["prompt_tokens"], 1), memory_tokens=round(s["memory_tokens"], 1),
+               entries_whole=round(s["entries_whole"], 2),
                graph_tokens=s["graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"])
     if "probe" in s:
         out["probe"] = s["probe"]
