@@ -36,4 +36,14 @@ def without_units(store: MemoryStore, drop: set[str], encode: Callable[[list[str
                        embeddings=np.asarray(embeddings, dtype=np.float32), meta=meta)
 
 
-__all__ = ["evidence_unit_ids", "without_units"]
+def evidence_only_nodes(graph: Any, units: list[Any], drop: set[str]) -> set[str]:
+    """Node texts (case-folded) of a local graph that only units in ``drop`` contribute edges to."""
+    from_evidence: set[int] = set()
+    from_others: set[int] = set()
+    for (head, tail), position in zip(graph.edge_index, graph.edge_unit):
+        target = from_evidence if units[position].id in drop else from_others
+        target.update((head, tail))
+    return {graph.node_text[i].strip().casefold() for i in from_evidence - from_others}
+
+
+__all__ = ["evidence_only_nodes", "evidence_unit_ids", "without_units"]
