@@ -178,7 +178,7 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
                    lr=model_cfg.get("lr"), features=model_cfg.get("features", "text"),
                    readout=model_cfg.get("readout", "mean"), num_queries=model_cfg.get("num_queries", 1),
                    memory_units=overrides.get("memory_units"), seed_list=list(args.seeds), seed_runs=seeds_info,
-                   data_s=round(data_s, 1), **tokens)
+                   data_s=round(data_s, 1), ablation=ablation_counts(dm.split(args.split)), **tokens)
     summary["_scores"] = [s.to_dict() for s in scores]
     if args.probe and model_cfg["graph"] != "none":
         probe_path = out / "probe.json"
@@ -214,6 +214,29 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
     n = max(1, len(encoded))
     return {"prompt_tokens": sum(len(e.ids) for e in encoded) / n, "memory_tokens": sum(e.memory_tokens for e in encoded) / n,
             "graph_tokens": k, "entries_whole": sum(whole) / n}
+
+
+def ablation_counts(split) -> dict[str, int]:
+    """What the evidence ablation did on the usable samples of ``split`` (the cache's per-row record)."""
+    from qgmem.training.answer_filter import RUBRIC_CATEGORIES
+
+    counts = {"ablated": 0, "no_gold_evidence": 0, "no_evidence_unit_in_store": 0, "ablated_graph_unchanged": 0,
+              "own_graph_without_evidence_unit": 0, "lose_all_evidence_nodes": 0, "keep_some_through_other_units": 0}
+    for i in range(len(split)):
+        row = split.row(i)
+        if row["category"] in RUBRIC_CATEGORIES:
+            continue
+        if not row.get("ablated"):
+            counts[row.get("ablation_status") or "no_gold_evidence"] += 1
+            continue
+        counts["ablated"] += 1
+        if not row["memory_evidence_units"]:
+            counts["own_graph_without_evidence_unit"] += 1
+        elif row["evidence_nodes_kept"]:
+            counts["keep_some_through_other_units"] += 1
+        else:
+            counts["lose_all_evidence_nodes"] += 1
+    return counts
 
 
 def usable(split) -> tuple[list[dict[str, Any]], list[str], int]:
@@ -335,6 +358,7 @@ def print_tables(name: str, s: dict[str, Any]) -> None:
         p = s["probe"]
         print("\nuntrained node-word probe: NLL " + ", ".join(f"{c} {fmt(v)}" for c, v in p["nll"].items()) + "; "
               + "; ".join(f"{k.replace('_', ' ')} {ci(p[k])}" for k in CONTRAST_KEYS if k in p))
+    print("ablation: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in s["ablation"].items()))
     pairing = s["seed_runs"][0]["pairing"]
     print(f"graphs: {pairing['distinct_graphs']} distinct of {pairing['samples']}, {pairing['samples_in_ties']} in ties; "
           f"with an ablated graph: {pairing.get('with_ablated_graph')}")
@@ -354,7 +378,8 @@ def brief(s: dict[str, Any]) -> dict[str, Any]:
                              for k in CONTRAST_KEYS if k in s},
                prompt_tokens=round(s["prompt_tokens"], 1), memory_tokens=round(s["memory_tokens"], 1),
                entries_whole=round(s["entries_whole"], 2),
-               graph_tokens=s["graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"])
+               graph_tokens=s["graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"],
+               ablation=s["ablation"])
     if "probe" in s:
         out["probe"] = s["probe"]
     return out
