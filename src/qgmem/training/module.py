@@ -353,8 +353,11 @@ class QGMemModule(LightningModule):
         steps = int(self.hparams.align_steps)
         if steps <= 0 or self.global_step > 0:
             return
+        import time
+
         from qgmem.training.alignment import align_node_tokens
 
+        started = time.perf_counter()
         loader = self.trainer.train_dataloader
         result = align_node_tokens(self.net, loader.dataset, loader.collate_fn, self.lm.get_input_embeddings().weight,
                                    steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
@@ -364,6 +367,7 @@ class QGMemModule(LightningModule):
             state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
             self.net.load_state_dict(state)
         self.alignment_result = result
+        self.alignment_seconds = time.perf_counter() - started
         if result:
             self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
                           rank_zero_only=True)
