@@ -198,7 +198,7 @@ def mean_of(values) -> float:
 
 def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
     """Mean text tokens of the prompt and of its memory part over ``items``, plus the graph tokens' count."""
-    from qgmem.activation.serialize import first_entries
+    from qgmem.prompting.contract import first_entries
 
     enc = dm.collator.encoder
     encoded = [enc.prompt(it["memory_text"], it["question"]) for it in items]
@@ -218,7 +218,7 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
 
 def ablation_counts(split) -> dict[str, int]:
     """What the evidence ablation did on the usable samples of ``split`` (the cache's per-row record)."""
-    from qgmem.training.answer_filter import RUBRIC_CATEGORIES
+    from qgmem.samples.answer_filter import RUBRIC_CATEGORIES
 
     counts = {"ablated": 0, "no_gold_evidence": 0, "no_evidence_unit_in_store": 0, "ablated_graph_unchanged": 0,
               "own_graph_without_evidence_unit": 0, "lose_all_evidence_nodes": 0, "keep_some_through_other_units": 0}

@@ -6,8 +6,6 @@ The entry order is the reranked order, the same order the local graph's ``edge_u
 
 from __future__ import annotations
 
-import re
-
 from qgmem.activation.records import LocalGraph
 from qgmem.memory.records import MemoryUnit
 
@@ -84,22 +82,6 @@ def serialize_working_memory(units: list[MemoryUnit], store=None, *, source_char
     shown: dict[str, int] = {}
     return "\n".join(serialize_unit(i + 1, u, store, source_chars=source_chars, max_states=max_states,
                                     labels=labels, shown=shown) for i, u in enumerate(units))
-
-
-_ENTRY = re.compile(r"^\[M(\d+)\] ", re.MULTILINE)
-
-
-def first_entries(memory_text: str, m: int | None) -> str:
-    """The textual working memory cut to its entries ``[M1]`` .. ``[Mm]`` (``None``: all of it).
-
-    Entries are the lines :func:`serialize_working_memory` writes in reranked order, so the first ``m``
-    are the top ``m`` units; text ahead of the first entry (none is written) is kept.
-    """
-    if m is None:
-        return memory_text
-    starts = [(int(match.group(1)), match.start()) for match in _ENTRY.finditer(memory_text)]
-    cut = next((pos for label, pos in starts if label > m), None)
-    return memory_text if cut is None else memory_text[:cut].rstrip("\n")
 
 
 def serialize_graph_triples(graph: LocalGraph) -> str:

@@ -8,6 +8,7 @@ side of a training run), saved in checkpoints and written into every export's ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -74,6 +75,22 @@ class PromptSettings:
         if unknown:
             raise ValueError(f"unknown prompt setting(s) {unknown}; known: {sorted(known)}")
         return cls(**{k: v for k, v in data.items() if v is not None or k == "system_prompt"})
+
+
+_ENTRY = re.compile(r"^\[M(\d+)\] ", re.MULTILINE)
+
+
+def first_entries(memory_text: str, m: int | None) -> str:
+    """The textual working memory cut to its entries ``[M1]`` .. ``[Mm]`` (``None``: all of it).
+
+    Entries are the lines :func:`qgmem.activation.serialize.serialize_working_memory` writes in reranked order, so the first ``m``
+    are the top ``m`` units; text ahead of the first entry (none is written) is kept.
+    """
+    if m is None:
+        return memory_text
+    starts = [(int(match.group(1)), match.start()) for match in _ENTRY.finditer(memory_text)]
+    cut = next((pos for label, pos in starts if label > m), None)
+    return memory_text if cut is None else memory_text[:cut].rstrip("\n")
 
 
 def user_content(memory_text: str, question: str, include_memory: bool = True) -> str:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qgmem.activation.serialize import first_entries
-from qgmem.prompting.contract import PromptSettings, build_messages, user_content
+from qgmem.prompting.contract import PromptSettings, build_messages, first_entries, user_content
 
 _MARK = "\u2063qgmem-slot\u2063"  # invisible separator around a word no template produces
 

@@ -178,7 +178,7 @@ def ablated_retrieved(pipe, qas: list, own: list, counts: dict[str, int]) -> lis
     from dataclasses import replace
 
     from qgmem.memory.ablate import evidence_unit_ids, without_units
-    from qgmem.training.protocol import graph_signature
+    from qgmem.activation.graph import graph_signature
 
     store = pipe.store
     out = []
@@ -223,8 +223,7 @@ def reference_nll(pipe, retrieved: list, qas: list, mode: str) -> list[float | N
 def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) -> list[float | None]:
     import torch
 
-    from qgmem.model.fusion import answer_nll, insert_token
-    from qgmem.training.collate import IGNORE_INDEX
+    from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
 
     out: list[float | None] = [None] * len(retrieved)
     todo = [i for i, qa in enumerate(qas) if qa.category not in RUBRIC_CATEGORIES and str(qa.answer).strip()]
@@ -253,7 +252,7 @@ def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) ->
 
 def nll_contrasts(rows: list[dict[str, Any]], modes: list[str], n_boot: int = 10_000) -> dict[str, Any]:
     """Paired ``own − other`` reference NLL per question, with a bootstrap interval over cases."""
-    from qgmem.training.protocol import paired_bootstrap
+    from qgmem.bootstrap import paired_bootstrap
 
     by_mode = {m: {r["qa_id"]: r for r in rows if r["graph_mode"] == m and r.get("nll") is not None} for m in modes}
     out: dict[str, Any] = {}
