@@ -131,6 +131,9 @@ class QGMemPipeline:
         self.backbone = backbone  # a text backbone (qgmem.serving.api) answering instead of the graph-token LM
         self.store: MemoryStore | None = None
         self._activator = None
+        self._builder = None  # one MemoryBuilder per pipeline: its parser memo and models are loaded once
+        self._trace_index = None  # the store's trace neighbour lists, kept for appends
+        self._reranker = None  # a model reranker (cross-encoder, LLM) is loaded once, not once per store
         self.seconds: dict[str, float] = {}  # construction time of the latest remember()
 
     # ------------------------------------------------------------------------------------- loading
@@ -169,11 +172,15 @@ class QGMemPipeline:
                    prompt=prompt, llm=llm, max_new_tokens=gen)
 
     # -------------------------------------------------------------------------------------- memory
-    def remember(self, history: Any) -> MemoryStore:
+    def remember(self, history: Any, *, append: bool = False) -> MemoryStore:
         """Build the memory store of ``history``: a :class:`~qgmem.data.records.Dialogue` or ``Case``, a
-        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history`)."""
+        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history`).
+
+        ``append=True`` adds ``history``'s sessions to the current store instead (new units, traces
+        regrouped, indexes extended; the earlier history is not rebuilt): appending a history's sessions
+        one call at a time gives the store of remembering it in one call.
+        """
         from qgmem.data.records import Case, Dialogue
-        from qgmem.memory.builder import MemoryBuilder
         from qgmem.serving.history import load_history, sessions_to_dialogue
 
         if isinstance(history, (str, Path)):
@@ -182,14 +189,28 @@ class QGMemPipeline:
             history = history.dialogue
         if not isinstance(history, Dialogue):
             history = sessions_to_dialogue(history)
-        if (self.construction.extractor == "llm" or self.construction.consolidation == "llm") and self.llm is None:
-            raise UserError("the export's construction settings use an LLM (field 'construction.extractor' or "
-                            "'construction.consolidation'); pass llm=<backend> or build the store with "
-                            "`qgmem build-memory` and use load_memory()")
+        builder = self.builder()
         started = time.perf_counter()
-        store = MemoryBuilder(self.construction, self.sentence_encoder, llm=self.llm).build(history)
+        if append and self.store is not None:
+            store, self._trace_index = builder.append(self.store, history.sessions, self._trace_index)
+        else:
+            index: list = []
+            store = builder.build(history, index_out=index)
+            self._trace_index = index[0]
         self.seconds = {"construction": time.perf_counter() - started}
-        return self.use_store(store)
+        return self.use_store(store, self._trace_index)
+
+    def builder(self):
+        """The pipeline's :class:`~qgmem.memory.builder.MemoryBuilder` (made once, on first use)."""
+        from qgmem.memory.builder import MemoryBuilder
+
+        if self._builder is None:
+            if (self.construction.extractor == "llm" or self.construction.consolidation == "llm") and self.llm is None:
+                raise UserError("the export's construction settings use an LLM (field 'construction.extractor' or "
+                                "'construction.consolidation'); pass llm=<backend> or build the store with "
+                                "`qgmem build-memory` and use load_memory()")
+            self._builder = MemoryBuilder(self.construction, self.sentence_encoder, llm=self.llm)
+        return self._builder
 
     def load_memory(self, folder: str | Path, dialogue_id: str | None = None) -> MemoryStore:
         """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder)."""
@@ -210,39 +231,50 @@ class QGMemPipeline:
         ids = ", ".join(s.dialogue_id for s in loaded[:10])
         raise UserError(f"{folder}: holds {len(loaded)} stores; name one with dialogue_id (--dialogue): {ids}")
 
-    def use_store(self, store: MemoryStore) -> MemoryStore:
-        from qgmem.activation.activator import Activator
-
+    def use_store(self, store: MemoryStore, trace_index: Any = None) -> MemoryStore:
         self.store = store
-        self._activator = Activator(store, self.sentence_encoder, self.activation, llm=self.llm) if len(store) else None
+        self._trace_index = trace_index  # None: rebuilt from the store at the first append
+        self._activator = self.activator_for(store)
         return store
+
+    def activator_for(self, store: MemoryStore):
+        """An :class:`~qgmem.activation.activator.Activator` over ``store`` (None for an empty store),
+        sharing the pipeline's model reranker when the activation settings use one."""
+        from qgmem.activation.activator import Activator
+        from qgmem.activation.rerank import make_reranker
+
+        if not len(store):
+            return None
+        if self.activation.reranker != "embedding" and self._reranker is None:
+            a = self.activation
+            self._reranker = make_reranker(a.reranker, embeddings=store.embeddings, encoder=self.sentence_encoder,
+                                           path=a.reranker_path, batch_size=a.reranker_batch_size,
+                                           max_doc_tokens=a.reranker_max_doc_tokens)
+        return Activator(store, self.sentence_encoder, self.activation, reranker=self._reranker, llm=self.llm)
 
     # ------------------------------------------------------------------------------------ answering
     def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None) -> list[Retrieved]:
         """Activation + graph features for each question (no LM yet)."""
+        if self.store is None:
+            raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
+        times = list(question_times) if question_times is not None else [None] * len(questions)
+        return [self.retrieve_one(self._activator, len(self.store), q, when) for q, when in zip(questions, times)]
+
+    def retrieve_one(self, activator: Any, store_units: int, question: str, when: str | None = None) -> Retrieved:
+        """Activation (over ``activator``'s store; None: an empty memory) + graph features, one question."""
         from qgmem.activation.graph import graph_to_data
         from qgmem.model.alignment import node_word_ids
         from qgmem.model.features import needs_fact
 
-        if self.store is None:
-            raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
-        times = list(question_times) if question_times is not None else [None] * len(questions)
-        out = []
-        for question, when in zip(questions, times):
-            t0 = time.perf_counter()
-            if self._activator is None:
-                memory = WorkingMemory(question=question)
-            else:
-                memory = self._activator.activate(question, when)
-            t1 = time.perf_counter()
-            facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
-            graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
-            if needs_words(self.encoder.config.features):
-                graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
-            out.append(Retrieved(question, memory, graph, {"activation": t1 - t0,
-                                                           "graph_features": time.perf_counter() - t1}, when,
-                                 len(self.store)))
-        return out
+        t0 = time.perf_counter()
+        memory = WorkingMemory(question=question) if activator is None else activator.activate(question, when)
+        t1 = time.perf_counter()
+        facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
+        graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
+        if needs_words(self.encoder.config.features):
+            graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
+        return Retrieved(question, memory, graph, {"activation": t1 - t0,
+                                                   "graph_features": time.perf_counter() - t1}, when, store_units)
 
     def answer(self, questions: str | Sequence[str], graph: str = "token",
                question_times: Sequence[str | None] | None = None) -> list[Answer]:
