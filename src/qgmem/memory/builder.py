@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -223,7 +224,8 @@ class MemoryBuilder:
         which is cheap (a union over the kept lists). Session ids, turn ids and turn indices, window
         ids and the user's name continue the store's (``meta["extent"]``), so appending a history's
         sessions one at a time gives the store of building the history in one pass. The turns'
-        ``session_id``/``id``/``index`` are rewritten to continue the store's numbering.
+        ``session_id``/``id``/``index`` are rewritten to continue the store's numbering; ``store`` itself
+        is not changed (readers of it may go on while the new store is built).
         """
         started = time.perf_counter()
         extent = store.meta.get("extent")
@@ -246,7 +248,7 @@ class MemoryBuilder:
         new_embeddings = self.encoder.encode([u.fact for u in new_units]) if new_units else np.zeros(
             (0, store.embeddings.shape[1] if store.embeddings.ndim == 2 else int(getattr(self.encoder, "dim", 0))),
             dtype=np.float32)
-        units = list(store.units) + new_units
+        units = [copy.copy(u) for u in store.units] + new_units  # regrouping sets trace ids: ``store`` stays as it was
         embeddings = (np.concatenate([np.asarray(store.embeddings, np.float32).reshape(len(store), -1),
                                       new_embeddings]) if len(store) else new_embeddings).astype(np.float32)
         index = index.extend(new_units, embeddings, self.encoder.encode, self.config)

@@ -44,12 +44,12 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 @torch.no_grad()
 def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Tensor | None = None,
              inputs_embeds: torch.Tensor | None = None, max_new_tokens: int, stop_ids: Sequence[int],
-             pad_id: int, stop_at_newline: bool = False, temperature: float = 0.0) -> Generation:
+             pad_id: int, stop_at_newline: bool = False, temperature: float = 0.0, streamer=None) -> Generation:
     """Continue left-padded prompts (``input_ids`` or ``inputs_embeds``, ``[B, T(, H)]``).
 
     Greedy at ``temperature`` 0 (sampling above it). ``stop_at_newline`` also ends a row at its first
     line break. Special tokens are dropped from the text; thinking blocks are kept (see
-    :func:`final_answer`).
+    :func:`final_answer`). ``streamer``: a ``transformers`` streamer that gets each step's tokens.
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -59,7 +59,8 @@ def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Te
     if stop_at_newline:
         sampling.update(stop_strings=["\n"], tokenizer=tokenizer)
     out = lm.generate(**kwargs, attention_mask=attention_mask.to(device), max_new_tokens=int(max_new_tokens),
-                      eos_token_id=list(stop_ids), pad_token_id=pad_id, num_beams=1, **sampling)
+                      eos_token_id=list(stop_ids), pad_token_id=pad_id, num_beams=1, streamer=streamer,
+                      **sampling)
     if input_ids is not None:  # generate returns prompt + continuation for ids, the continuation for embeds
         out = out[:, input_ids.shape[1]:]
     stops = set(stop_ids)

@@ -282,9 +282,10 @@ class QGMemPipeline:
         questions = [questions] if isinstance(questions, str) else list(questions)
         return self.generate(self.retrieve(questions, question_times), graph=graph)
 
-    def generate(self, retrieved: Sequence[Retrieved], graph: str = "token") -> list[Answer]:
+    def generate(self, retrieved: Sequence[Retrieved], graph: str = "token", streamer: Any = None) -> list[Answer]:
         """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
-        (a single question gets the empty graph)."""
+        (a single question gets the empty graph). ``streamer``: a ``transformers`` streamer given each
+        decoding step's tokens (``[batch]``) of one batch; pass at most ``batch_size`` questions with it."""
         if graph not in GRAPH_MODES:
             raise UserError(f"graph must be one of {', '.join(GRAPH_MODES)}, got {graph!r}")
         if self.backbone is not None:
@@ -293,7 +294,7 @@ class QGMemPipeline:
         answers: list[Answer] = []
         for start in range(0, len(retrieved), self.batch_size):
             answers.extend(self._generate_batch(retrieved[start:start + self.batch_size],
-                                                graphs[start:start + self.batch_size], graph))
+                                                graphs[start:start + self.batch_size], graph, streamer))
         return answers
 
     def _graphs_for(self, retrieved: Sequence[Retrieved], mode: str) -> list[Data | None]:
@@ -317,7 +318,8 @@ class QGMemPipeline:
         return encoded
 
     @torch.no_grad()
-    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str) -> list[Answer]:
+    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str,
+                        streamer: Any = None) -> list[Answer]:
         from qgmem.model.fusion import insert_token
 
         encoded = self.encode_prompts(batch)
@@ -335,7 +337,7 @@ class QGMemPipeline:
         if any(has_memory):
             out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
                            stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
-                           stop_at_newline=settings.first_line and not settings.enable_thinking)
+                           stop_at_newline=settings.first_line and not settings.enable_thinking, streamer=streamer)
         else:  # nothing was remembered: the honest answer needs no LM call
             out = Generation([[] for _ in batch], ["" for _ in batch])
         t2 = time.perf_counter()
