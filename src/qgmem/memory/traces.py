@@ -182,13 +182,15 @@ class TraceIndex:
     keys: np.ndarray
     neighbour_ids: np.ndarray
     neighbour_sims: np.ndarray
+    allowed: np.ndarray | None = None  # traceable(unit) per row, so an append judges only its new units
 
     def __len__(self) -> int:
         return int(self.neighbour_ids.shape[0])
 
     @classmethod
     def empty(cls, dim: int, k: int) -> TraceIndex:
-        return cls(np.zeros((0, dim), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.float32))
+        return cls(np.zeros((0, dim), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
+                   np.zeros(0, bool))
 
     @classmethod
     def build(cls, units: list[MemoryUnit], embeddings: np.ndarray, encode: Callable[[list[str]], np.ndarray],
@@ -204,7 +206,7 @@ class TraceIndex:
         index = faiss.IndexFlatIP(fact.shape[1])
         index.add(fact)
         sims, ids = index.search(fact, min(k, len(units)))
-        return cls(encode([relation_key(u) for u in units]), *_pad(ids, sims, k))
+        return cls(encode([relation_key(u) for u in units]), *_pad(ids, sims, k), _traceable(units))
 
     def extend(self, new_units: list[MemoryUnit], embeddings: np.ndarray,
                encode: Callable[[list[str]], np.ndarray], config: ConstructionConfig) -> TraceIndex:
@@ -235,7 +237,13 @@ class TraceIndex:
             sims = np.where(np.isfinite(sims), sims, 0.0).astype(np.float32)
         keys = np.concatenate([self.keys.reshape(n_old, -1) if n_old else np.zeros((0, fact.shape[1]), np.float32),
                                encode([relation_key(u) for u in new_units])])
-        return TraceIndex(keys.astype(np.float32), np.concatenate([ids, new_ids]), np.concatenate([sims, new_sims]))
+        allowed = None if self.allowed is None else np.concatenate([self.allowed, _traceable(new_units)])
+        return TraceIndex(keys.astype(np.float32), np.concatenate([ids, new_ids]), np.concatenate([sims, new_sims]),
+                          allowed)
+
+
+def _traceable(units: list[MemoryUnit]) -> np.ndarray:
+    return np.fromiter((traceable(u) for u in units), dtype=bool, count=len(units))
 
 
 def _pad(ids: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -258,16 +266,17 @@ def candidate_groups(units: list[MemoryUnit], embeddings: np.ndarray, encode: Ca
     if index is None:
         index = TraceIndex.build(units, embeddings, encode, config)
     keys, fact_sims, neighbours = index.keys, index.neighbour_sims, index.neighbour_ids
+    allowed = np.fromiter((traceable(u) for u in units), dtype=bool, count=n) if index.allowed is None \
+        else index.allowed
+    # each pair once (j > i; -1 pads fall out), both ends traceable, facts alike enough: then the keys decide
+    rows = np.broadcast_to(np.arange(n)[:, None], neighbours.shape)
+    ok = (neighbours > rows) & (fact_sims >= config.min_fact_similarity) & allowed[:, None]
+    ok &= allowed[np.where(neighbours >= 0, neighbours, 0)]
+    heads, tails = rows[ok], neighbours[ok]
+    key_sims = np.einsum("pd,pd->p", keys[heads], keys[tails]) if heads.size else np.zeros(0, np.float32)
     uf = _UnionFind(n)
-    allowed = [traceable(u) for u in units]
-    for i in range(n):
-        if not allowed[i]:
-            continue
-        for sim, j in zip(fact_sims[i], neighbours[i]):
-            if j <= i or sim < config.min_fact_similarity or not allowed[j]:  # each pair once; -1 pads
-                continue
-            if float(keys[i] @ keys[j]) >= config.trace_threshold:
-                uf.union(i, int(j))
+    for i, j in zip(heads[key_sims >= config.trace_threshold].tolist(), tails[key_sims >= config.trace_threshold].tolist()):
+        uf.union(i, j)
     groups: dict[int, list[int]] = {}
     for i in range(n):
         groups.setdefault(uf.find(i), []).append(i)
