@@ -7,7 +7,8 @@ and random unit embeddings of ``bench/activation.py``; the trace index beside it
 embeddings, each unit's 21 nearest neighbours) is synthesized too: random unit key vectors and, per
 unit, 20 random neighbours with their true inner products (an exact 100k x 100k search would take
 minutes and does not change what an append costs: the append searches only its new rows and merges
-them into the old rows' lists). Each size gets a fresh builder (an empty parse memo).
+them into the old rows' lists). Each size gets a fresh builder (an empty parse memo) and sessions
+not appended before (their facts are not in the encoder's memo).
 
 Per size: the append itself (extraction, embedding, neighbour lists, regrouping the traces), the
 snapshot write (``MemoryStore.save``, checksums included; ``qgmem serve --snapshot-every`` amortizes
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -63,6 +65,13 @@ def synthetic_index(store, config, seed: int = 0):
                       _traceable(store.units))
 
 
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def run_size(n: int, sessions: list, encoder, config) -> dict:
     from qgmem.activation.activator import Activator
     from qgmem.memory.builder import MemoryBuilder
@@ -79,14 +88,16 @@ def run_size(n: int, sessions: list, encoder, config) -> dict:
             t1 = time.perf_counter()
             grown.save(Path(tmp) / f"snapshot-{i}")
             t2 = time.perf_counter()
-            Activator(grown, encoder)
+            activator = Activator(grown, encoder)
             t3 = time.perf_counter()
             append_s.append(t1 - t0)
             save_s.append(t2 - t1)
             activator_s.append(t3 - t2)
             added.append(len(grown) - len(store))
             store = grown
-    return {"units": n, "sessions": len(sessions), "units_added_per_session": float(np.mean(added)),
+        rss = rss_mb()  # the grown store, its trace index and its activator alive
+        del activator
+    return {"rss_mb": round(rss, 1), "units": n, "sessions": len(sessions), "units_added_per_session": float(np.mean(added)),
             "append_s": float(np.median(append_s)), "append_max_s": float(np.max(append_s)),
             "snapshot_s": float(np.median(save_s)), "activator_rebuild_s": float(np.median(activator_s))}
 
@@ -104,23 +115,25 @@ def main() -> None:
 
     encoder, config = SentenceEncoder(), ConstructionConfig()  # the export's defaults: the parser extractor
     load_pipeline()  # spaCy loads once per process, before any timing
-    sessions = real_sessions(args.sessions)
+    # every appended session is a different one: the encoder's memo never holds its facts already
+    pool = real_sessions(args.sessions * len(args.sizes) + 1)
     encoder.encode(["warm up"])
-    run_size(0, sessions[:1], encoder, config)  # warm-up (first parse, first encoder batch): not reported
+    run_size(0, pool[:1], encoder, config)  # warm-up (first parse, first encoder batch): not reported
     rows = []
-    for n in args.sizes:
-        rows.append(run_size(n, sessions, encoder, config))
+    for i, n in enumerate(args.sizes):
+        rows.append(run_size(n, pool[1 + i * args.sessions: 1 + (i + 1) * args.sessions], encoder, config))
         r = rows[-1]
         print(f"{r['units']:>7} units: append {r['append_s']:.3f} s (max {r['append_max_s']:.3f}), "
               f"+{r['units_added_per_session']:.0f} units/session; snapshot {r['snapshot_s']:.3f} s; "
               f"activator rebuild {r['activator_rebuild_s']:.3f} s", file=sys.stderr, flush=True)
-    print("| store units | append (median s) | append (max s) | units added | snapshot write (s) | activator rebuild (s) |")
-    print("|---|---|---|---|---|---|")
+    print("| store units | append (median s) | append (max s) | units added | snapshot write (s) | activator rebuild (s) | process RSS (MB) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['units']:,} | {r['append_s']:.3f} | {r['append_max_s']:.3f} | {r['units_added_per_session']:.0f} "
-              f"| {r['snapshot_s']:.3f} | {r['activator_rebuild_s']:.3f} |")
+              f"| {r['snapshot_s']:.3f} | {r['activator_rebuild_s']:.3f} | {r['rss_mb']:.0f} |")
     if args.json:
-        print(json.dumps({"rows": rows, "turns_per_session": 20, "extractor": config.extractor}))
+        print(json.dumps({"rows": rows, "turns_per_session": 20, "extractor": config.extractor,
+                          "load_average": os.getloadavg()}))
 
 
 if __name__ == "__main__":

@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=4)
     parser.add_argument("--setup-sessions", type=int, default=6, help="20-turn sessions per user before the load")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="the server's torch threads (qgmem serve --threads)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -82,7 +83,9 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", args.export, "--store-root", root,
-                             "--port", str(port), "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
+                             "--port", str(port), "--log-level", "warning",
+                             *(["--threads", str(args.threads)] if args.threads else [])],
+                            stderr=subprocess.PIPE, text=True)
     client = httpx.Client(timeout=120)
     while True:
         if proc.poll() is not None:
@@ -199,7 +202,7 @@ def main() -> None:
         "rss_mb": {"first_third_mean": round(float(np.mean(mb[:third])), 1),
                    "last_third_mean": round(float(np.mean(mb[-third:])), 1), "max": round(max(mb), 1),
                    "samples": [(round(t, 1), round(m, 1)) for t, m in rss]},
-        "load_average": os.getloadavg(),
+        "load_average": os.getloadavg(), "threads": args.threads,
     }
     print(f"{args.clients} clients x {wall:.0f} s, {len(data)} users; {requests} requests "
           f"({result['throughput_rps']} /s), errors {errors}; mean LM batch {result['mean_batch']}; "

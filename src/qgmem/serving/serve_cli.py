@@ -28,6 +28,7 @@ class ServeSettings:
     api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
     device: str | None = None  #: cpu | cuda (default: cuda when available)
     max_new_tokens: int | None = None  #: answer length cap (default: the export's)
+    threads: int | None = None  #: torch CPU threads (default: torch's; on a CPU shared with other jobs 1 is much faster)
     max_batch: int = 8  #: questions answered in one LM forward at most
     max_wait_ms: float = 5.0  #: how long the first question of a batch waits for others
     max_queue: int = 64  #: questions that may wait for the LM; past this a request gets 503 + Retry-After
@@ -99,6 +100,8 @@ def check(s: ServeSettings) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
     if not 0 < s.port < 65536:
         raise UserError(f"--port must be in 1..65535, got {s.port}")
+    if s.threads is not None and s.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {s.threads}")
     if s.max_wait_ms < 0:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
 
@@ -139,6 +142,10 @@ def run(args: argparse.Namespace) -> int:
     key = api_key(settings)
     from qgmem.serving.server import create_app
 
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)
     service = build_service(settings)
     app = create_app(service, api_key=key)
     print(f"qgmem serve: {settings.export} on http://{settings.host}:{settings.port} (memories in "
