@@ -31,7 +31,7 @@ from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.users import BadUserId, UnknownUser, UserMemories
 
 log = logging.getLogger("qgmem.serve")
-STAGES = ("activation", "graph_features", "graph_encoding", "generation", "queue", "total")
+STAGES = ("activation", "graph_features", "graph_encoding", "generation", "total")  # "queue": the batcher's
 GRAPH_MODES = ("token", "none", "shuffled")
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -88,6 +88,9 @@ class MemoryService:
         self.batcher = Batcher(pipeline, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
                                observe=self.metrics.observe)
         self.limits = limits or Limits()
+        builder = pipeline.builder()  # construction's models load now, not in the first user's append
+        if getattr(builder, "parser", None) is not None:
+            _ = builder.parser.nlp
         self.model_name = str((pipeline.encoder.export_config.get("lm") or {}).get("id") or "qgmem")
 
     def retrieve(self, user_id: str, question: str, when: str | None):
