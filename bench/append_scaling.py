@@ -59,7 +59,10 @@ def synthetic_index(store, config, seed: int = 0):
     keys = rng.standard_normal((n, store.embeddings.shape[1])).astype(np.float32)
     keys /= np.linalg.norm(keys, axis=1, keepdims=True)
     ids = np.concatenate([np.arange(n)[:, None], rng.integers(0, n, (n, k - 1))], axis=1).astype(np.int64)
-    sims = np.einsum("nd,nkd->nk", store.embeddings, store.embeddings[ids]).astype(np.float32)
+    sims = np.empty(ids.shape, np.float32)
+    for start in range(0, n, 4096):  # in chunks: [n, k, dim] at once would be 3 GB at 100k units
+        rows = slice(start, start + 4096)
+        sims[rows] = np.einsum("nd,nkd->nk", store.embeddings[rows], store.embeddings[ids[rows]])
     order = np.argsort(-sims, axis=1, kind="stable")
     return TraceIndex(keys, np.take_along_axis(ids, order, 1), np.take_along_axis(sims, order, 1),
                       _traceable(store.units))

@@ -96,3 +96,22 @@ def test_append_equals_one_pass_on_a_real_convomem_case():
     a, b = Activator(one, encoder), Activator(inc, encoder)
     for q in questions:
         assert [u.id for u in a.activate(q).units] == [u.id for u in b.activate(q).units], q
+
+
+def test_extended_activator_answers_as_a_fresh_one():
+    """After an append the dense index gets the new rows in place; activation equals a rebuilt activator's."""
+    from qgmem.activation.activator import Activator
+
+    sessions = [[{"speaker": "User", "text": f"I planted {n} tulips near the {w} shed on day {n}."}
+                 for n, w in enumerate(["red", "blue", "old", "new", "green"])],
+                [{"speaker": "User", "text": "My neighbour Omar fixed the blue shed roof."},
+                 {"speaker": "User", "text": "I moved the tulips to the garden in Porto."}]]
+    encoder = HashEncoder()
+    builder = MemoryBuilder(ConstructionConfig(extractor="heuristic"), encoder)
+    store, index = _appended(builder, sessions[:1])
+    old = Activator(store, encoder)
+    grown, _ = builder.append(store, [_session(sessions[1])], index)
+    extended, fresh = old.extended(grown), Activator(grown, encoder)
+    assert extended.semantic is old.semantic and extended.semantic.size == len(grown) > len(store)
+    for q in ["Who fixed the shed roof?", "Where are the tulips now?", "How many tulips on day 3?"]:
+        assert [u.id for u in extended.activate(q).units] == [u.id for u in fresh.activate(q).units], q

@@ -191,14 +191,16 @@ class QGMemPipeline:
             history = sessions_to_dialogue(history)
         builder = self.builder()
         started = time.perf_counter()
+        previous = None
         if append and self.store is not None:
             store, self._trace_index = builder.append(self.store, history.sessions, self._trace_index)
+            previous = self._activator
         else:
             index: list = []
             store = builder.build(history, index_out=index)
             self._trace_index = index[0]
         self.seconds = {"construction": time.perf_counter() - started}
-        return self.use_store(store, self._trace_index)
+        return self.use_store(store, self._trace_index, previous)
 
     def builder(self):
         """The pipeline's :class:`~qgmem.memory.builder.MemoryBuilder` (made once, on first use)."""
@@ -231,15 +233,16 @@ class QGMemPipeline:
         ids = ", ".join(s.dialogue_id for s in loaded[:10])
         raise UserError(f"{folder}: holds {len(loaded)} stores; name one with dialogue_id (--dialogue): {ids}")
 
-    def use_store(self, store: MemoryStore, trace_index: Any = None) -> MemoryStore:
+    def use_store(self, store: MemoryStore, trace_index: Any = None, previous: Any = None) -> MemoryStore:
         self.store = store
         self._trace_index = trace_index  # None: rebuilt from the store at the first append
-        self._activator = self.activator_for(store)
+        self._activator = self.activator_for(store, previous)
         return store
 
-    def activator_for(self, store: MemoryStore):
+    def activator_for(self, store: MemoryStore, previous: Any = None):
         """An :class:`~qgmem.activation.activator.Activator` over ``store`` (None for an empty store),
-        sharing the pipeline's model reranker when the activation settings use one."""
+        sharing the pipeline's model reranker when the activation settings use one. ``previous``: the
+        activator of the store before an append, extended instead of rebuilt (then unusable)."""
         from qgmem.activation.activator import Activator
         from qgmem.activation.rerank import make_reranker
 
@@ -250,6 +253,8 @@ class QGMemPipeline:
             self._reranker = make_reranker(a.reranker, embeddings=store.embeddings, encoder=self.sentence_encoder,
                                            path=a.reranker_path, batch_size=a.reranker_batch_size,
                                            max_doc_tokens=a.reranker_max_doc_tokens)
+        if previous is not None:
+            return previous.extended(store, reranker=self._reranker)
         return Activator(store, self.sentence_encoder, self.activation, reranker=self._reranker, llm=self.llm)
 
     # ------------------------------------------------------------------------------------ answering

@@ -157,7 +157,7 @@ class UserMemories:
                 _fsync_dir(user.folder)
             t2 = time.perf_counter()
             added = len(store) - len(user.store)
-            user.store, user.trace_index, user.activator = store, index, None
+            user.store, user.trace_index = store, index  # the activator follows at the next question
             user.sessions += 1
             if user.sessions - user.snapshot_seq >= self.snapshot_every:
                 self._snapshot(user)
@@ -167,9 +167,14 @@ class UserMemories:
                     "seconds": {"construction": t1 - t0, "journal": t2 - t1, "snapshot": t3 - t2, "total": t3 - t0}}
 
     def activator(self, user: UserMemory):
-        """The user's activator over their current store (built after a change; caller holds the lock)."""
-        if user.activator is None and len(user.store):
+        """The user's activator over their current store (caller holds the lock): after an append, the
+        previous one extended (its dense index gains the new rows), else built."""
+        if not len(user.store):
+            return None
+        if user.activator is None:
             user.activator = self.pipeline.activator_for(user.store)
+        elif user.activator.store is not user.store:
+            user.activator = self.pipeline.activator_for(user.store, previous=user.activator)
         return user.activator
 
     def snapshot_all(self) -> None:
