@@ -19,8 +19,8 @@ from qgmem.llm.backends import SERVER_BACKENDS
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
 from qgmem.prompting import PromptSettings
-from qgmem.training import cache as C
-from qgmem.training.answer_filter import RULES, LMAnswerer, MatchRule
+from qgmem.samples import cache as C
+from qgmem.samples.answer_filter import RULES, LMAnswerer, MatchRule
 
 DEFAULT_SENTENCE_ENCODER = DEFAULT_ENCODER
 
