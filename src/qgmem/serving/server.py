@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from qgmem.errors import UserError
+from qgmem.errors import IntegrityError, UserError
 from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.users import BadUserId, UnknownUser, UserMemories
 
@@ -231,6 +231,9 @@ def create_app(service: MemoryService, api_key: str | None = None):
 
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError):
+        if isinstance(exc, IntegrityError):  # the server's files, not the request: logged, the user not served
+            log.error("user memory failed its check: %s", exc)
+            return error(500, f"this user's memory failed its integrity check: {exc}")
         status = 404 if isinstance(exc, UnknownUser) else 400
         return error(status, str(exc))
 
