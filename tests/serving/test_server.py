@@ -176,6 +176,28 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(pipeline, tmp
         assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
 
 
+def test_a_question_over_the_prompt_budget_fails_alone(pipeline, tmp_path):
+    """It is refused before it joins a batch: the question waiting beside it is still answered."""
+    service = _service(pipeline, tmp_path)
+    gate, real = threading.Event(), service.pipeline.generate
+    service.pipeline.generate = lambda *a, **k: (gate.wait(30), real(*a, **k))[1]
+    with running(create_app(service)) as url:
+        httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).raise_for_status()
+        ask = lambda q: httpx.post(f"{url}/v1/users/alice/answer", json={"question": q}, timeout=60)
+        with ThreadPoolExecutor(3) as pool:
+            first = pool.submit(ask, "What colour is my boat?")  # holds the generation thread at the gate
+            while service.batcher.batches == 0:
+                threading.Event().wait(0.01)
+            fine = pool.submit(ask, "Where do I live?")
+            while service.batcher.depth() == 0:
+                threading.Event().wait(0.01)
+            long = pool.submit(ask, "why " * 400)
+            threading.Event().wait(0.3)
+            gate.set()
+            assert long.result().status_code == 400 and "too long" in long.result().json()["error"]["message"]
+            assert fine.result().status_code == 200 and first.result().status_code == 200
+
+
 def test_full_queue_gets_503_with_retry_after(pipeline, tmp_path):
     service = _service(pipeline, tmp_path, max_queue=1, max_batch=1)
     gate, real = threading.Event(), service.pipeline.generate

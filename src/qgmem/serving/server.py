@@ -97,7 +97,10 @@ class MemoryService:
         user = self.users.get(user_id)
         with user.lock:  # an append to this user waits; other users' questions do not
             activator = self.users.activator(user)
-            return self.pipeline.retrieve_one(activator, len(user.store), question, when)
+            retrieved = self.pipeline.retrieve_one(activator, len(user.store), question, when)
+        if self.pipeline.prompts is not None:  # a question over the prompt budget fails here, not its batch
+            self.pipeline.encode_prompts([retrieved])
+        return retrieved
 
     def close(self) -> None:
         self.batcher.close()
