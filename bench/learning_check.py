@@ -373,7 +373,7 @@ def brief(s: dict[str, Any]) -> dict[str, Any]:
                            for k in CONTRAST_KEYS if k in s}
     out["per_seed"] = [{"seed": seed, **{k: s[k]["per_seed"][i] for k in CONTRAST_KEYS if k in s}}
                        for i, seed in enumerate(s["seed_list"])]
-    out.update(nll=s["nll"], em_f1={c: {"em": v["em"], "f1": v["f1"]} for c, v in s["em_f1"].items()},
+    out.update(nll=s["nll"], nll_per_seed=s["nll_per_seed"], em_f1={c: {"em": v["em"], "f1": v["f1"]} for c, v in s["em_f1"].items()},
                per_category={k: {c: {"mean": v["mean"], "ci95": v["ci95"]} for c, v in s[k]["per_category"].items()}
                              for k in CONTRAST_KEYS if k in s},
                prompt_tokens=round(s["prompt_tokens"], 1), memory_tokens=round(s["memory_tokens"], 1),

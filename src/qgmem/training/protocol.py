@@ -128,7 +128,9 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
 
     nll = {c: matrix(c) for c in CONDITIONS if all(c in r.nll for r in runs)}
     out: dict[str, Any] = {"n": len(base.qa_id), "seeds": len(runs),
-                           "nll": {c: float(np.nanmean(v)) if np.isfinite(v).any() else None for c, v in nll.items()}}
+                           "nll": {c: float(np.nanmean(v)) if np.isfinite(v).any() else None for c, v in nll.items()},
+                           "nll_per_seed": {c: [float(np.nanmean(row)) if np.isfinite(row).any() else None for row in v]
+                                            for c, v in nll.items()}}
     categories = sorted(set(base.category))
     cat = np.asarray(base.category)
     groups = np.asarray(base.group)
