@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-RerankerKind = Literal["embedding", "cross-encoder", "llm"]
+RerankerKind = Literal["embedding", "cross-encoder", "llm", "trained"]
+RERANKERS = ("embedding", "cross-encoder", "llm", "trained")
 ParserKind = Literal["heuristic", "llm"]
 SupersededMode = Literal["attach", "fold", "keep"]
 
@@ -43,13 +44,22 @@ class ActivationConfig:
     reverse_edges: bool = False
     parser: ParserKind = "heuristic"
     source_chars: int = 0  # characters of source text per working-memory entry (0 = ids only)
+    # Multi-hop mechanisms, each off at 0 and measured on its own (docs/activation.md):
+    # expansion: units sharing a trace or an entity with the top ``expansion_seeds`` reranked units join
+    # the pool as one more fused list; an entity held by more than ``expansion_max_entity_units`` units
+    # (a speaker's own name) is too common to link through.
+    expansion_seeds: int = 0
+    expansion_max_entity_units: int = 20
+    # second round: lexical and semantic retrieval again with the question plus the facts of the first
+    # round's top ``feedback_seeds`` reranked units (pseudo-relevance feedback), fused with the first round.
+    feedback_seeds: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.pool_size < self.k:
             raise ValueError(f"need 1 <= k <= pool_size, got k={self.k}, pool_size={self.pool_size}")
-        if self.reranker not in ("embedding", "cross-encoder", "llm"):
-            raise ValueError(f"reranker must be embedding|cross-encoder|llm, got {self.reranker!r}")
+        if self.reranker not in RERANKERS:
+            raise ValueError(f"reranker must be one of {'|'.join(RERANKERS)}, got {self.reranker!r}")
         if self.superseded not in ("attach", "fold", "keep"):
             raise ValueError(f"superseded must be attach|fold|keep, got {self.superseded!r}")
         if self.parser not in ("heuristic", "llm"):
@@ -61,6 +71,11 @@ class ActivationConfig:
             raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
         if self.lexical_weight < 0.0:
             raise ValueError(f"lexical_weight must be >= 0, got {self.lexical_weight}")
+        for name in ("expansion_seeds", "feedback_seeds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.expansion_max_entity_units < 1:
+            raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
 
     def to_dict(self) -> dict[str, Any]:

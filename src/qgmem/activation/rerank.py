@@ -6,7 +6,8 @@ the scores. Backends:
 
 - ``EmbeddingReranker``: cosine of question and fact embeddings blended with the fused channel score
   and the normalized BM25 score; no model call beyond the question embedding (the embedded default).
-- ``CrossEncoderReranker``: a sentence-transformers cross-encoder from a local folder.
+- ``CrossEncoderReranker``: a sentence-transformers cross-encoder from a local folder (``cross-encoder``),
+  or the one ``qgmem train-reranker`` trains on ConvoMem (``trained``; same scorer, its own card).
 - ``LLMReranker``: the Qwen3-Reranker protocol on any causal LM: the prompt asks whether the document
   answers the query with "yes" or "no", and the score is p("yes") from the next-token logits restricted
   to the two answer tokens, computed in batches.
@@ -222,9 +223,10 @@ def make_reranker(kind: str, *, embeddings: np.ndarray, encoder=None, path: str 
     """Build a backend from settings; ``path`` is the cross-encoder folder or the causal LM (default SmolLM2)."""
     if kind == "embedding":
         return EmbeddingReranker(embeddings, encoder, weight, lexical_weight)
-    if kind == "cross-encoder":
+    if kind in ("cross-encoder", "trained"):
         if not path:
-            raise ValueError("reranker='cross-encoder' needs reranker_path (a local sentence-transformers cross-encoder)")
+            raise ValueError(f"reranker={kind!r} needs reranker_path (a sentence-transformers cross-encoder folder"
+                             + ("; `qgmem train-reranker --out DIR` writes one)" if kind == "trained" else ")"))
         return CrossEncoderReranker(path, batch_size=batch_size, device=device)
     if kind == "llm":
         from qgmem.lm import EMBEDDED_LM
