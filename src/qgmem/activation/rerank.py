@@ -131,6 +131,32 @@ class CrossEncoderReranker:
         return scores[:, -1] if scores.ndim == 2 else scores
 
 
+#: files whose bytes are a model reranker's weights (what a cache key must cover)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def weights_digest(path: str | Path) -> str:
+    """SHA-256 over a reranker folder's weight files (names and bytes, sorted by relative path).
+
+    A changed or retrained reranker changes which units become working memory, so whatever is cached
+    from activation (the training samples) must be keyed by this, not by the folder's name.
+    """
+    import hashlib
+
+    root = Path(path)
+    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root])
+                   if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"{root}: no weight files ({', '.join(WEIGHT_SUFFIXES)}) to fingerprint")
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(root) if root.is_dir() else file.name).encode())
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
                  'provided. Note that the answer can only be "yes" or "no".')
 RERANK_INSTRUCTION = ("Given a question about a long conversation history, judge whether this memory entry "
