@@ -181,3 +181,25 @@ def test_mechanism_settings_are_validated():
         ActivationConfig(expansion_seeds=-1)
     with pytest.raises(ValueError, match="expansion_max_entity_units"):
         ActivationConfig(expansion_max_entity_units=0)
+
+
+def test_rerank_depth_scores_only_the_embedding_top(small_store, hash_encoder):
+    class ByOrder:
+        seen: list[int] = []
+
+        def score(self, question, candidates, query_vec=None):
+            ByOrder.seen.append(len(candidates))
+            return np.asarray([-c.unit.order for c in candidates], dtype=np.float32)
+
+    question = "Where did Caroline run a charity race?"
+    base = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8))
+    base.activate(question)
+    embedding_top3 = [c.unit.id for c, _ in base.last_ranking[:3]]
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8, reranker="llm", rerank_depth=3),
+                    reranker=ByOrder())
+    wm = act.activate(question)
+    assert ByOrder.seen == [3]  # the model saw only the embedding reranker's top 3
+    by_order = sorted(embedding_top3, key=lambda uid: small_store.unit(uid).order)
+    assert [u.id for u in wm.units[:3]] == by_order
+    assert [u.id for u in wm.units[3:]] == [c.unit.id for c, _ in base.last_ranking[3:]]
+    assert wm.scores == sorted(wm.scores, reverse=True)

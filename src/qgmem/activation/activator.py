@@ -21,7 +21,7 @@ from qgmem.activation.fuse import reciprocal_rank_fusion
 from qgmem.activation.graph import build_local_graph
 from qgmem.activation.query import QueryConstraints, QueryParser, make_parser
 from qgmem.activation.records import WorkingMemory
-from qgmem.activation.rerank import Candidate, Reranker, candidate_document, make_reranker
+from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, candidate_document, make_reranker
 from qgmem.activation.serialize import serialize_working_memory
 from qgmem.memory.store import MemoryStore
 
@@ -73,6 +73,9 @@ class Activator:
             batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens,
             weight=config.embedding_weight, lexical_weight=config.lexical_weight,
         )
+        # two-stage reranking: the embedding reranker orders the pool, the model rescores its top
+        self.first_stage = (EmbeddingReranker(embeddings, encoder, config.embedding_weight, config.lexical_weight)
+                            if config.rerank_depth and config.reranker != "embedding" else None)
         self.parser = parser if parser is not None else make_parser(config.parser, llm)
         self.superseded = superseded_map(store) if config.superseded != "keep" else {}
         self.last_timings: dict[str, float] = {}  # milliseconds per stage of the latest activate()
@@ -154,13 +157,30 @@ class Activator:
         return candidate_document(unit, self.store.trace_of(unit), self.store.unit)
 
     def rank(self, question: str, pool: list[Candidate], query_vec: np.ndarray) -> list[tuple[Candidate, float]]:
-        """The whole pool by reranker score, best first (ties: fused order)."""
+        """The whole pool by reranker score, best first (ties: fused order).
+
+        With ``rerank_depth`` m and a model reranker, the embedding reranker orders the pool first and
+        the model scores only its top m; the rest follow in embedding order, scored below the model's
+        lowest score so the list stays sorted.
+        """
         if not pool:
             return []
+        rest: list[Candidate] = []
+        if self.first_stage is not None and len(pool) > self.config.rerank_depth:
+            first = self._ordered(pool, self.first_stage.score(question, pool, query_vec))
+            pool, rest = [c for c, _ in first[: self.config.rerank_depth]], [c for c, _ in first[self.config.rerank_depth:]]
         for c in pool:
             if not c.document:
                 c.document = self.document(c)
-        scores = np.asarray(self.reranker.score(question, pool, query_vec), dtype=np.float32)
+        ranked = self._ordered(pool, self.reranker.score(question, pool, query_vec))
+        if rest:
+            floor = ranked[-1][1] - 1.0
+            ranked += [(c, floor - i * 1e-3) for i, c in enumerate(rest)]
+        return ranked
+
+    @staticmethod
+    def _ordered(pool: list[Candidate], scores) -> list[tuple[Candidate, float]]:
+        scores = np.asarray(scores, dtype=np.float32)
         if scores.shape != (len(pool),):
             raise ValueError(f"reranker returned {scores.shape} scores for {len(pool)} candidates")
         order = np.lexsort((np.arange(len(pool)), -scores))

@@ -34,6 +34,9 @@ class ActivationConfig:
     bm25_b: float = 0.75
     reranker: RerankerKind = "embedding"
     reranker_path: str | None = None  # cross-encoder folder, or causal LM (path/hub id/embedded alias)
+    # model rerankers (cross-encoder, trained, llm) score only the top ``rerank_depth`` units of the
+    # embedding reranker's order (0 = the whole pool); the rest keep that order below them
+    rerank_depth: int = 0
     reranker_batch_size: int = 16
     reranker_max_doc_tokens: int = 256
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
@@ -71,7 +74,7 @@ class ActivationConfig:
             raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
         if self.lexical_weight < 0.0:
             raise ValueError(f"lexical_weight must be >= 0, got {self.lexical_weight}")
-        for name in ("expansion_seeds", "feedback_seeds"):
+        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.expansion_max_entity_units < 1:

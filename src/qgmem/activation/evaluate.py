@@ -259,6 +259,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extractor", default="parser", choices=["parser", "heuristic", "llm"],
                         help="memory construction extractor (default parser: rules + spaCy parse, no LLM)")
     parser.add_argument("--reranker", default=defaults.reranker, choices=list(RERANKERS))
+    parser.add_argument("--rerank-depth", type=int, default=defaults.rerank_depth,
+                        help="model rerankers score only the top N of the embedding reranker's order "
+                             f"(default {defaults.rerank_depth}: the whole pool)")
     parser.add_argument("--reranker-path", default=None,
                         help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")
     parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
@@ -338,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
         config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
                                   reranker_path=args.reranker_path, superseded=args.superseded,
                                   expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
+                                  rerank_depth=args.rerank_depth,
                                   channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
     encoder = SentenceEncoder(args.encoder)
     tokenizer = None

