@@ -117,3 +117,14 @@ def test_cli_rejects_bad_options(tmp_path, capsys):
     assert "missing" in capsys.readouterr().err
     assert main(["train-reranker", "--out", str(tmp_path / "o"), "--path", str(tmp_path), "--negatives", "0"]) == 2
     assert "--negatives" in capsys.readouterr().err
+
+
+def test_reranker_fingerprint(tiny_base, tmp_path):
+    from qgmem.activation.rerank import reranker_fingerprint
+
+    assert reranker_fingerprint("embedding", None) is None
+    for kind in ("trained", "cross-encoder"):
+        assert reranker_fingerprint(kind, str(tiny_base)) == f"sha256:{weights_digest(tiny_base)}"
+    assert reranker_fingerprint("trained", "org/not-a-folder") == "id:org/not-a-folder"
+    with pytest.raises(ValueError, match="reranker_path"):
+        reranker_fingerprint("trained", None)

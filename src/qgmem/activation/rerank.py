@@ -157,6 +157,24 @@ def weights_digest(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def reranker_fingerprint(kind: str, path: str | None) -> str | None:
+    """What a cache key must hold about a model reranker: its weights' digest (``None``: no model).
+
+    ``embedding`` has no weights of its own. A cross-encoder or trained reranker is a local folder; the
+    LLM reranker is the embedded SmolLM2 unless ``path`` names another model. A hub id that is not a
+    local folder is kept as its name (its weights cannot be read here).
+    """
+    if kind == "embedding":
+        return None
+    if kind == "llm":
+        from qgmem.lm import EMBEDDED_LM, resolve_lm_path
+
+        path = resolve_lm_path(path or EMBEDDED_LM)
+    if path is None:
+        raise ValueError(f"reranker={kind!r} needs reranker_path")
+    return f"sha256:{weights_digest(path)}" if Path(path).exists() else f"id:{path}"
+
+
 RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
                  'provided. Note that the answer can only be "yes" or "no".')
 RERANK_INSTRUCTION = ("Given a question about a long conversation history, judge whether this memory entry "
