@@ -37,6 +37,7 @@ VARIANTS: dict[str, dict] = {
     "feedback1": {"feedback_seeds": 1},
     "feedback3": {"feedback_seeds": 3},
     "expansion3+feedback3": {"expansion_seeds": 3, "feedback_seeds": 3},
+    "speaker_once": {"lexical_speaker_once": True},
     "trained@20": {"reranker": "trained", "rerank_depth": 20},
     "trained@100": {"reranker": "trained", "rerank_depth": 0},
     "llm@20": {"reranker": "llm", "rerank_depth": 20},

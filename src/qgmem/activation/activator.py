@@ -62,7 +62,8 @@ class Activator:
             )
         self.embeddings = embeddings
         channels = config.channels
-        self.lexical = (LexicalChannel.for_units(units, k1=config.bm25_k1, b=config.bm25_b)
+        self.lexical = (LexicalChannel.for_units(units, speaker_once=config.lexical_speaker_once, k1=config.bm25_k1,
+                                                 b=config.bm25_b)
                         if "lexical" in channels else None)
         self.semantic = (SemanticChannel(embeddings, config.ann_min_units, config.hnsw_m, config.hnsw_ef_search)
                          if "semantic" in channels else None)

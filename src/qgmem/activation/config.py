@@ -32,6 +32,8 @@ class ActivationConfig:
     hnsw_ef_search: int = 128
     bm25_k1: float = 1.5
     bm25_b: float = 0.75
+    # the lexical channel counts a speaker's name once per unit (construction writes it for every I/you)
+    lexical_speaker_once: bool = False
     reranker: RerankerKind = "embedding"
     reranker_path: str | None = None  # cross-encoder folder, or causal LM (path/hub id/embedded alias)
     # model rerankers (cross-encoder, trained, llm) score only the top ``rerank_depth`` units of the
