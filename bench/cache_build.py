@@ -26,7 +26,7 @@ from dataclasses import replace
 
 
 def run_pass(spec, plan, memo: bool) -> dict:
-    from qgmem.training.cache_build import Replayer
+    from qgmem.samples.build import Replayer
 
     replayer = Replayer(spec, memo=memo)
     replayer.encoder.encode(["warm-up"])  # model load and first-call setup are not per-case cost
@@ -84,8 +84,8 @@ def main() -> None:
 
     import torch
 
-    from qgmem.training.cache_build import plan_cases
-    from qgmem.training.cache_spec import CacheSpec
+    from qgmem.samples.build import plan_cases
+    from qgmem.samples.spec import CacheSpec
 
     cache_dir = tempfile.mkdtemp(prefix="qgmem-bench-build-")
     kwargs = {"data_path": args.data_path, "num_cases": args.num_cases or None, "cache_dir": cache_dir,

@@ -64,7 +64,7 @@ def fit_line(xs: list[float], ys: list[float]) -> dict[str, float]:
 def replay_growth(base, cases: int, distractors: list[int], repeats: int) -> list[dict]:
     """Wall and CPU seconds of each case replayed at each distractor count (median over the repeats)."""
     from qgmem.embed import SentenceEncoder
-    from qgmem.training.cache_build import DEFAULT_SENTENCE_ENCODER, Replayer, plan_cases
+    from qgmem.samples.build import DEFAULT_SENTENCE_ENCODER, Replayer, plan_cases
 
     name = None if base.sentence_encoder == DEFAULT_SENTENCE_ENCODER else base.sentence_encoder
     encoder = PerReplayMemo(SentenceEncoder(name, max_cache_entries=0))
@@ -118,9 +118,9 @@ def main() -> None:
     from qgmem.activation.config import ActivationConfig
     from qgmem.memory.config import ConstructionConfig
     from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
-    from qgmem.training import cache as C
-    from qgmem.training.cache_build import Replayer, plan_cases
-    from qgmem.training.cache_spec import CacheSpec
+    from qgmem.samples import cache as C
+    from qgmem.samples.build import Replayer, plan_cases
+    from qgmem.samples.spec import CacheSpec
 
     base = CacheSpec(data_path=args.data_path, cache_dir=Path(args.cache_dir), answer_filter="none",
                      construction=ConstructionConfig(), num_cases=args.cases)

@@ -138,7 +138,7 @@ def run_settings(args, cfg: dict[str, Any], setting: str) -> dict[str, Any]:
 
 def usable(split) -> tuple[list[dict[str, Any]], list[str], int]:
     """Items whose reference is an answer (rubric categories are left out), with their dialogue ids."""
-    from qgmem.training.answer_filter import RUBRIC_CATEGORIES
+    from qgmem.samples.answer_filter import RUBRIC_CATEGORIES
 
     items, groups, left_out = [], [], 0
     for i in range(len(split)):

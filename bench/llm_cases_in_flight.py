@@ -108,9 +108,9 @@ class HashEncoder:
 def build(args, server: SlowServer, concurrency: int, in_flight: int, root: Path) -> tuple[dict, list]:
     from qgmem.llm.base import LLMConfig
     from qgmem.memory.config import ConstructionConfig
-    from qgmem.training import cache as C
-    from qgmem.training.cache_build import build_samples
-    from qgmem.training.cache_spec import CacheSpec
+    from qgmem.samples import cache as C
+    from qgmem.samples.build import build_samples
+    from qgmem.samples.spec import CacheSpec
 
     llm = LLMConfig(backend="openai", model="stub", base_url=server.url, max_concurrency=concurrency, max_retries=0)
     spec = CacheSpec(data_path=args.data_path, num_cases=args.cases, distractor_conversations=args.distractors,
@@ -182,8 +182,8 @@ def main() -> None:
 
 def _plan_seconds(args) -> float:
     """What one plan costs (loading and splitting the data): part of every build's wall time."""
-    from qgmem.training.cache_build import plan_cases
-    from qgmem.training.cache_spec import CacheSpec
+    from qgmem.samples.build import plan_cases
+    from qgmem.samples.spec import CacheSpec
 
     start = time.perf_counter()
     plan_cases(CacheSpec(data_path=args.data_path, num_cases=args.cases, distractor_conversations=args.distractors,

@@ -46,7 +46,7 @@ def main() -> None:
     import yaml
 
     from qgmem.configs import resolve_config
-    from qgmem.training.cache_cli import data_module
+    from qgmem.training.build_cache import data_module
     from qgmem.training.module import QGMemModule
 
     overrides = ["num_cases=6", "answer_filter=none", *args.overrides]

@@ -5,7 +5,9 @@ lazily so ``qgmem --help`` stays fast and a stage's heavy imports load only when
 
 A user's error (a :class:`~qgmem.errors.UserError`, or a missing / wrong-kind path from the OS) prints
 one line ``qgmem COMMAND: error: ...`` and exits 2 with no traceback; ``--debug`` (anywhere on the
-line) prints the traceback as well. Any other exception is a bug and keeps its traceback.
+line) prints the traceback as well. Any other exception is a bug and keeps its traceback. The
+convention is :func:`qgmem.errors.run_command`'s, so every entry point shares it; this module is the
+table of subcommands and the dispatch to them, nothing else.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import traceback
 
-from qgmem.errors import USER_ERROR_EXIT, UserError
+from qgmem.errors import DEBUG_FLAG, USER_ERROR_EXIT, argparse_command, run_command, split_debug
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,8 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build-memory": ("qgmem.memory.build", "Build per-dialogue memory stores (units, traces, embeddings)."),
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
     "train-reranker": ("qgmem.activation.train_reranker", "Train a cross-encoder reranker on ConvoMem's training split."),
-    "build-cache": ("qgmem.training.cache_cli", "Build a config's training cache (whole, one --shard I/N, or every torchrun/SLURM rank)."),
-    "graph-stats": ("qgmem.training.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),
+    "build-cache": ("qgmem.training.build_cache", "Build a config's training cache (whole, one --shard I/N, or every torchrun/SLURM rank)."),
+    "graph-stats": ("qgmem.samples.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
     "answer": ("qgmem.serving.answer_cli", "Answer questions about a dialogue history with an export."),
     "eval-qa": ("qgmem.serving.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
@@ -37,33 +38,9 @@ TRAINING_COMMANDS: dict[str, str] = {
     "test": "Test a checkpoint (--ckpt_path) without retraining; writes test_predictions.jsonl.",
 }
 
-#: OS errors that, reaching the command line, mean the user named a wrong path (their message names it)
-PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
-DEBUG_FLAG = "--debug"
-
-
-def _print_error(prog: str, exc: BaseException, debug: bool) -> int:
-    if debug:
-        traceback.print_exception(exc)
-    message = str(exc) or type(exc).__name__
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    if not debug:
-        print(f"{prog}: (run again with {DEBUG_FLAG} for the traceback)", file=sys.stderr)
-    return USER_ERROR_EXIT
-
-
-def run_command(prog: str, command, argv: list[str], debug: bool = False) -> int:
-    """Run ``command(argv)`` under the user-error convention; reusable by entry points outside ``COMMANDS``."""
-    try:
-        return int(command(argv) or 0)
-    except (UserError, *PATH_ERRORS) as exc:
-        return _print_error(prog, exc, debug)
-
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = DEBUG_FLAG in argv
-    argv = [a for a in argv if a != DEBUG_FLAG]
+    argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0],
                                      epilog=f"{DEBUG_FLAG}: show the traceback of an error (any command)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -84,17 +61,11 @@ def main(argv: list[str] | None = None) -> int:
         return USER_ERROR_EXIT
     name = argv[0]
     prog = f"qgmem {name}"
+    module_name, help_text = COMMANDS[name]
 
     def command(rest: list[str]) -> int:
-        module = importlib.import_module(COMMANDS[name][0])
-        cmd_parser = argparse.ArgumentParser(prog=prog, description=COMMANDS[name][1])
-        module.add_arguments(cmd_parser)
-        cmd_parser.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
-        try:
-            args = cmd_parser.parse_args(rest)
-        except SystemExit as exc:  # --help (0) or a bad flag (2: argparse printed usage and the reason)
-            return int(exc.code or 0)
-        return module.run(args)
+        module = importlib.import_module(module_name)  # inside the convention, as the command's own code
+        return argparse_command(prog, help_text, module.add_arguments, module.run)(rest)
 
     return run_command(prog, command, argv[1:], debug)
 

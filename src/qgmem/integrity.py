@@ -75,6 +75,14 @@ def temp_path(final: str | Path, kind: str = "tmp") -> Path:
     return final.parent / f".{final.name}.{kind}-{os.getpid()}"
 
 
+def fresh_temp_dir(final: str | Path) -> Path:
+    """An empty :func:`temp_path` folder for building ``final`` (a leftover of this pid is removed first)."""
+    tmp = temp_path(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def _alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
@@ -116,6 +124,22 @@ def remove_stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> lis
             entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
+
+
+def publish_dir(tmp: str | Path, final: str | Path) -> Path:
+    """Move a fully written ``tmp`` folder to ``final`` by one rename; a ``final`` already there wins.
+
+    For content-keyed folders that concurrent writers build identically (cache shards, answer chunks):
+    the loser's ``tmp`` is removed. :func:`replace_dir` is the other rule, for a folder that is rewritten.
+    """
+    tmp, final = Path(tmp), Path(final)
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if not final.exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
 
 
 def replace_dir(tmp: str | Path, final: str | Path) -> Path:

@@ -12,7 +12,7 @@ from qgmem.cli import main
 from qgmem.data.records import QA, Case, Dialogue
 from qgmem.errors import UserError
 from qgmem.serving.eval_qa import parse_modes, score_with_judge, select_questions, summarize
-from qgmem.text.judge import LLMJudge, MatchJudge
+from qgmem.samples.judge import LLMJudge, MatchJudge
 
 from .helpers import make_export
 

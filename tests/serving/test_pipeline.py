@@ -10,7 +10,7 @@ import torch
 from qgmem.errors import UserError
 from qgmem.lm import load_causal_lm, load_tokenizer
 from qgmem.serving import NO_MEMORY_ANSWER, QGMemPipeline
-from qgmem.serving.pipeline import cited_labels
+from qgmem.serving.records import cited_labels
 
 from .helpers import HashEncoder, make_encoder
 

@@ -20,12 +20,12 @@ from qgmem.activation.config import ActivationConfig
 from qgmem.llm.backends import CallableBackend
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
-from qgmem.training import cache_build as B
+from qgmem.samples import build as B
 from qgmem.training import datamodule as D
-from qgmem.training.answer_filter import RUBRIC_CATEGORIES, LLMJudge, backend_completer
-from qgmem.training.cache import SampleCache
+from qgmem.samples.answer_filter import RUBRIC_CATEGORIES, LLMJudge, backend_completer
+from qgmem.samples.cache import SampleCache
 from qgmem.embed import sentence_encoder_dim
-from qgmem.training.cache_build import build_cache
+from qgmem.samples.build import build_cache
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.synthetic import synthetic_items
 

@@ -11,6 +11,11 @@ ParserKind = Literal["heuristic", "llm"]
 SupersededMode = Literal["attach", "fold", "keep"]
 
 
+#: fields added after caches were first keyed by these settings (see ``ActivationConfig.key_dict``)
+LATER_FIELDS = ("lexical_speaker_once", "rerank_depth", "expansion_seeds", "expansion_max_entity_units",
+                "feedback_seeds")
+
+
 @dataclass
 class ActivationConfig:
     """Everything that changes which units become working memory.
@@ -82,6 +87,23 @@ class ActivationConfig:
         if self.expansion_max_entity_units < 1:
             raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
+
+    def key_dict(self) -> dict[str, Any]:
+        """The settings as a cache key holds them: every field, except that the fields added after
+        caches were first keyed are left out while at their default, so adding a setting does not
+        invalidate every existing cache; a model reranker adds its weights' digest, so a retrained
+        reranker in the same folder rebuilds the cache."""
+        from qgmem.activation.rerank import reranker_fingerprint
+
+        d = asdict(self)
+        defaults = ActivationConfig()
+        for name in LATER_FIELDS:
+            if d[name] == getattr(defaults, name):
+                del d[name]
+        weights = reranker_fingerprint(self.reranker, self.reranker_path)
+        if weights is not None:
+            d["reranker_weights"] = weights
+        return d
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

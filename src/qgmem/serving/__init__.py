@@ -12,7 +12,8 @@ print(pipe.answer(["Where do I live?"])[0].answer)
 """
 
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
-from qgmem.serving.pipeline import GRAPH_MODES, NO_MEMORY_ANSWER, Answer, QGMemPipeline, Retrieved
+from qgmem.serving.pipeline import NO_MEMORY_ANSWER, QGMemPipeline
+from qgmem.serving.records import GRAPH_MODES, Answer, Retrieved
 
 __all__ = ["GRAPH_MODES", "NO_MEMORY_ANSWER", "Answer", "ExportFormatError", "GraphTokenEncoder",
            "HiddenSizeMismatch", "QGMemPipeline", "Retrieved"]

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from qgmem.activation.serialize import count_tokens, serialize_graph_triples
 from qgmem.prompting import PromptSettings, build_messages, final_answer, memory_with_graph_text
+from qgmem.serving.records import Answer, cited_labels, graph_json, memory_json
 
 
 class TextGraphBackbone:
@@ -32,8 +33,6 @@ class TextGraphBackbone:
         return memory_with_graph_text(retrieved.memory.text, graph_text)
 
     def generate(self, retrieved: Sequence[Any], graph: str = "token") -> list[Any]:
-        from qgmem.serving.pipeline import Answer, cited_labels, graph_json, memory_json
-
         sources = list(retrieved) if graph != "none" else [None] * len(retrieved)
         if graph == "shuffled":
             sources = sources[1:] + sources[:1] if len(sources) > 1 else [None]

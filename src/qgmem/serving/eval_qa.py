@@ -4,7 +4,7 @@ Every selected question is activated once; the answers of each graph mode (``tok
 ``shuffled``) come from the same weights in the same run, so the graph token's effect is one table.
 Scores use the one normalizer (:mod:`qgmem.text`): exact match and token F1 against the reference, and
 a judge: ``rule`` (the normalized match rule) or ``llm`` (an LLM through the shared backend, with the
-grading rules of :mod:`qgmem.text.judge`). Rubric categories (ConvoMem's preference and implicit
+grading rules of :mod:`qgmem.samples.judge`). Rubric categories (ConvoMem's preference and implicit
 connection) have no reference answer: only the LLM judge scores them; otherwise they are counted as
 not scored. The efficiency columns are the paper's: retrieved-context tokens, total online tokens
 and seconds per QA by stage (memory construction amortized over the case's questions).
@@ -22,7 +22,7 @@ from typing import Any
 from qgmem.errors import UserError
 from qgmem.serving.commands import add_export_arguments, api_config, load_pipeline
 from qgmem.text import exact_match, token_f1
-from qgmem.text.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
+from qgmem.samples.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
 
 SPLITS = ("train", "val", "test", "all")
 STAGES = ("construction", "activation", "graph_features", "graph_encoding", "generation")
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_modes(text: str) -> list[str]:
-    from qgmem.serving.pipeline import GRAPH_MODES
+    from qgmem.serving.records import GRAPH_MODES
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in GRAPH_MODES]

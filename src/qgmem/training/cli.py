@@ -268,11 +268,9 @@ def script_main(argv: list[str] | None = None, default_config: str | Path | None
     A user error (bad config, non-finite loss, damaged cache) prints one message and exits 2;
     ``--debug`` shows the traceback.
     """
-    from qgmem.cli import DEBUG_FLAG, run_command
+    from qgmem.errors import run_command, split_debug
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    debug = DEBUG_FLAG in argv
-    argv = [a for a in argv if a != DEBUG_FLAG]
+    argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
 
     def job(args: list[str]) -> int:
         main(args, default_config=default_config)

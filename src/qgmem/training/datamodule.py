@@ -1,8 +1,8 @@
 """``QGMemDataModule``: ask for the training cache, then serve its splits as collated batches.
 
-What the cache holds and how it is built lives elsewhere: :mod:`qgmem.training.cache_spec` (settings,
-keys, folders), :mod:`qgmem.training.cache_build` (plan, replay, answers, filter) and
-:mod:`qgmem.training.cache` (the on-disk format). ``prepare_data`` (Lightning calls it once per node,
+What the cache holds and how it is built lives elsewhere: :mod:`qgmem.samples.spec` (settings,
+keys, folders), :mod:`qgmem.samples.build` (plan, replay, answers, filter) and
+:mod:`qgmem.samples.cache` (the on-disk format). ``prepare_data`` (Lightning calls it once per node,
 on local rank 0) builds or reuses the cache; it writes files only and assigns no state, because under
 DDP the other ranks never run it. Lightning then puts a barrier before ``setup``, which every rank runs
 to load the splits. With one cache folder shared by several nodes (a network file system), set
@@ -27,11 +27,11 @@ from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
 from qgmem.prompting import GRAPH_ONLY_SYSTEM_PROMPT, PromptSettings
-from qgmem.training import cache as C
-from qgmem.training import cache_build
-from qgmem.training.answer_filter import MatchRule
-from qgmem.training.cache_build import build_cache, count_categories, plan_cases
-from qgmem.training.cache_spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
+from qgmem.samples import cache as C
+from qgmem.samples import build as cache_build
+from qgmem.samples.answer_filter import MatchRule
+from qgmem.samples.build import build_cache, count_categories, plan_cases
+from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
 from qgmem.training.synthetic import synthetic_items
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ the one ``fit`` then reuses. Three ways to run it::
     qgmem build-cache --config default                          # the whole cache, one process
     qgmem build-cache --config run.yaml --shard 3/16            # one slice (a job array's task) ...
     qgmem build-cache --config run.yaml                         # ... then one run merges and filters
-    torchrun --nproc_per_node 8 -m qgmem.training.cache_cli --config run.yaml --shard auto
+    torchrun --nproc_per_node 8 -m qgmem.training.build_cache --config run.yaml --shard auto
 
 ``--shard auto`` takes the ranks of torchrun or SLURM through Lightning Fabric (gloo on CPU): every
 rank builds its slice, rank 0 merges and filters, all wait for the dataset. ``KEY=VALUE`` arguments
@@ -23,7 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from qgmem.errors import UserError
+from qgmem.errors import UserError, argparse_command, run_command, split_debug
+
+PROG = "qgmem build-cache"
+DESCRIPTION = __doc__.splitlines()[0].replace("``", "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +99,7 @@ def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> tu
     """Build over the launched ranks; returns rank 0's summary (or ``None``) and whether this is global rank 0."""
     import torch
 
-    from qgmem.training.cache_build import build_on_ranks
+    from qgmem.samples.build import build_on_ranks
 
     fabric, local = _fabric()
     rank, world = ((fabric.local_rank, local) if per_node
@@ -111,8 +114,8 @@ def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> tu
 
 
 def run(args: argparse.Namespace) -> int:
-    from qgmem.training import cache as C
-    from qgmem.training.cache_build import Shard, build_cache
+    from qgmem.samples import cache as C
+    from qgmem.samples.build import Shard, build_cache
 
     dm = data_module(args.config, args.overrides)
     spec, progress = dm.cache_spec, not args.no_progress
@@ -140,10 +143,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m qgmem.training.cache_cli`` (what torchrun launches)."""
-    from qgmem.cli import main as qgmem_main
-
-    return qgmem_main(["build-cache", *(sys.argv[1:] if argv is None else argv)])
+    """Entry point for ``python -m qgmem.training.build_cache`` (what torchrun launches): ``qgmem build-cache``."""
+    argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
+    return run_command(PROG, argparse_command(PROG, DESCRIPTION, add_arguments, run), argv, debug)
 
 
 if __name__ == "__main__":  # pragma: no cover

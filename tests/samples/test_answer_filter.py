@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from qgmem.training.answer_filter import RUBRIC_CATEGORIES, FilterReport, MatchJudge, decide, make_judge
+from qgmem.samples.answer_filter import RUBRIC_CATEGORIES, FilterReport, MatchJudge, decide, make_judge
 
 
 @pytest.mark.parametrize("rule,kind", [("none", type(None)), ("match", MatchJudge)])
@@ -51,7 +51,7 @@ def test_filter_report_totals():
 def test_lm_answerer_with_tiny_random_lm_is_batched_and_deterministic(tmp_path):
     """Left-padded batches give the same greedy answers as one-at-a-time generation."""
     from qgmem.model.random_lm import save_random_lm
-    from qgmem.training.answer_filter import LMAnswerer
+    from qgmem.samples.answer_filter import LMAnswerer
 
     path = save_random_lm(tmp_path / "tiny-lm", hidden_size=32, layers=1, heads=2, kv_heads=1)
     pairs = [("[M1] The user marks hot leads green.", "Which color marks hot leads?"),

@@ -19,8 +19,8 @@ from qgmem.llm.backends import SERVER_BACKENDS
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
 from qgmem.prompting import PromptSettings
-from qgmem.training import cache as C
-from qgmem.training.answer_filter import RULES, LMAnswerer, MatchRule
+from qgmem.samples import cache as C
+from qgmem.samples.answer_filter import RULES, LMAnswerer, MatchRule
 
 DEFAULT_SENTENCE_ENCODER = DEFAULT_ENCODER
 
@@ -98,7 +98,7 @@ class CacheSpec:
             "data": C.fingerprint_data(self.data_path, self.data_fingerprint),
             "num_cases": self.num_cases, "split_ratios": self.split_ratios, "group_key": self.group_key,
             "seed": self.seed, "distractor_conversations": self.distractor_conversations, "strict": self.strict,
-            "construction": asdict(self.construction), "activation": asdict(self.activation),
+            "construction": asdict(self.construction), "activation": self.activation.key_dict(),
             "construction_llm": _llm_key(self.construction_llm), "sentence_encoder": self.sentence_encoder,
             "store_format": _store_format_version(),
         }

@@ -11,7 +11,7 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.errors import IntegrityError
-from qgmem.training import cache as C
+from qgmem.samples import cache as C
 
 D = 4
 
@@ -195,7 +195,7 @@ def test_stale_temp_folders_of_killed_builds_are_removed(samples, tmp_path):
 
 # ---- the build: what it rebuilds, what it refuses ------------------------------------------------------
 
-from .test_datamodule import HashEncoder, StubAnswerer, _build, _dm, _rows, write_convomem  # noqa: E402
+from training.test_datamodule import HashEncoder, StubAnswerer, _build, _dm, _rows, write_convomem  # noqa: E402
 
 
 class NaNEncoder(HashEncoder):
@@ -294,7 +294,7 @@ def test_a_nan_embedding_is_caught_at_the_source_naming_the_case(tmp_path):
 
 
 def test_a_damaged_embedding_memo_chunk_is_dropped_and_its_texts_encoded_again(tmp_path):
-    from qgmem.training.embedding_memo import EmbeddingMemo
+    from qgmem.samples.embedding_memo import EmbeddingMemo
 
     memo = EmbeddingMemo(HashEncoder(), tmp_path / "memo", flush_every=2)
     first = memo.encode(["green lead", "blue invoice"])  # flushed: one chunk

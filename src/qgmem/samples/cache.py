@@ -38,6 +38,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from qgmem.errors import IntegrityError
+from qgmem.integrity import fresh_temp_dir, publish_dir
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,7 @@ def row_to_item(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _quiet_datasets() -> Iterator[None]:
+def quiet_datasets() -> Iterator[None]:
     """No per-shard "Saving the dataset" bars (the build shows one bar over cases instead)."""
     import datasets
 
@@ -288,28 +289,16 @@ def _row_of_flat_index(lengths: np.ndarray, index: int) -> int:
     return int(np.searchsorted(np.cumsum(lengths), index, side="right"))
 
 
-def _publish(tmp: Path, final: Path) -> None:
+def publish(tmp: Path, final: Path) -> None:
     """Seal a finished temporary folder and move it into place; a folder already there (another writer) wins."""
     seal(tmp)
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if not final.exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _fresh_tmp(final: Path) -> Path:
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
+    publish_dir(tmp, final)
 
 
 def _save_rows(rows: list[dict[str, Any]], features: Any, path: Path) -> None:
     from datasets import Dataset
 
-    with _quiet_datasets():
+    with quiet_datasets():
         Dataset.from_list(rows, features=features).save_to_disk(str(path))
 
 
@@ -376,11 +365,11 @@ class SampleCache:
     def write_shard(self, index: int, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         """Write one case's rows (possibly none, e.g. a skipped case) with its metadata, atomically."""
         final = self.shard_dir(index)
-        tmp = _fresh_tmp(final)
+        tmp = fresh_temp_dir(final)
         if rows:  # ``datasets`` cannot reload an empty saved dataset: an empty shard is its meta.json only
             _save_rows(rows, sample_features(), tmp / "data")
         write_json(tmp / "meta.json", {**meta, "rows": len(rows)})
-        _publish(tmp, final)
+        publish(tmp, final)
 
     def shard_meta(self, index: int) -> dict[str, Any]:
         return read_json(self.shard_dir(index) / "meta.json")
@@ -489,12 +478,12 @@ class AnswerCache:
         while final.exists():
             index += 1
             final = self.root / f"chunk-{index:05d}"
-        tmp = _fresh_tmp(final)
+        tmp = fresh_temp_dir(final)
         features = Features({"key": Value("string"), "answer": Value("string")})
-        with _quiet_datasets():
+        with quiet_datasets():
             Dataset.from_dict({"key": list(answers), "answer": list(answers.values())},
                               features=features).save_to_disk(str(tmp))
-        _publish(tmp, final)
+        publish(tmp, final)
         existing.update(answers)
 
 
@@ -514,7 +503,7 @@ class DatasetCache:
 
     def save(self, splits: dict[str, list[dict[str, Any]]], summary: dict[str, Any]) -> None:
         """Write each non-empty split as its own Arrow folder, the sizes, then the summary (atomically)."""
-        tmp = _fresh_tmp(self.root)
+        tmp = fresh_temp_dir(self.root)
         sizes = {name: len(splits.get(name, [])) for name in SPLITS}
         for name in SPLITS:
             if sizes[name]:
@@ -524,7 +513,7 @@ class DatasetCache:
         self.root.parent.mkdir(parents=True, exist_ok=True)
         if self.root.exists():  # an incomplete leftover, or a rebuild
             shutil.rmtree(self.root)
-        _publish(tmp, self.root)
+        publish(tmp, self.root)
 
     def verify(self, hint: str = REBUILD_HINT) -> None:
         """Raise :class:`IntegrityError` unless every file matches the checksums written with it."""

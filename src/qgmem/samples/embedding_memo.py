@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from qgmem.errors import IntegrityError
-from qgmem.training import cache as C
+from qgmem.integrity import fresh_temp_dir
+from qgmem.samples import cache as C
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +84,12 @@ class EmbeddingMemo:
             C.write_json(self.root / "settings.json", {"encoder": self.model_id, "dim": self.dim})
         # time first (sorted = written order), then host and pid: ranks on several nodes never collide
         final = self.root / f"chunk-{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}"
-        tmp = C._fresh_tmp(final)
+        tmp = fresh_temp_dir(final)
         features = Features({"key": Value("string"), "vector": List(Value("float32"), length=self.dim)})
-        with C._quiet_datasets():
+        with C.quiet_datasets():
             Dataset.from_dict({"key": list(self._pending), "vector": np.stack(list(self._pending.values()))},
                               features=features).save_to_disk(str(tmp))
-        C._publish(tmp, final)
+        C.publish(tmp, final)
         self._pending = {}
 
     # ---- the encoder interface --------------------------------------------------------------------

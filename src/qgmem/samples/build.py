@@ -1,12 +1,12 @@
 """Building a training cache: plan the cases, replay construction + activation, answer and filter.
 
-One :class:`~qgmem.training.cache_spec.CacheSpec` fixes what is built and where
-(:mod:`qgmem.training.cache` is the on-disk format). The build has three parts, each reused when it
+One :class:`~qgmem.samples.spec.CacheSpec` fixes what is built and where
+(:mod:`qgmem.samples.cache` is the on-disk format). The build has three parts, each reused when it
 is already on disk and resumed when it was interrupted:
 
 1. samples: one Arrow shard per planned case (construction of its dialogue, activation for each QA,
    the working memory's graph), with the sentence embeddings memoized per text
-   (:mod:`qgmem.training.embedding_memo`);
+   (:mod:`qgmem.samples.embedding_memo`);
 2. answers: the frozen LM's answer to each training prompt, appended in chunks;
 3. the dataset: the filtered train/val/test splits and their summary, which ``setup`` reads.
 
@@ -28,9 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from qgmem.training import cache as C
-from qgmem.training.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
-from qgmem.training.cache_spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
+from qgmem.samples import cache as C
+from qgmem.samples.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
+from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def build_cache(target: CacheSpec | Any, *, encoder: Any = None, answerer: Any =
 
     ``target`` is a :class:`CacheSpec` or a data module. ``encoder`` (anything with ``dim`` and
     ``encode``), ``answerer`` (anything with ``answer(pairs)``) and ``judge`` (a
-    :class:`~qgmem.training.answer_filter.Judge`) replace the configured sentence encoder, frozen LM
+    :class:`~qgmem.samples.answer_filter.Judge`) replace the configured sentence encoder, frozen LM
     and judge, for tests that must not load real models or reach a server; the cache keys still name
     the configured ones. An interrupted build (an exception, Ctrl-C, a killed job) leaves whole case
     shards and answer chunks behind; calling this again continues from there. Returns the summary
@@ -191,14 +191,14 @@ def _jsonable(obj: Any) -> Any:
 class Replayer:
     """Construction + activation for one case at a time, with the models loaded once.
 
-    Every encoder call goes through an :class:`~qgmem.training.embedding_memo.EmbeddingMemo` under
+    Every encoder call goes through an :class:`~qgmem.samples.embedding_memo.EmbeddingMemo` under
     the cache folder (``memo=False`` turns it off, e.g. to time the encoder itself).
     """
 
     def __init__(self, spec: CacheSpec, encoder: Any = None, *, memo: bool = True):
         from qgmem.embed import SentenceEncoder
         from qgmem.memory.builder import MemoryBuilder
-        from qgmem.training.embedding_memo import EmbeddingMemo
+        from qgmem.samples.embedding_memo import EmbeddingMemo
 
         self.spec = spec = as_spec(spec)
         if encoder is None:  # the memo below replaces the encoder's own in-process one

@@ -10,8 +10,8 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.cli import main
-from qgmem.training import cache as C
-from qgmem.training.graph_stats import find_rows, graph_stats, is_speech_edge, relation_verb
+from qgmem.samples import cache as C
+from qgmem.samples.graph_stats import find_rows, graph_stats, is_speech_edge, relation_verb
 
 LONG = "No, genuinely, nothing that specific in terms of numerical targets"
 

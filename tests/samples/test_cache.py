@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from qgmem.training import cache as C
+from qgmem.samples import cache as C
 
 
 @dataclass

@@ -18,13 +18,13 @@ import pytest
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.windows import make_windows
-from qgmem.training import cache as C
-from qgmem.training.cache_build import CasesAhead, Replayer, build_cache, plan_cases
+from qgmem.samples import cache as C
+from qgmem.samples.build import CasesAhead, Replayer, build_cache, plan_cases
 
 from llm.helpers import StubServer, completion  # tests/llm, importable as "llm" under pytest
 from memory.test_builder import _recorded
-from .test_cache_shards import assert_same_samples, rows_of
-from .test_datamodule import HashEncoder, StubAnswerer, _dm, write_convomem
+from .test_build_shards import assert_same_samples, rows_of
+from training.test_datamodule import HashEncoder, StubAnswerer, _dm, write_convomem
 
 MAX_CONCURRENCY = 6
 

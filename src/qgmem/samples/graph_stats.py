@@ -103,7 +103,7 @@ def find_rows(cache: Path, key: str | None = None):
     A root with several dataset folders needs ``key`` (or the most recently written one is taken and
     named in the output).
     """
-    from qgmem.training import cache as C
+    from qgmem.samples import cache as C
 
     from qgmem.errors import InputPathError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qgmem.training.embedding_memo import EmbeddingMemo
+from qgmem.samples.embedding_memo import EmbeddingMemo
 
 
 class CountingEncoder:

@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qgmem.training import cache as C
-from qgmem.training.cache_build import Shard, build_cache, build_on_ranks
-from qgmem.training.cache_cli import data_module
+from qgmem.samples import cache as C
+from qgmem.samples.build import Shard, build_cache, build_on_ranks
+from qgmem.training.build_cache import data_module
 from qgmem.errors import UserError
 
-from .test_datamodule import HashEncoder, StubAnswerer, _dm, write_convomem
+from training.test_datamodule import HashEncoder, StubAnswerer, _dm, write_convomem
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,7 +137,7 @@ def _cli(*args: str, nproc: int | None = None) -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "qgmem", "build-cache", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "qgmem.training.cache_cli", *args]
+               "-m", "qgmem.training.build_cache", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
 
 
@@ -181,7 +181,7 @@ class FakeStrategy:
 def test_data_module_shards_over_the_trainers_ranks(tmp_path, monkeypatch, per_node, expected):
     from types import SimpleNamespace
 
-    from qgmem.training import cache_build
+    from qgmem.samples import build as cache_build
 
     data = write_convomem(tmp_path / "convomem")
     dm = _dm(data, tmp_path / "cache", prepare_data_per_node=per_node)
