@@ -54,9 +54,9 @@ class RerankerTrainingConfig:
     num_cases: int = 30
     eval_cases: int = 4
     negatives: int = 7
-    epochs: int = 2
+    epochs: int = 4
     batch_size: int = 16
-    lr: float = 5e-5
+    lr: float = 1e-4
     warmup_ratio: float = 0.1  # share of the steps (a float warmup_steps in the trainer's terms)
     max_length: int = 128
     logging_steps: int = 5
