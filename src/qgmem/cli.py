@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
     "answer": ("qgmem.serving.answer_cli", "Answer questions about a dialogue history with an export."),
     "eval-qa": ("qgmem.serving.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
+    "serve": ("qgmem.serving.serve_cli", "Serve an export over HTTP: per-user memories, answers, OpenAI-compatible chat."),
 }
 
 #: training stages through LightningCLI, which parses its own arguments: name -> one-line help

@@ -44,7 +44,8 @@ class Activator:
     """Hybrid retrieval, fusion, reranking and working-memory assembly for one ``MemoryStore``."""
 
     def __init__(self, store: MemoryStore, encoder, config: ActivationConfig | None = None,
-                 reranker: Reranker | None = None, parser: QueryParser | None = None, llm=None):
+                 reranker: Reranker | None = None, parser: QueryParser | None = None, llm=None,
+                 semantic: SemanticChannel | None = None):
         self.store = store
         self.encoder = encoder
         self.config = config = config or ActivationConfig()
@@ -65,8 +66,11 @@ class Activator:
         self.lexical = (LexicalChannel.for_units(units, speaker_once=config.lexical_speaker_once, k1=config.bm25_k1,
                                                  b=config.bm25_b)
                         if "lexical" in channels else None)
-        self.semantic = (SemanticChannel(embeddings, config.ann_min_units, config.hnsw_m, config.hnsw_ef_search)
-                         if "semantic" in channels else None)
+        if semantic is not None and "semantic" in channels:  # given by extended(): already holds these rows
+            self.semantic = semantic
+        else:
+            self.semantic = (SemanticChannel(embeddings, config.ann_min_units, config.hnsw_m, config.hnsw_ef_search)
+                             if "semantic" in channels else None)
         self.attribute = (AttributeChannel(units, encoder, config.attribute_threshold)
                           if "attribute" in channels else None)
         self.reranker = reranker if reranker is not None else make_reranker(
@@ -85,6 +89,19 @@ class Activator:
         self.last_ranking: list[tuple[Candidate, float]] = []  # ... and the whole pool in reranked order
         self.last_query_vec: np.ndarray | None = None
         self._owners: dict[str, list[int]] | None = None
+
+    def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
+        """An activator over ``store``, this one's store with units appended (``MemoryBuilder.append``).
+
+        The dense index gets the new rows in place instead of being rebuilt (at 100k units an HNSW
+        build takes minutes on a CPU); BM25, whose statistics change with every document, and the
+        attribute index (its name vectors come from the encoder's memo) are rebuilt. This activator
+        must not be used afterwards: its dense index now holds the new rows too.
+        """
+        semantic = None
+        if self.semantic is not None and len(store) >= len(self.store):
+            semantic = self.semantic.extend(store.embeddings, self.config.ann_min_units)
+        return Activator(store, self.encoder, self.config, reranker=reranker, parser=self.parser, semantic=semantic)
 
     # -- stages (public so benchmarks and diagnostics can time and inspect them) -----------------------
     def parse(self, question: str, question_time: str | None = None) -> QueryConstraints:

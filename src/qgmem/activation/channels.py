@@ -127,6 +127,18 @@ class SemanticChannel:
             index.add(emb)
             self.index = index
 
+    def extend(self, embeddings: np.ndarray, ann_min_units: int = 50_000) -> SemanticChannel:
+        """This channel with ``embeddings`` (all rows, the indexed ones first) added: the new rows go into
+        the index in place (an HNSW graph is not rebuilt); a flat index that reaches ``ann_min_units``
+        is rebuilt as HNSW. The channel is changed: its old owner must not search it afterwards."""
+        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if self.index is None or (not self.approximate and emb.shape[0] >= ann_min_units):
+            return SemanticChannel(emb, ann_min_units)
+        if emb.shape[0] > self.size:
+            self.index.add(emb[self.size:])
+            self.size = int(emb.shape[0])
+        return self
+
     def search(self, query_vec: np.ndarray, n: int) -> Hits:
         if self.index is None or n <= 0:
             return []
