@@ -78,7 +78,7 @@ def main() -> int:
     from qgmem.activation.config import ActivationConfig
     from qgmem.activation.evaluate import evaluate_cases
     from qgmem.activation.rerank import make_reranker
-    from qgmem.activation.train_reranker import convomem_splits
+    from qgmem.training.reranker import convomem_splits
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
     from qgmem.lm import EMBEDDED_LM, load_tokenizer

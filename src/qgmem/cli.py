@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "data-stats": ("qgmem.data.stats", "Count cases, sessions, turns, QAs and evidence mapping of a data set."),
     "build-memory": ("qgmem.memory.build", "Build per-dialogue memory stores (units, traces, embeddings)."),
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
-    "train-reranker": ("qgmem.activation.train_reranker", "Train a cross-encoder reranker on ConvoMem's training split."),
+    "train-reranker": ("qgmem.training.reranker", "Train a cross-encoder reranker on ConvoMem's training split."),
     "build-cache": ("qgmem.training.build_cache", "Build a config's training cache (whole, one --shard I/N, or every torchrun/SLURM rank)."),
     "graph-stats": ("qgmem.samples.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),

@@ -9,7 +9,7 @@ import torch
 from qgmem.activation.activator import Activator
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.rerank import CrossEncoderReranker, weights_digest
-from qgmem.activation.train_reranker import (
+from qgmem.training.reranker import (
     TRAINING_DATA_LICENSE,
     RerankerTrainingConfig,
     mine_pairs,
@@ -17,6 +17,18 @@ from qgmem.activation.train_reranker import (
     write_card,
 )
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
+
+from activation.helpers import HashEncoder, build_small_store
+
+
+@pytest.fixture()
+def hash_encoder() -> HashEncoder:
+    return HashEncoder()
+
+
+@pytest.fixture()
+def small_store(hash_encoder):
+    return build_small_store(hash_encoder)
 
 
 @pytest.fixture()
