@@ -24,6 +24,55 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def probe_scores(dm, items, groups, *, conditions=("own", "ablated", "shuffled", "none"), k: int = 16, lm=None,
+                 batch_size: int = 8):
+    """Answer NLL per condition with the first ``k`` node texts' LM word embeddings as soft tokens.
+
+    The prompt is ``dm``'s (text+graph, graph-only or a memory budget); ``shuffled`` takes the
+    protocol's derangement partner's node texts, ``ablated`` the evidence-ablated graph's (items
+    without one score ``None``). Returns :class:`qgmem.training.protocol.SampleScores`.
+    """
+    import torch
+
+    from qgmem.lm import load_causal_lm
+    from qgmem.model.alignment import node_word_ids, word_targets
+    from qgmem.model.fusion import answer_nll, insert_token
+    from qgmem.training.protocol import SampleScores, derangement, graph_signature
+
+    lm = lm if lm is not None else load_causal_lm(dm.lm).eval()
+    table = lm.get_input_embeddings().weight.detach()
+    tok = dm.tokenizer
+
+    def words(texts) -> torch.Tensor:
+        texts = list(texts)[:k] or [""]
+        ids = node_word_ids([texts], [len(texts)], tok)
+        vecs = word_targets(ids, table)[0]
+        return torch.cat([vecs, vecs.new_zeros(k - vecs.size(0), vecs.size(1))])
+
+    partner = derangement([graph_signature(it["graph"]) for it in items], 0)
+    source = {"own": lambda i: items[i].get("node_text"),
+              "shuffled": lambda i: items[partner[i]].get("node_text"),
+              "ablated": lambda i: items[i].get("ablated_node_text") if items[i].get("ablated_graph") is not None
+              else None,
+              "none": lambda i: []}
+    scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)], group=[str(g) for g in groups],
+                          category=[str(it.get("category", "")) for it in items], answer=[str(it["answer"]) for it in items])
+    with torch.no_grad():
+        for condition in conditions:
+            keep = [i for i in range(len(items)) if source[condition](i) is not None]
+            rows = [None] * len(items)
+            for start in range(0, len(keep), batch_size):
+                index = keep[start:start + batch_size]
+                batch = dm.collator([items[i] for i in index])
+                embeds = lm.get_input_embeddings()(batch["input_ids"])
+                token = None if condition == "none" else torch.stack([words(source[condition](i)) for i in index])
+                fused = insert_token(embeds, batch["attention_mask"], batch["graph_pos"], token, batch["labels"])
+                for i, v in zip(index, answer_nll(lm, *fused, reduction="none").tolist()):
+                    rows[i] = v
+            scores.nll[condition] = rows
+    return scores
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
@@ -43,7 +92,7 @@ def main(argv=None) -> int:
     from qgmem.model.alignment import node_word_ids, word_targets
     from qgmem.model.fusion import answer_nll, insert_token
     from qgmem.training.datamodule import QGMemDataModule
-    from qgmem.training.protocol import derangement, graph_signature, paired_bootstrap
+    from qgmem.training.protocol import paired_bootstrap
 
     sys.path.insert(0, str(REPO / "bench"))
     from learning_check import usable
@@ -61,26 +110,8 @@ def main(argv=None) -> int:
     tok = dm.tokenizer
     items, groups, left_out = usable(dm.split(args.split))
 
-    def words(item) -> torch.Tensor:
-        ids = node_word_ids([item["node_text"][: args.k]], [min(args.k, len(item["node_text"]))], tok)
-        vecs = word_targets(ids, table)[0]
-        pad = vecs.new_zeros(args.k - vecs.size(0), vecs.size(1))
-        return torch.cat([vecs, pad])
-
-    partner = derangement([graph_signature(it["graph"]) for it in items], 0)
-    nll = {c: [] for c in ("own", "shuffled", "none")}
-    with torch.no_grad():
-        for start in range(0, len(items), 8):
-            index = list(range(start, min(start + 8, len(items))))
-            batch = dm.collator([items[i] for i in index])
-            embeds = lm.get_input_embeddings()(batch["input_ids"])
-            for condition in nll:
-                token = None
-                if condition != "none":
-                    source = index if condition == "own" else [partner[i] for i in index]
-                    token = torch.stack([words(items[j]) for j in source])
-                fused = insert_token(embeds, batch["attention_mask"], batch["graph_pos"], token, batch["labels"])
-                nll[condition].extend(answer_nll(lm, *fused, reduction="none").tolist())
+    scores = probe_scores(dm, items, groups, conditions=("own", "shuffled", "none"), k=args.k, lm=lm)
+    nll = scores.nll
     own, shuffled, none = (np.asarray(nll[c]) for c in ("own", "shuffled", "none"))
     categories = [it["category"] for it in items]
 

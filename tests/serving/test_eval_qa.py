@@ -11,8 +11,8 @@ import pytest
 from qgmem.cli import main
 from qgmem.data.records import QA, Case, Dialogue
 from qgmem.errors import UserError
-from qgmem.serving.eval_qa import parse_modes, score_with_judge, select_questions, summarize
 from qgmem.samples.judge import LLMJudge, MatchJudge
+from qgmem.serving.eval_qa import format_table, nll_contrasts, parse_modes, score_with_judge, select_questions, summarize
 
 from .helpers import make_export
 
@@ -31,6 +31,7 @@ def test_limited_selection_covers_every_category():
 
 def test_parse_modes():
     assert parse_modes("token, none,token") == ["token", "none"]
+    assert parse_modes("token,none,shuffled,ablated") == ["token", "none", "shuffled", "ablated"]
     with pytest.raises(UserError, match="unknown mode"):
         parse_modes("token,random")
 
@@ -65,6 +66,37 @@ def test_table_has_one_row_per_category_and_mode():
     assert table[-1]["questions"] == 2 and table[-1]["accuracy"] == 1.0 and table[-1]["online_tokens"] == 30
 
 
+def test_nll_contrasts_are_paired_per_question_with_intervals():
+    rows = []
+    for i in range(12):
+        own = 2.0 + 0.1 * (i % 3)
+        for mode, nll in (("token", own), ("none", own + 0.5), ("shuffled", own + 0.5 - 0.1 * (i % 2) * 10),
+                          ("ablated", own + 0.25 if i < 8 else None)):
+            rows.append({"qa_id": f"q{i}", "case_id": f"c{i % 6}", "graph_mode": mode, "nll": nll})
+    out = nll_contrasts(rows, ["token", "none", "shuffled", "ablated"], n_boot=2000)
+    assert set(out) == {"own_vs_none", "own_vs_ablated", "own_vs_shuffled"}
+    assert out["own_vs_none"]["mean"] == pytest.approx(-0.5) and out["own_vs_none"]["ci95"] == pytest.approx([-0.5, -0.5])
+    assert out["own_vs_ablated"]["n"] == 8 and out["own_vs_ablated"]["mean"] == pytest.approx(-0.25)
+    lo, hi = out["own_vs_shuffled"]["ci95"]  # cases of -0.5 and of +0.5: an interval on 0
+    assert out["own_vs_shuffled"]["mean"] == pytest.approx(0.0, abs=1e-12) and lo < 0 < hi
+    assert nll_contrasts(rows, ["none", "shuffled"]) == {}  # no own mode, nothing to pair
+
+
+def test_table_carries_answer_nll_and_the_overall_contrasts():
+    rows = [dict(_row("a", m, "x", "x"), qa_id=f"q{i}", case_id=f"c{i}", nll=1.0 + (m == "none") + 0.01 * i)
+            for i in range(4) for m in ("token", "none")]
+    score_with_judge(rows, MatchJudge(), "convomem")
+    table = summarize(rows, ["token", "none"])
+    contrasts = nll_contrasts(rows, ["token", "none"], n_boot=500)
+    for row in table:
+        if row["category"] == "all":
+            row["nll"] = contrasts
+    by = {(r["category"], r["graph"]): r for r in table}
+    assert by[("all", "token")]["answer_nll"] == pytest.approx(1.015) and by[("a", "none")]["answer_nll"] == pytest.approx(2.015)
+    printed = format_table(table, "rule")
+    assert "| answer NLL |" in printed and "own vs none (n=4): -1.000 [-1.000, -1.000]" in printed
+
+
 @pytest.mark.slow
 def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, capsys):
     """Both commands on the real ConvoMem sample with a tiny export (MiniLM features, random LM)."""
@@ -85,6 +117,17 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     assert len(predictions) == 6 and {p["graph_mode"] for p in predictions} == {"token", "none", "shuffled"}
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["cases"].startswith("the test split of the training run")
+    overall = [r for r in results["table"] if r["category"] == "all"]
+    assert set(overall[0]["nll"]) == {"own_vs_none", "own_vs_shuffled"}
+    assert all(r["answer_nll"] is not None for r in overall)
+    # the ablated mode: the graph without the evidence units, the prompt text the question's own
+    assert main(["eval-qa", "--export", str(export), "--dataset", "convomem", "--path", str(convomem_path),
+                 "--limit", "3", "--graph", "token,ablated", "--json", "--out", str(tmp_path / "eval2")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ablation"]["ablated"] + sum(v for k, v in out["ablation"].items() if k != "ablated") == 3
+    assert out["ablation"]["ablated"] >= 1 and out["nll"]["own_vs_ablated"]["n"] >= 1
+    rows = [json.loads(line) for line in (tmp_path / "eval2" / "predictions.jsonl").read_text().splitlines()]
+    assert sum(r["graph_mode"] == "ablated" for r in rows) == out["ablation"]["ablated"]
     assert main(["answer", "--export", str(export), "--history", str(tmp_path / "missing.json"),
                  "--question", "Q?"]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -66,3 +66,19 @@ def test_is_abstention(text, expected):
                                            ("<think>never closed", ""), ("plain", "plain")])
 def test_strip_thinking(text, expected):
     assert strip_thinking(text) == expected
+
+
+@pytest.mark.parametrize("prediction", ["2023-05-07", "May 7, 2023", "5/7/2023", "on the 7th of May 2023"])
+def test_dates_are_compared_in_one_form(prediction):
+    """The time resolver's ISO form: one date written four ways is one answer (EM, F1 and the match rule)."""
+    from qgmem.samples.judge import JudgeItem, MatchJudge
+
+    assert token_f1("2023-05-07", "7 May 2023") == 1.0 and exact_match("2023-05-07", "7 May 2023") == 1.0
+    assert MatchJudge()([JudgeItem("When?", "7 May 2023", prediction)]) == [True]
+    assert MatchJudge()([JudgeItem("When?", "8 May 2023", prediction)]) == [False]
+
+
+def test_numbers_are_compared_as_digits():
+    assert normalize_answer("Three dogs and 1,000 cats") == "3 dogs and 1000 cats"
+    assert exact_match("twelve", "12") == 1.0 and normalize_answer("May 2023") == "202305"
+    assert normalize_answer("May 7") == "may 7"  # no year, no reference date: left as written

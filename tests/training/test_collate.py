@@ -110,3 +110,23 @@ def test_node_texts_become_word_ids_on_their_graph(smollm2_tokenizer):
     assert ids[1][ids[1] >= 0].tolist() == smollm2_tokenizer(" sister Ana", add_special_tokens=False)["input_ids"]
     assert not hasattr(ITEMS[0]["graph"], "node_word_ids")  # the dataset's own graph is left as it was
     assert "node_word_ids" not in GraphTextCollator(smollm2_tokenizer)(ITEMS[:2])["graph"]  # no texts, no ids
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, None])
+def test_memory_units_cut_the_text_but_not_the_graph(smollm2_tokenizer, m):
+    """``memory_units=m``: the prompt's text holds entries [M1]..[Mm]; the graph keeps every node."""
+    tok = smollm2_tokenizer
+    memory = "\n".join(f"[M{i}] Fact number {i} about the user." for i in range(1, 11))
+    items = [dict(item(0, memory, "Which facts are there?", "Ten", nodes=10))]
+    batch = GraphTextCollator(tok, max_prompt_tokens=1024, max_answer_tokens=8, memory_units=m)(items)
+    text = tok.decode(batch["input_ids"][0, int(batch["graph_pos"][0]):])  # the user turn (the system turn cites [M1])
+    kept = 10 if m is None else m
+    assert [f"[M{i}]" in text for i in range(1, 11)] == [i <= kept for i in range(1, 11)]
+    assert batch["graph"].num_nodes == 10
+    if m == 0:
+        assert "(no memory entries)" in text
+
+
+def test_memory_units_refuses_a_negative_count():
+    with pytest.raises(ValueError, match="memory_units"):
+        PromptSettings(memory_units=-1)

@@ -1,4 +1,4 @@
-"""The learning-check protocol: shuffled pairing, paired bootstrap statistics, three conditions on one model."""
+"""The learning-check protocol: shuffled pairing, bootstrap statistics, the conditions on one model, controls."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from qgmem.model.random_lm import save_random_lm
 from qgmem.training.collate import GraphTextCollator
 from qgmem.training.datamodule import synthetic_items
 from qgmem.training.module import QGMemModule
-from qgmem.training.protocol import (SampleScores, derangement, graph_signature, paired_bootstrap, score_conditions,
-                                     summarize, tie_report)
+from qgmem.training.protocol import (SampleScores, derangement, graph_signature, hierarchical_bootstrap,
+                                     paired_bootstrap, score_conditions, summarize, tie_report)
+from qgmem.training.synthetic import control_items
 
 
 @pytest.mark.parametrize("sizes", [[1] * 7, [3, 1, 1, 1], [2, 2, 2], [4, 4], [5, 2, 2, 1]])
@@ -74,7 +75,7 @@ def _scores(own, shuffled, none, categories):
                         predictions={"own": ["green"] * n, "none": ["blue"] * n, "shuffled": ["blue"] * n})
 
 
-def test_summary_averages_seeds_per_sample_and_splits_categories():
+def test_summary_contrasts_over_seeds_and_categories():
     rng = np.random.default_rng(3)
     cats = ["a"] * 20 + ["b"] * 20
     runs = []
@@ -85,12 +86,53 @@ def test_summary_averages_seeds_per_sample_and_splits_categories():
         runs.append(_scores(own, base, base + 1.0, cats))
     s = summarize(runs, n_boot=2000)
     assert s["seeds"] == 3 and s["n"] == 40 and s["per_category_n"] == {"a": 20, "b": 20}
-    vs = s["token_vs_shuffled"]
+    vs = s["own_vs_shuffled"]
     assert vs["mean"] == pytest.approx(-0.2) and vs["per_seed_mean"] == pytest.approx([-0.2] * 3)
     assert vs["per_category"]["a"]["ci95"] == pytest.approx([-0.4, -0.4])
     assert vs["per_category"]["b"]["ci95"] == pytest.approx([0.0, 0.0], abs=1e-12)
-    assert s["token_vs_none"]["mean"] == pytest.approx(-1.2)
+    assert s["own_vs_none"]["mean"] == pytest.approx(-1.2)
+    assert "own_vs_ablated" not in s  # no ablated scores, no contrast
     assert s["em_f1"]["own"]["em"] == 1.0 and s["em_f1"]["none"]["f1"] == 0.0
+
+
+def test_summary_pairs_ablated_only_where_a_sample_has_an_ablated_graph():
+    own = [1.0, 2.0, 3.0, 4.0]
+    run = _scores(own, own, own, ["x"] * 4)
+    run.nll["ablated"] = [1.5, None, 3.5, None]
+    s = summarize([run], n_boot=200)
+    assert s["own_vs_ablated"]["n"] == 2 and s["own_vs_ablated"]["mean"] == pytest.approx(-0.5)
+    assert s["nll"]["ablated"] == pytest.approx(2.5)
+
+
+def test_hierarchical_bootstrap_excludes_zero_for_a_consistent_effect():
+    """Positive case: every seed lowers the NLL by about 0.3."""
+    rng = np.random.default_rng(4)
+    diffs = -0.3 + 0.02 * rng.standard_normal(5)[:, None] + 0.2 * rng.standard_normal((5, 50))
+    r = hierarchical_bootstrap(diffs, n_boot=4000)
+    assert r["seeds"] == 5 and r["n"] == 50 and len(r["per_seed"]) == 5
+    assert r["ci95"][1] < 0 and r["ci95"][0] < -0.3 < r["ci95"][1]
+    assert all(p["ci95"][1] < 0 for p in r["per_seed"])
+
+
+def test_hierarchical_bootstrap_keeps_the_seed_variance():
+    """Negative case: seeds disagree in sign. A bootstrap over seed-averaged samples is falsely sure."""
+    rng = np.random.default_rng(5)
+    seed_means = np.array([-0.30, 0.25, -0.10, 0.15, -0.05])
+    diffs = seed_means[:, None] + 0.01 * rng.standard_normal((5, 50))
+    flat = paired_bootstrap(diffs.mean(0), n_boot=4000)
+    assert flat["ci95"][1] < 0  # the old interval excludes 0 ...
+    r = hierarchical_bootstrap(diffs, n_boot=4000)
+    assert r["ci95"][0] < 0 < r["ci95"][1]  # ... the hierarchical one does not
+    assert [p["mean"] for p in r["per_seed"]] == pytest.approx(list(seed_means), abs=0.01)
+
+
+def test_hierarchical_bootstrap_resamples_groups_inside_seeds():
+    values = np.random.default_rng(6).standard_normal(6) + 0.3
+    diffs = np.tile(np.repeat(values, 10), (2, 1))
+    groups = np.repeat([f"d{i}" for i in range(6)], 10)
+    naive, grouped = hierarchical_bootstrap(diffs, n_boot=3000), hierarchical_bootstrap(diffs, groups, n_boot=3000)
+    assert grouped["groups"] == 6 and naive["groups"] == 60
+    assert grouped["ci95"][1] - grouped["ci95"][0] > 2 * (naive["ci95"][1] - naive["ci95"][0])
 
 
 def test_summary_refuses_runs_over_other_samples():
@@ -120,11 +162,14 @@ def test_three_conditions_on_one_model(tiny, graph_only):
     items = synthetic_items(6, 8, seed=4)
     collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=not graph_only)
     scores, pairing = score_conditions(module, items, collator, batch_size=4, generate=["own"])
-    assert set(scores.nll) == {"own", "shuffled", "none"} and all(len(v) == 6 for v in scores.nll.values())
+    assert set(scores.nll) == {"own", "ablated", "shuffled", "norel", "none"}
+    assert all(len(v) == 6 for v in scores.nll.values())
+    assert scores.nll["ablated"] == [None] * 6 and pairing["with_ablated_graph"] == 0  # no ablated graphs here
     assert pairing["shuffled_same_graph"] == 0 and pairing["distinct_graphs"] == 6
     assert len(scores.predictions["own"]) == 6 and "none" not in scores.predictions
     own, shuffled, none = (np.asarray(scores.nll[c]) for c in ("own", "shuffled", "none"))
     assert not np.allclose(own, shuffled) and not np.allclose(own, none)
+    assert not np.allclose(own, np.asarray(scores.nll["norel"]))  # the edge features reach the token
     # scoring one item alone gives the same NLL: batching and padding do not leak between samples
     alone, _ = score_conditions(module, items[:2], collator, batch_size=1, conditions=["own", "none"])
     np.testing.assert_allclose(alone.nll["own"], own[:2], atol=1e-5)
@@ -146,9 +191,9 @@ def test_a_token_that_ignores_the_graph_shows_no_difference(tiny):
         with torch.no_grad():
             last.weight.copy_(saved)
     s = summarize([scores], n_boot=500)
-    lo, hi = s["token_vs_shuffled"]["ci95"]
-    assert abs(s["token_vs_shuffled"]["mean"]) < 1e-5 and lo <= 1e-5 and hi >= -1e-5  # contains 0
-    assert s["token_vs_none"]["mean"] != pytest.approx(0.0, abs=1e-4)  # the learned vector itself still matters
+    lo, hi = s["own_vs_shuffled"]["ci95"]
+    assert abs(s["own_vs_shuffled"]["mean"]) < 1e-5 and lo <= 1e-5 and hi >= -1e-5  # contains 0
+    assert s["own_vs_none"]["mean"] != pytest.approx(0.0, abs=1e-4)  # the learned vector itself still matters
 
 
 def test_identical_graphs_are_never_each_others_shuffle(tiny):
@@ -177,3 +222,68 @@ def test_shuffled_graph_brings_its_own_node_words(tmp_path):
     scores, pairing = score_conditions(module, items, collator, batch_size=3)
     assert pairing["shuffled_same_graph"] == 0
     assert not np.allclose(scores.nll["own"], scores.nll["shuffled"])
+
+
+def test_ablated_condition_scores_the_ablated_graph_with_its_own_node_words(tmp_path):
+    from qgmem.lm import load_tokenizer
+
+    lm = str(save_random_lm(tmp_path / "lm", hidden_size=32, layers=1))
+    torch.manual_seed(0)
+    module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
+                         max_new_tokens=3, features="node_words", readout="nodes", num_queries=4)
+    items = control_items(5, 8, kind="positive")
+    items[4] = {k: v for k, v in items[4].items() if not k.startswith("ablated")}  # one sample without
+    collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,
+                                 include_memory_text=False)
+    scores, pairing = score_conditions(module, items, collator, batch_size=2, conditions=["own", "ablated"])
+    assert pairing["with_ablated_graph"] == 4 and scores.nll["ablated"][4] is None
+    assert all(a is not None and abs(a - o) > 1e-6 for a, o in zip(scores.nll["ablated"][:4], scores.nll["own"][:4]))
+
+
+def test_control_items_differ_only_in_the_answer_node():
+    for kind in ("positive", "negative"):
+        items = control_items(8, 8, kind=kind, seed=1)
+        for it in items:
+            own, ablated = it["graph"], it["ablated_graph"]
+            assert graph_signature(own) != graph_signature(ablated)
+            assert torch.equal(own.x[1:], ablated.x[1:]) and torch.equal(own.edge_index, ablated.edge_index)
+            assert it["node_text"][1:] == it["ablated_node_text"][1:]
+            assert it["ablated_node_text"][0] != it["answer"]
+            assert (it["node_text"][0] == it["answer"]) == (kind == "positive")
+
+
+def _aligned_control_scores(kind: str, seeds=(0, 1)):
+    """Node-token models aligned (no answer training) on control items, scored graph-only: own vs ablated."""
+    from qgmem.lm import EMBEDDED_LM, load_tokenizer
+
+    runs = []
+    tok = load_tokenizer(EMBEDDED_LM)
+    for seed in seeds:
+        torch.manual_seed(seed)
+        module = QGMemModule(lm=EMBEDDED_LM, feature_dim=8, features="node_words", readout="nodes", num_queries=4,
+                             encoder=EncoderConfig(hidden=64, heads=2, layers=1, dropout=0.0))
+        collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=False,
+                                     system_prompt=None)
+        from qgmem.training.alignment import align_node_tokens
+
+        train = control_items(48, 8, kind=kind, seed=100 + seed)
+        align_node_tokens(module.net, train, collator, module.lm.get_input_embeddings().weight, steps=150,
+                          batch_size=16, lr=3e-3, seed=seed)
+        scores, _ = score_conditions(module, control_items(16, 8, kind=kind, seed=7), collator, batch_size=8,
+                                     conditions=["own", "ablated"])
+        runs.append(scores)
+    return summarize(runs, n_boot=2000)["own_vs_ablated"]
+
+
+@pytest.mark.slow
+def test_positive_control_own_beats_ablated_strongly():
+    """Answer = one node's text: a model that can read node texts must lose much NLL when that node goes."""
+    r = _aligned_control_scores("positive")
+    assert r["ci95"][1] < -0.3 and r["mean"] < -0.5, r
+
+
+@pytest.mark.slow
+def test_negative_control_random_node_features_give_no_difference():
+    """No node holds the answer: own − ablated must be indistinguishable from 0."""
+    r = _aligned_control_scores("negative")
+    assert r["ci95"][0] < 0 < r["ci95"][1], r

@@ -53,6 +53,8 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert {"test/nll", "test/em", "test/f1"} <= set(saved["test"])
     assert saved["val"]["val/nll"] == pytest.approx(saved["best_score"])  # the best checkpoint's validation
     assert saved["best_checkpoint"].startswith(str(root / "checkpoints"))
+    assert set(saved["seconds"]) == {"cache", "alignment", "fit", "test", "export"}  # per-stage times
+    assert all(v >= 0 for v in saved["seconds"].values()) and "time:  cache" in out
     assert (root / "checkpoints" / "last.ckpt").is_file() and any((root / "lightning_logs").rglob("events.*"))
     config = json.loads((root / "export" / "config.json").read_text())
     assert config["graph_token"]["encoder"]["layers"] == 3 and config["graph_token"]["feature_dim"] == 8

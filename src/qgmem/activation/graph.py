@@ -8,6 +8,8 @@ most 4 further relations per unit, ≤ 2 nodes per edge before de-duplication) w
 
 from __future__ import annotations
 
+import hashlib
+
 from typing import Sequence
 
 import numpy as np
@@ -126,3 +128,17 @@ def fact_features(graph: LocalGraph, facts: Sequence[str], encoder) -> torch.Ten
     table = np.zeros((max(used) + 1, dim), dtype=np.float32)
     table[used] = np.asarray(encoder.encode([facts[i] for i in used]), dtype=np.float32)
     return torch.from_numpy(np.ascontiguousarray(table[graph.edge_unit]))
+
+
+def graph_signature(graph) -> str:
+    """A digest of everything the encoder reads from a graph: equal digests give equal tokens."""
+    digest = hashlib.sha1()
+    for name in ("x", "edge_index", "edge_attr", "edge_fact"):
+        value = getattr(graph, name, None)
+        if value is None:
+            digest.update(f"{name}:none".encode())
+            continue
+        array = value.detach().cpu().contiguous().numpy()
+        digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()

@@ -138,8 +138,9 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     if stale:
         print(f"removed {len(stale)} half-written store folders of killed builds", file=sys.stderr)
     index, reused, rejected, retried, stopped = [], 0, [], 0, None
-    for dialogue in tqdm(dialogues, desc="build-memory", unit="dialogue", file=sys.stderr,
-                         disable=not sys.stderr.isatty() and args.json):
+    bar = tqdm(dialogues, desc="build-memory", unit="dialogue", total=len(dialogues), file=sys.stderr,
+               disable=not sys.stderr.isatty() and args.json)
+    for dialogue in bar:
         folder = out / STORES_DIR / dialogue_folder(dialogue.id)
         store = None
         if not args.no_resume and (folder / "meta.json").exists():
@@ -166,6 +167,7 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
             store.save(folder)
         index.append({"dialogue_id": dialogue.id, "folder": f"{STORES_DIR}/{folder.name}", "units": len(store.units),
                       "traces": len(store.traces)})
+        bar.set_postfix(units=builder.stats.units, reused=reused, refresh=False)
     write_index(out, index)
     stats = builder.stats.to_dict()
     stats.update(dialogues=len(dialogues), reused_dialogues=reused, rebuilt_corrupt=len(rejected),

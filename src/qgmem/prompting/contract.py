@@ -8,6 +8,7 @@ side of a training run), saved in checkpoints and written into every export's ``
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -38,6 +39,9 @@ class PromptSettings:
             and the graph tokens are the only memory the LM sees.
         first_line: an answer is its first non-empty line (generation stops at a line break when thinking
             is off): the prompt asks for one short sentence and a small LM that goes on only costs time.
+        memory_units: the textual working memory keeps only its first ``m`` entries (``[M1]`` ..
+            ``[Mm]``, the top of the reranked order) while the graph tokens still cover all ``k`` units;
+            ``None`` keeps every entry. The context-budget setting: ``0`` leaves no entry in the text.
     """
 
     max_prompt_tokens: int = 1024
@@ -47,8 +51,11 @@ class PromptSettings:
     graph_tokens: int = 1
     include_memory_text: bool = True
     first_line: bool = True
+    memory_units: int | None = None
 
     def __post_init__(self) -> None:
+        if self.memory_units is not None and self.memory_units < 0:
+            raise ValueError(f"memory_units must be >= 0 or None (all units), got {self.memory_units}")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.max_answer_tokens < 1:
@@ -68,6 +75,22 @@ class PromptSettings:
         if unknown:
             raise ValueError(f"unknown prompt setting(s) {unknown}; known: {sorted(known)}")
         return cls(**{k: v for k, v in data.items() if v is not None or k == "system_prompt"})
+
+
+_ENTRY = re.compile(r"^\[M(\d+)\] ", re.MULTILINE)
+
+
+def first_entries(memory_text: str, m: int | None) -> str:
+    """The textual working memory cut to its entries ``[M1]`` .. ``[Mm]`` (``None``: all of it).
+
+    Entries are the lines :func:`qgmem.activation.serialize.serialize_working_memory` writes in reranked order, so the first ``m``
+    are the top ``m`` units; text ahead of the first entry (none is written) is kept.
+    """
+    if m is None:
+        return memory_text
+    starts = [(int(match.group(1)), match.start()) for match in _ENTRY.finditer(memory_text)]
+    cut = next((pos for label, pos in starts if label > m), None)
+    return memory_text if cut is None else memory_text[:cut].rstrip("\n")
 
 
 def user_content(memory_text: str, question: str, include_memory: bool = True) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qgmem.prompting.contract import PromptSettings, build_messages, user_content
+from qgmem.prompting.contract import PromptSettings, build_messages, first_entries, user_content
 
 _MARK = "\u2063qgmem-slot\u2063"  # invisible separator around a word no template produces
 
@@ -96,6 +96,7 @@ class PromptEncoder:
     def prompt(self, memory_text: str, question: str) -> EncodedPrompt:
         """Prompt ids ending where the answer starts; the memory text is trimmed (from its end) to fit."""
         include = self.settings.include_memory_text
+        memory_text = first_entries(memory_text, self.settings.memory_units)
         content = user_content(memory_text, question, include)
         memory = memory_text.strip() if include else ""
         split = content.find(memory) if memory else -1

@@ -249,18 +249,64 @@ class Replayer:
         activator = Activator(store, self.encoder, spec.activation, reranker=self.reranker, llm=self.llm)
         group = group_of(case, spec.group_key)
         rows = []
+        ablated_stores: dict[frozenset[str], Any] = {}
         for qa in case.qas:
             # LoCoMo questions carry no time of their own: the last session's date stands in for it
-            memory = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
+            when = qa.question_time or qa.meta.get("reference_time")
+            memory = activator.activate(qa.question, when)
             data = graph_to_data(memory.graph, self.encoder, facts=[u.fact for u in memory.units])
+            ablated, ablated_text, ablation, _ = self.ablated(store, qa, when, memory, data, ablated_stores)
             rows.append(C.sample_row(
                 qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
                 category=qa.category, question=qa.question, question_time=qa.question_time, reference=qa.answer,
                 memory_text=memory.text, graph=data, feature_dim=self.encoder.dim,
                 node_text=getattr(data, "node_text", memory.graph.node_text),
                 edge_text=getattr(data, "edge_text", memory.graph.edge_text),
-                edge_unit=memory.graph.edge_unit))
+                edge_unit=memory.graph.edge_unit, ablated_graph=ablated, ablated_node_text=ablated_text,
+                ablation=ablation))
         return rows
+
+    def ablated(self, store: Any, qa: Any, when: str | None, memory: Any, data: Any,
+                stores: dict[frozenset[str], Any]) -> tuple[Any, list[str], dict[str, Any], Any]:
+        """The evidence-ablated graph of ``qa`` (or ``None``), its node texts, what the ablation removed
+        and the ablated working memory (``None`` without one).
+
+        The store loses every unit grounded in a gold evidence turn (traces rebuilt, one store per
+        distinct evidence set of the case); the question is activated over it again. A graph equal to
+        the own one is never stored as the ablated graph.
+        """
+        from qgmem.activation.activator import Activator
+        from qgmem.activation.graph import graph_to_data
+        from qgmem.memory.ablate import evidence_only_nodes, evidence_unit_ids, without_units
+        from qgmem.activation.graph import graph_signature
+
+        if not qa.evidence_turn_ids:
+            return None, [], {"ablation_status": "no_gold_evidence"}, None
+        drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
+        info: dict[str, Any] = {"store_evidence_units": len(drop),
+                                "memory_evidence_units": sum(u.id in drop for u in memory.units)}
+        if not drop:
+            return None, [], {**info, "ablation_status": "no_evidence_unit_in_store"}, None
+        key = frozenset(drop)
+        if key not in stores:
+            llm = self.llm if self.builder.uses_llm_consolidation else None
+            reduced = without_units(store, drop, self.encoder.encode, self.spec.construction, llm=llm)
+            stores[key] = Activator(reduced, self.encoder, self.spec.activation, reranker=self.reranker,
+                                    llm=self.llm) if len(reduced) else None
+        activator = stores[key]
+        if activator is None:
+            from qgmem.activation.records import WorkingMemory
+
+            other = WorkingMemory(question=qa.question)
+        else:
+            other = activator.activate(qa.question, when)
+        other_data = graph_to_data(other.graph, self.encoder, facts=[u.fact for u in other.units])
+        if graph_signature(other_data) == graph_signature(data):
+            return None, [], {**info, "ablation_status": "ablated_graph_unchanged"}, None
+        evidence_nodes = evidence_only_nodes(memory.graph, memory.units, drop)
+        kept = evidence_nodes & {t.strip().casefold() for t in other.graph.node_text}
+        texts = list(getattr(other_data, "node_text", other.graph.node_text))
+        return other_data, texts, {**info, "evidence_nodes": len(evidence_nodes), "evidence_nodes_kept": len(kept)}, other
 
     def close(self) -> None:
         """Persist the vectors encoded since the last flush; release the construction backend."""

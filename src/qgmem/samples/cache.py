@@ -49,7 +49,7 @@ CHECKSUMS = INTEGRITY_CHECKSUMS  # one name for every sealed folder (qgmem.integ
 REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 6  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent
+CACHE_FORMAT_VERSION = 7  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent; 7: the evidence-ablated graph per sample
 
 SPLITS = ("train", "val", "test")
 
@@ -127,6 +127,19 @@ def sample_features():
         "edge_fact": List(Value("float32")),  # [num_edges * feature_dim]: the edge's unit fact embedding
         "node_text": List(Value("string")), "edge_text": List(Value("string")),
         "edge_unit": List(Value("int32")),
+        # the evidence-ablated graph: the question activated over the store without the units grounded
+        # in its gold evidence turns (``ablated`` False: no gold evidence, no such unit in the store, or
+        # a graph equal to the own one); same layout as the own graph
+        "ablated": Value("bool"), "ablated_num_nodes": Value("int32"), "ablated_num_edges": Value("int32"),
+        "ablated_x": List(Value("float32")), "ablated_edge_index": List(Value("int64")),
+        "ablated_edge_attr": List(Value("float32")), "ablated_edge_fact": List(Value("float32")),
+        "ablated_node_text": List(Value("string")),
+        # what the ablation removed: why there is no ablated graph ("" when there is one), units of the
+        # store and of the own working memory grounded in gold evidence, the own graph's nodes that only
+        # evidence units give, and how many of those the ablated graph still has through other units
+        "ablation_status": Value("string"), "store_evidence_units": Value("int32"),
+        "memory_evidence_units": Value("int32"), "evidence_nodes": Value("int32"),
+        "evidence_nodes_kept": Value("int32"),
     })
 
 
@@ -146,8 +159,13 @@ def final_features():
 def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split: str, category: str,
                question: str, reference: str, memory_text: str, graph: Any, feature_dim: int,
                question_time: str | None = None, node_text: Iterable[str] = (), edge_text: Iterable[str] = (),
-               edge_unit: Iterable[int] = ()) -> dict[str, Any]:
-    """One cache row from a working memory's PyG graph (``x [N, D]``, ``edge_index [2, E]``, ``edge_attr [E, D]``)."""
+               edge_unit: Iterable[int] = (), ablated_graph: Any = None, ablated_node_text: Iterable[str] = (),
+               ablation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One cache row from a working memory's PyG graph (``x [N, D]``, ``edge_index [2, E]``, ``edge_attr [E, D]``).
+
+    ``ablated_graph`` (same layout) is the evidence-ablated graph, ``ablation`` what the ablation
+    removed (:func:`ablation_fields`'s keys).
+    """
     x = _as_array(getattr(graph, "x", None), np.float32, (0, feature_dim))
     edge_index = _as_array(getattr(graph, "edge_index", None), np.int64, (2, 0))
     num_edges = edge_index.shape[1] if edge_index.ndim == 2 else 0
@@ -175,7 +193,25 @@ def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split:
         "feature_dim": int(feature_dim), "x": x.reshape(-1), "edge_index": edge_index.reshape(-1),
         "edge_attr": edge_attr.reshape(-1), "edge_fact": edge_fact.reshape(-1), "node_text": node_text, "edge_text": edge_text,
         "edge_unit": [int(u) for u in edge_unit],
+        **ablation_fields(qa_id, ablated_graph, feature_dim, ablated_node_text, ablation),
     }
+
+
+def ablation_fields(qa_id: str, graph: Any, feature_dim: int, node_text: Iterable[str] = (),
+                    ablation: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``ablated_*`` columns of a row (empty ones and ``ablated`` False without an ablated graph)."""
+    info = {"ablation_status": "", "store_evidence_units": 0, "memory_evidence_units": 0, "evidence_nodes": 0,
+            "evidence_nodes_kept": 0, **(ablation or {})}
+    if graph is None:
+        return {"ablated": False, "ablated_num_nodes": 0, "ablated_num_edges": 0, "ablated_x": [],
+                "ablated_edge_index": [], "ablated_edge_attr": [], "ablated_edge_fact": [], "ablated_node_text": [],
+                **info, "ablation_status": info["ablation_status"] or "none"}
+    own = sample_row(qa_id=qa_id, case_id="", dialogue_id="", group="", split="", category="", question="",
+                     reference="", memory_text="", graph=graph, feature_dim=feature_dim, node_text=node_text)
+    return {"ablated": True, "ablated_num_nodes": own["num_nodes"], "ablated_num_edges": own["num_edges"],
+            "ablated_x": own["x"], "ablated_edge_index": own["edge_index"], "ablated_edge_attr": own["edge_attr"],
+            "ablated_edge_fact": own["edge_fact"], "ablated_node_text": own["node_text"], **info,
+            "ablation_status": ""}
 
 
 def _as_array(value: Any, dtype: Any, empty_shape: tuple[int, int]) -> np.ndarray:
@@ -207,10 +243,17 @@ def row_to_data(row: dict[str, Any]):
 
 
 def row_to_item(row: dict[str, Any]) -> dict[str, Any]:
-    """A filtered row to the dataset item the collator consumes (the data↔model contract)."""
-    return {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
+    """A filtered row to the dataset item the collator consumes (the data↔model contract); with its
+    evidence-ablated graph (``ablated_graph``, ``ablated_node_text``) when the row has one."""
+    item = {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
             "answer": row["answer"], "category": row["category"], "qa_id": row["qa_id"],
             "node_text": list(row.get("node_text") or [])}
+    if row.get("ablated"):
+        item["ablated_graph"] = row_to_data({k[len("ablated_"):]: row[k] for k in (
+            "ablated_num_nodes", "ablated_num_edges", "ablated_x", "ablated_edge_index", "ablated_edge_attr",
+            "ablated_edge_fact")} | {"feature_dim": row["feature_dim"]})
+        item["ablated_node_text"] = list(row.get("ablated_node_text") or [])
+    return item
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,14 @@
 """``qgmem eval-qa``: answer a data set's questions with an export and score them, one row per graph mode.
 
 Every selected question is activated once; the answers of each graph mode (``token``, ``none``,
-``shuffled``) come from the same weights in the same run, so the graph token's effect is one table.
+``shuffled``, ``ablated``) come from the same weights in the same run, so the graph token's effect is one
+table. ``ablated`` keeps the question's own prompt text and swaps in the graph activated for it over the
+store without the units grounded in its gold evidence turns (ConvoMem, LoCoMo and LongMemEval carry
+gold evidence); questions without gold evidence, or whose ablated graph equals their own, have no
+ablated row (counted). Greedy answers of a small LM rarely separate the modes, so every row also has
+the reference answer's NLL under that mode, and the overall row holds the paired ``own − other``
+differences with a bootstrap interval over cases (``nll``: ``own_vs_none``, ``own_vs_ablated``,
+``own_vs_shuffled``).
 Scores use the one normalizer (:mod:`qgmem.text`): exact match and token F1 against the reference, and
 a judge: ``rule`` (the normalized match rule) or ``llm`` (an LLM through the shared backend, with the
 grading rules of :mod:`qgmem.samples.judge`). Rubric categories (ConvoMem's preference and implicit
@@ -40,7 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=6,
                         help="at most this many questions, taken round-robin over the categories (default 6: a few "
                              "minutes on a 2-core CPU; 0 = all)")
-    parser.add_argument("--graph", default="token,none,shuffled", help="comma-separated graph modes (one row each)")
+    parser.add_argument("--graph", default="token,none,shuffled",
+                        help="comma-separated graph modes (one row each): token, none, shuffled, ablated")
     parser.add_argument("--judge", choices=("rule", "llm"), default="rule",
                         help="rule: normalized match (rubric categories not scored); llm: an LLM judge")
     parser.add_argument("--judge-model", default="gpt-4o-mini", help="model of the LLM judge")
@@ -51,13 +59,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_load_arguments(parser)
 
 
-def parse_modes(text: str) -> list[str]:
+def eval_modes() -> tuple[str, ...]:
     from qgmem.serving.records import GRAPH_MODES
 
+    return (*GRAPH_MODES, "ablated")
+
+
+def parse_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    bad = [m for m in modes if m not in GRAPH_MODES]
+    bad = [m for m in modes if m not in eval_modes()]
     if bad or not modes:
-        raise UserError(f"--graph: unknown mode(s) {bad or [text]}; choose from {', '.join(GRAPH_MODES)}")
+        raise UserError(f"--graph: unknown mode(s) {bad or [text]}; choose from {', '.join(eval_modes())}")
     return list(dict.fromkeys(modes))
 
 
@@ -104,10 +116,16 @@ def select_questions(cases: list, limit: int) -> list[tuple[Any, list[Any]]]:
             for ci, case in enumerate(cases) if any((ci, qi) in picked for qi in range(len(case.qas)))]
 
 
-def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judge: Any) -> dict[str, Any]:
-    """Predictions (one per question and mode) and the per-category table."""
+def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judge: Any,
+             progress: bool = True) -> dict[str, Any]:
+    """Predictions (one per question and mode, with the reference's NLL) and the per-category table."""
+    from tqdm.auto import tqdm
+
     plan = select_questions(cases, limit)
-    retrieved, meta = [], []
+    total = sum(len(qas) for _, qas in plan)
+    retrieved, ablated, meta = [], [], []
+    counts = {"no_gold_evidence": 0, "no_evidence_unit_in_store": 0, "ablated_graph_unchanged": 0}
+    bar = tqdm(total=total, desc="eval-qa: memory + activation", unit="qa", disable=not progress)
     for case, qas in plan:
         pipe.remember(case.dialogue)
         share = pipe.seconds.get("construction", 0.0) / len(qas)
@@ -116,13 +134,138 @@ def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judg
             r.seconds = {"construction": share, **r.seconds}
             retrieved.append(r)
             meta.append((case, qa))
+        if "ablated" in modes:
+            ablated.extend(ablated_retrieved(pipe, qas, retrieved[-len(qas):], counts))
+        bar.update(len(qas))
+    bar.close()
     predictions = []
+    bar = tqdm(total=total * len(modes), desc="eval-qa: answers", unit="answer", disable=not progress)
     for mode in modes:
-        answers = pipe.generate(retrieved, graph=mode)
-        rows = [prediction_row(case, qa, a, dataset) for (case, qa), a in zip(meta, answers)]
+        if mode == "ablated":
+            index = [i for i, a in enumerate(ablated) if a is not None]
+            batch = [ablated[i] for i in index]
+            answers = pipe.generate(batch, graph="token") if batch else []
+            nll = reference_nll(pipe, batch, [meta[i][1] for i in index], "token")
+            for a in answers:
+                a.graph_mode = "ablated"
+            rows = [prediction_row(meta[i][0], meta[i][1], a, dataset) for i, a in zip(index, answers)]
+            bar.update(total - len(index))
+        else:
+            answers = pipe.generate(retrieved, graph=mode)
+            nll = reference_nll(pipe, retrieved, [qa for _, qa in meta], mode)
+            rows = [prediction_row(case, qa, a, dataset) for (case, qa), a in zip(meta, answers)]
+        for row, value in zip(rows, nll):
+            row["nll"] = value
         score_with_judge(rows, judge, dataset)
         predictions.extend(rows)
-    return {"predictions": predictions, "table": summarize(predictions, modes)}
+        bar.update(len(rows))
+    bar.close()
+    table = summarize(predictions, modes)
+    contrasts = nll_contrasts(predictions, modes)
+    for row in table:
+        if row["category"] == "all":
+            row["nll"] = contrasts
+    return {"predictions": predictions, "table": table, "nll": contrasts,
+            "ablation": {**counts, "ablated": sum(a is not None for a in ablated)} if "ablated" in modes else None}
+
+
+def ablated_retrieved(pipe, qas: list, own: list, counts: dict[str, int]) -> list:
+    """Per question: its own retrieval with the graph swapped for the evidence-ablated one, or ``None``.
+
+    The ablated graph is the same question activated over the store without the units grounded in its
+    gold evidence turns (traces rebuilt); the prompt text stays the question's own.
+    """
+    from dataclasses import replace
+
+    from qgmem.memory.ablate import evidence_unit_ids, without_units
+    from qgmem.activation.graph import graph_signature
+
+    store = pipe.store
+    out = []
+    try:
+        for qa, mine in zip(qas, own):
+            if not qa.evidence_turn_ids:
+                counts["no_gold_evidence"] += 1
+                out.append(None)
+                continue
+            drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
+            if not drop:
+                counts["no_evidence_unit_in_store"] += 1
+                out.append(None)
+                continue
+            pipe.use_store(without_units(store, drop, pipe.sentence_encoder.encode, pipe.construction, llm=pipe.llm))
+            other = pipe.retrieve([qa.question], [mine.question_time])[0]
+            if graph_signature(other.graph) == graph_signature(mine.graph):
+                counts["ablated_graph_unchanged"] += 1
+                out.append(None)
+                continue
+            out.append(replace(mine, graph=other.graph))
+    finally:
+        pipe.use_store(store)
+    return out
+
+
+def reference_nll(pipe, retrieved: list, qas: list, mode: str) -> list[float | None]:
+    """The reference answer's NLL (mean over its tokens) per question under ``mode``'s graph.
+
+    ``None`` for rubric references (a grading text, not an answer) and where no LM is at hand (an
+    API backbone scores no likelihood).
+    """
+    import torch
+
+    if getattr(pipe, "backbone", None) is not None or not retrieved:
+        return [None] * len(retrieved)
+    graphs = pipe._graphs_for(retrieved, mode)
+    with torch.no_grad():
+        return _reference_nll(pipe, retrieved, qas, mode, graphs)
+
+
+def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) -> list[float | None]:
+    import torch
+
+    from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
+
+    out: list[float | None] = [None] * len(retrieved)
+    todo = [i for i, qa in enumerate(qas) if qa.category not in RUBRIC_CATEGORIES and str(qa.answer).strip()]
+    device = pipe.lm.device
+    for start in range(0, len(todo), pipe.batch_size):
+        index = todo[start:start + pipe.batch_size]
+        prompts = pipe.encode_prompts([retrieved[i] for i in index])
+        answers = [pipe.prompts.answer(str(qas[i].answer)) for i in index]
+        T = max(len(p.ids) + len(a) for p, a in zip(prompts, answers))
+        ids = torch.full((len(index), T), pipe.prompts.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(index), T), dtype=torch.long)
+        labels = torch.full((len(index), T), IGNORE_INDEX, dtype=torch.long)
+        for b, (p, a) in enumerate(zip(prompts, answers)):
+            n, m = len(p.ids), len(a)
+            ids[b, : n + m] = torch.tensor(p.ids + a)
+            mask[b, : n + m] = 1
+            labels[b, n: n + m] = torch.tensor(a)
+        pos = torch.tensor([p.graph_pos for p in prompts])
+        token = None if mode == "none" else pipe.encoder.encode([graphs[i] for i in index])
+        embeds = pipe.lm.get_input_embeddings()(ids.to(device))
+        fused = insert_token(embeds, mask.to(device), pos.to(device), token, labels.to(device))
+        for i, v in zip(index, answer_nll(pipe.lm, *fused, reduction="none").float().cpu().tolist()):
+            out[i] = float(v)
+    return out
+
+
+def nll_contrasts(rows: list[dict[str, Any]], modes: list[str], n_boot: int = 10_000) -> dict[str, Any]:
+    """Paired ``own − other`` reference NLL per question, with a bootstrap interval over cases."""
+    from qgmem.bootstrap import paired_bootstrap
+
+    by_mode = {m: {r["qa_id"]: r for r in rows if r["graph_mode"] == m and r.get("nll") is not None} for m in modes}
+    out: dict[str, Any] = {}
+    if "token" not in by_mode:
+        return out
+    own = by_mode["token"]
+    for other in ("none", "ablated", "shuffled"):
+        if other not in by_mode:
+            continue
+        pairs = [(q, own[q]["nll"] - r["nll"], r["case_id"]) for q, r in by_mode[other].items() if q in own]
+        result = paired_bootstrap([d for _, d, _ in pairs], [g for _, _, g in pairs], n_boot=n_boot)
+        out[f"own_vs_{other}"] = {"mean": result["mean"], "ci95": result["ci95"], "n": result["n"]}
+    return out
 
 
 def prediction_row(case: Any, qa: Any, answer: Any, dataset: str) -> dict[str, Any]:
@@ -132,8 +275,8 @@ def prediction_row(case: Any, qa: Any, answer: Any, dataset: str) -> dict[str, A
             "rubric": rubric, "abstention": abstention_flag(qa),
             "em": None if rubric else exact_match(answer.answer, qa.answer),
             "f1": None if rubric else token_f1(answer.answer, qa.answer),
-            "correct": None, "cited": answer.cited, "tokens": answer.tokens, "seconds": answer.seconds,
-            "error": answer.error}
+            "correct": None, "nll": None, "cited": answer.cited, "tokens": answer.tokens,
+            "seconds": answer.seconds, "error": answer.error}
 
 
 def score_with_judge(rows: list[dict[str, Any]], judge: Any, dataset: str) -> None:
@@ -170,6 +313,7 @@ def summarize(rows: list[dict[str, Any]], modes: list[str]) -> list[dict[str, An
                 "judged": len(scored), "not_scored": len(group) - len(scored),
                 "accuracy": _mean([float(r["correct"]) for r in scored]),
                 "em": _mean([r["em"] for r in answered]), "f1": _mean([r["f1"] for r in answered]),
+                "answer_nll": _mean([r["nll"] for r in group if r.get("nll") is not None]),
                 "retrieved_context_tokens": _mean([r["tokens"]["retrieved_context"] for r in group]),
                 "online_tokens": _mean([r["tokens"]["total"] for r in group]),
                 "seconds": {s: _mean([r["seconds"].get(s, 0.0) for r in group]) for s in (*STAGES, "total")},
@@ -183,17 +327,24 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def format_table(table: list[dict[str, Any]], judge_name: str) -> str:
-    head = (f"| category | graph | n | judged | not scored | acc ({judge_name}) | EM | F1 | context tok | online tok "
+    head = (f"| category | graph | n | judged | not scored | acc ({judge_name}) | EM | F1 | answer NLL | context tok "
+            "| online tok "
             "| s/QA construct | s/QA activate | s/QA graph | s/QA generate | s/QA total |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in table:
         s = row["seconds"]
         lines.append(f"| {row['category']} | {row['graph']} | {row['questions']} | {row['judged']} | "
                      f"{row['not_scored']} | {_fmt(row['accuracy'])} | {_fmt(row['em'])} | {_fmt(row['f1'])} | "
+                     f"{_fmt(row.get('answer_nll'))} | "
                      f"{_fmt(row['retrieved_context_tokens'], 0)} | {_fmt(row['online_tokens'], 0)} | "
                      f"{_fmt(s['construction'], 2)} | {_fmt(s['activation'], 2)} | "
                      f"{_fmt((s['graph_features'] or 0) + (s['graph_encoding'] or 0), 2)} | {_fmt(s['generation'], 2)} | "
                      f"{_fmt(s['total'], 2)} |")
+    contrasts = next((row["nll"] for row in table if row["category"] == "all" and row.get("nll")), {})
+    for name, r in contrasts.items():
+        if r["mean"] is not None:
+            lines.append(f"\nanswer NLL, {name.replace('_', ' ')} (n={r['n']}): {r['mean']:+.3f} "
+                         f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] (95 % bootstrap over cases)")
     return "\n".join(lines)
 
 
@@ -226,6 +377,8 @@ def run(args: argparse.Namespace) -> int:
     cases, how = select_cases(list(loaded.cases), args.split, data_split, args.dataset)
     if not cases:
         raise UserError(f"no cases in {how} of {args.path}")
+    if "ablated" in modes and not any(qa.evidence_turn_ids for c in cases for qa in c.qas):
+        raise UserError(f"--graph ablated needs gold evidence turns; no question of {how} in {args.path} has any")
     result = run_eval(pipe, cases, args.dataset, modes, args.limit, judge)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -235,7 +388,8 @@ def run(args: argparse.Namespace) -> int:
     summary = {"export": str(args.export), "dataset": args.dataset, "path": str(args.path), "cases": how,
                "questions": len(result["predictions"]) // len(modes), "graph_modes": modes, "judge": args.judge,
                "backbone": args.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
-               "skipped_records": (loaded.report or {}).get("skipped", 0), "table": result["table"]}
+               "skipped_records": (loaded.report or {}).get("skipped", 0), "nll": result["nll"],
+               "ablation": result["ablation"], "table": result["table"]}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     if args.json:
         print(json.dumps(summary, indent=1))

@@ -5,7 +5,10 @@ Training metrics, the answer filter, ``qgmem eval-qa`` and serving all compare a
 rule is SQuAD's (lower-case, punctuation removed, English articles removed, whitespace squeezed), so
 scores agree with the published SQuAD script and ``torchmetrics``; two additions run first: a thinking
 block (``<think>…</think>``) is dropped and typographic apostrophes become ASCII ones, so ``don’t`` and
-``don't`` both normalize to ``dont``.
+``don't`` both normalize to ``dont``. Then dates and numbers take one written form: every absolute date
+the project's time resolver (:mod:`qgmem.timeexpr`) reads becomes its ISO form (``7 May 2023``,
+``May 7, 2023``, ``5/7/2023`` and ``2023-05-07`` are one answer; ``May 2023`` is ``2023-05``), and the
+number words one to twenty become digits.
 """
 
 from __future__ import annotations
@@ -27,14 +30,41 @@ ABSTAIN_PHRASES = (
 )
 
 
+_NUMBER_WORDS = {w: str(i) for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty".split())}
+_NUMBER_WORD = re.compile(r"\b(" + "|".join(_NUMBER_WORDS) + r")\b", re.IGNORECASE)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}\b)")
+
+
+def canonical_dates_and_numbers(text: str) -> str:
+    """Absolute dates in ISO form (through :mod:`qgmem.timeexpr`), number words as digits, ``1,000`` as ``1000``."""
+    from qgmem.timeexpr import TIME_PATTERN, resolve_match
+
+    def date_form(match: re.Match) -> str:
+        if match.lastgroup not in ("iso", "numeric", "md", "dm", "my"):
+            return match.group(0)
+        span = resolve_match(match, None)  # no reference date: a date without a year stays as written
+        if span is None:
+            return match.group(0)
+        if match.lastgroup == "my":
+            return span.start.isoformat()[:7]
+        return span.iso()
+
+    text = TIME_PATTERN.sub(date_form, text)
+    text = _THOUSANDS.sub("", text)
+    return _NUMBER_WORD.sub(lambda m: _NUMBER_WORDS[m.group(1).lower()], text)
+
+
 def strip_thinking(text: str) -> str:
     """``text`` without thinking blocks (an unclosed block runs to the end), whitespace trimmed."""
     return _THINK.sub(" ", text or "").strip()
 
 
 def normalize_answer(text: str) -> str:
-    """Lower-case, drop punctuation and articles, squeeze whitespace (thinking blocks removed first)."""
-    text = strip_thinking(text).translate(_QUOTES).lower()
+    """Lower-case, drop punctuation and articles, squeeze whitespace (thinking blocks removed, dates and
+    numbers in one form first)."""
+    text = canonical_dates_and_numbers(strip_thinking(text).translate(_QUOTES)).lower()
     text = "".join(ch for ch in text if ch not in _PUNCT)
     return " ".join(_ARTICLES.sub(" ", text).split())
 

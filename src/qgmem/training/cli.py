@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,15 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
     root = Path(trainer.default_root_dir)
     history = ValidationHistory()
     trainer.callbacks.append(history)
+    seconds: dict[str, float] = {}
+    started = time.perf_counter()
+    if trainer.world_size <= 1 and hasattr(data, "prepare_data"):  # the cache stage, timed on its own
+        data.prepare_data()
+    seconds["cache"] = time.perf_counter() - started
+    started = time.perf_counter()
     trainer.fit(model, datamodule=data, ckpt_path=cfg.get("ckpt_path"))
+    seconds["alignment"] = float(getattr(model, "alignment_seconds", 0.0))
+    seconds["fit"] = time.perf_counter() - started - seconds["alignment"]
     save_last(trainer)  # so `--ckpt_path last` continues from the end
     callback = trainer.checkpoint_callback
     best = callback.best_model_path if callback else ""
@@ -131,8 +140,10 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         val = [history.by_step[best_step]]
     else:
         val = trainer.validate(model, datamodule=data, ckpt_path=which, verbose=False, weights_only=True)
+    started = time.perf_counter()
     test = (trainer.test(model, datamodule=data, ckpt_path=which, verbose=False, weights_only=True)
             if cfg.get("run_test", True) else [])
+    seconds["test"] = time.perf_counter() - started
     metrics = {
         "val": _floats(val[0] if val else {}),
         "test": _floats(test[0] if test else {}),
@@ -147,15 +158,21 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         root.mkdir(parents=True, exist_ok=True)
         (root / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
         export_dir = None
+        started = time.perf_counter()
         if cfg.get("export", True) and best:
             from qgmem.export import export_checkpoint
 
             export_dir = export_checkpoint(best, root / "export", metrics)
+        seconds["export"] = time.perf_counter() - started
+        metrics["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
+        (root / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
         log_dir = trainer.logger.log_dir if trainer.logger else None
         predictions = root / PREDICTIONS_FILE if test else None
         print(f"\nlogs (TensorBoard): {log_dir}\nbest checkpoint:    {best or '-'}\n"
               f"metrics:            {root / 'metrics.json'}\npredictions:        {predictions or '-'}\n"
               f"export:             {export_dir or '-'}")
+        print("time:  " + ", ".join(f"{k} {v:.0f} s" for k, v in metrics["seconds"].items())
+              + " (fit includes validation and re-validation; cache 0 s when it was reused)")
         for line in metric_lines(metrics["val"], metrics["test"]):
             print(line)
         for line in data_summary_lines(metrics["data"] or {}):

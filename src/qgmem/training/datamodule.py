@@ -67,9 +67,11 @@ class GraphTextDataModule(L.LightningDataModule):
 
     def __init__(self, *, lm: str, batch_size: int, eval_batch_size: int, num_workers: int,
                  max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None,
-                 graph_only: bool = False):
+                 graph_only: bool = False, memory_units: int | None = None, order_seed: int | None = None):
         super().__init__()
         self.graph_only = graph_only  # graph-only prompts: no textual working memory (the learning check)
+        self.memory_units = memory_units  # the prompt's text holds the top m units; the graph keeps all k
+        self._order_seed = order_seed
         self.lm = lm
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_prompt_tokens, self.max_answer_tokens = max_prompt_tokens, max_answer_tokens
@@ -83,7 +85,19 @@ class GraphTextDataModule(L.LightningDataModule):
         """The run's one prompt contract: the collator, the answer filter, the model and the export use it."""
         extra = {"include_memory_text": False, "system_prompt": GRAPH_ONLY_SYSTEM_PROMPT} if self.graph_only else {}
         return PromptSettings(max_prompt_tokens=self.max_prompt_tokens, max_answer_tokens=self.max_answer_tokens,
-                              enable_thinking=self.enable_thinking, **extra)
+                              enable_thinking=self.enable_thinking, memory_units=self.memory_units, **extra)
+
+    @property
+    def order_seed(self) -> int:
+        """Seed of the training order and of the alignment stage's order (``None``: the data ``seed``).
+
+        Not part of any cache key: seeds of one protocol share the cache and differ in their order.
+        """
+        return int(self._order_seed if self._order_seed is not None else (getattr(self, "seed", 0) or 0))
+
+    @order_seed.setter
+    def order_seed(self, value: int | None) -> None:
+        self._order_seed = value
 
     def split(self, name: str) -> Dataset:
         if not self._splits:
@@ -111,7 +125,7 @@ class GraphTextDataModule(L.LightningDataModule):
             from qgmem.training.resume import EpochRandomSampler, ResumableDataLoader
 
             return ResumableDataLoader(self.split(name), batch_size=batch_size,
-                                       sampler=EpochRandomSampler(self.split(name), getattr(self, "seed", 0)),
+                                       sampler=EpochRandomSampler(self.split(name), self.order_seed),
                                        num_workers=self.num_workers, collate_fn=self.collator,
                                        persistent_workers=self.num_workers > 0)
         return DataLoader(self.split(name), batch_size=batch_size, shuffle=False, num_workers=self.num_workers,
@@ -178,6 +192,11 @@ class QGMemDataModule(GraphTextDataModule):
             cache folder shared by every node).
         graph_only: Leave the textual working memory out of the prompts (graph tokens are the only
             evidence; the learning check's diagnostic setting). The cache is the same.
+        memory_units: The prompt's text holds only the top ``m`` working-memory units (``None``: all
+            ``k``); the graph still covers all ``k``. The context-budget sweep's setting; the cache is
+            the same.
+        order_seed: Seed of the training data order and the alignment stage's order (``None``: ``seed``).
+            Not in the cache key, so seeds of one protocol share one cache.
     """
 
     def __init__(
@@ -214,6 +233,8 @@ class QGMemDataModule(GraphTextDataModule):
         rebuild: bool = False,
         prepare_data_per_node: bool = True,
         graph_only: bool = False,
+        memory_units: int | None = None,
+        order_seed: int | None = None,
     ):
         self.cache_spec = CacheSpec(
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
@@ -231,7 +252,8 @@ class QGMemDataModule(GraphTextDataModule):
             data_fingerprint=data_fingerprint)
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
-                         enable_thinking=enable_thinking, graph_only=graph_only)
+                         enable_thinking=enable_thinking, graph_only=graph_only, memory_units=memory_units,
+                         order_seed=order_seed)
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
@@ -328,10 +350,11 @@ class InMemoryDataModule(GraphTextDataModule):
     def __init__(self, train_items: Sequence[dict[str, Any]], val_items: Sequence[dict[str, Any]] = (),
                  test_items: Sequence[dict[str, Any]] = (), *, tokenizer=None, lm: str = EMBEDDED_LM,
                  batch_size: int = 2, eval_batch_size: int | None = None, max_prompt_tokens: int = 256,
-                 max_answer_tokens: int = 32, feature_dim: int | None = None, graph_only: bool = False):
+                 max_answer_tokens: int = 32, feature_dim: int | None = None, graph_only: bool = False,
+                 memory_units: int | None = None, order_seed: int | None = None):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
-                         graph_only=graph_only)
+                         graph_only=graph_only, memory_units=memory_units, order_seed=order_seed)
         self.items = {"train": list(train_items), "val": list(val_items), "test": list(test_items)}
         first = next((it for split in self.items.values() for it in split), None)
         if feature_dim is None and first is None:

@@ -353,18 +353,21 @@ class QGMemModule(LightningModule):
         steps = int(self.hparams.align_steps)
         if steps <= 0 or self.global_step > 0:
             return
+        import time
+
         from qgmem.training.alignment import align_node_tokens
 
+        started = time.perf_counter()
         loader = self.trainer.train_dataloader
         result = align_node_tokens(self.net, loader.dataset, loader.collate_fn, self.lm.get_input_embeddings().weight,
                                    steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
-                                   seed=int(getattr(self.trainer.datamodule, "seed", 0) or 0)
-                                   if getattr(self.trainer, "datamodule", None) is not None else 0,
+                                   seed=_order_seed(getattr(self.trainer, "datamodule", None)),
                                    device=self.device)
         if self.trainer.world_size > 1:  # ranks aligned on their own draws: keep rank 0's weights everywhere
             state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
             self.net.load_state_dict(state)
         self.alignment_result = result
+        self.alignment_seconds = time.perf_counter() - started
         if result:
             self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
                           rank_zero_only=True)
@@ -424,3 +427,11 @@ def describe_datamodule(datamodule) -> dict[str, Any]:
         if value is not None:
             info[name] = _plain(value)
     return info
+
+
+def _order_seed(datamodule: Any) -> int:
+    """The data side's order seed (the alignment stage draws in that order too); 0 without a data module."""
+    if datamodule is None:
+        return 0
+    seed = getattr(datamodule, "order_seed", None)
+    return int(seed if seed is not None else (getattr(datamodule, "seed", 0) or 0))

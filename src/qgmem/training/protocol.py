@@ -1,21 +1,29 @@
 """Does the graph token carry sample-specific evidence? The paired ablation protocol behind the learning check.
 
-One set of trained weights is evaluated three ways on the same held-out samples:
+One set of trained weights is evaluated several ways on the same held-out samples; the text of the
+prompt is always the sample's own, only the graph changes:
 
 - ``own``: each sample's own graph token (the model as trained);
+- ``ablated``: the graph activated for the same question over the same store after every unit grounded
+  in a gold evidence turn was removed (the cache's second graph). Topic and style are held fixed and the
+  evidence is gone, so ``own − ablated`` is the headline figure. Samples without an ablated graph (no
+  gold evidence, or no evidence unit in the store) have no score here and drop out of this contrast;
 - ``shuffled``: the token of another sample's graph, from a derangement that never pairs a sample with
-  its own graph nor with a graph identical to it (a token any graph would give equally is a soft
-  prompt, and this condition exposes it);
+  its own graph nor with a graph identical to it (a wrong, off-topic graph: it shows that a wrong graph
+  hurts, not that the right one helps);
+- ``norel``: the own graph with its edge (predicate and fact) features zeroed, same weights: what the
+  relation-aware part of the encoder carries;
 - ``none``: no graph token at all.
 
-The figure is the per-sample paired difference in answer NLL (``own − shuffled``, ``own − none``),
-averaged over seeds per sample, with a bootstrap interval that resamples whole groups (dialogues), so
-samples that share a conversation are not counted as independent evidence.
+Every contrast is the per-sample paired difference in answer NLL. Its interval is a hierarchical
+bootstrap (:func:`hierarchical_bootstrap`): seeds are resampled, and inside each drawn seed the groups
+(dialogues; a sample is its own group when its dialogue has one QA), so the interval holds seed
+variance as well as sample variance.
 """
 
 from __future__ import annotations
 
-import hashlib
+import copy
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -24,26 +32,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-CONDITIONS = ("own", "shuffled", "none")
-CONTRASTS = {"token_vs_shuffled": ("own", "shuffled"), "token_vs_none": ("own", "none")}
+from qgmem.activation.graph import graph_signature
+from qgmem.bootstrap import hierarchical_bootstrap, paired_bootstrap
+
+CONDITIONS = ("own", "ablated", "shuffled", "norel", "none")
+CONTRASTS = {"own_vs_ablated": ("own", "ablated"), "own_vs_none": ("own", "none"),
+             "own_vs_shuffled": ("own", "shuffled"), "own_vs_norel": ("own", "norel")}
 
 
 # --------------------------------------------------------------------------------------------------
 # which graph goes with which sample
-
-
-def graph_signature(graph) -> str:
-    """A digest of everything the encoder reads from a graph: equal digests give equal tokens."""
-    digest = hashlib.sha1()
-    for name in ("x", "edge_index", "edge_attr", "edge_fact"):
-        value = getattr(graph, name, None)
-        if value is None:
-            digest.update(f"{name}:none".encode())
-            continue
-        array = value.detach().cpu().contiguous().numpy()
-        digest.update(f"{name}:{array.dtype}:{array.shape}".encode())
-        digest.update(array.tobytes())
-    return digest.hexdigest()
 
 
 def derangement(signatures: Sequence[str], seed: int = 0) -> list[int]:
@@ -89,28 +87,6 @@ def tie_report(signatures: Sequence[str]) -> dict[str, int]:
 # statistics
 
 
-def paired_bootstrap(diffs: Sequence[float], groups: Sequence[str] | None = None, *, n_boot: int = 10_000,
-                     seed: int = 0, level: float = 0.95) -> dict[str, Any]:
-    """Mean of paired differences with a percentile bootstrap interval over groups (samples if ``None``).
-
-    Each bootstrap draw resamples whole groups with replacement and takes the mean of the differences
-    of all samples drawn, so correlated samples of one group move together.
-    """
-    d = np.asarray(diffs, dtype=np.float64)
-    if d.size == 0:
-        return {"mean": None, "ci95": [None, None], "n": 0, "groups": 0}
-    keys = np.asarray(groups if groups is not None else np.arange(d.size).astype(str))
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    sums = np.bincount(inverse, weights=d, minlength=len(uniq))
-    sizes = np.bincount(inverse, minlength=len(uniq)).astype(np.float64)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(uniq), size=(n_boot, len(uniq)))
-    means = sums[draws].sum(1) / sizes[draws].sum(1)
-    alpha = (1 - level) / 2
-    lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": int(d.size), "groups": int(len(uniq))}
-
-
 @dataclass
 class SampleScores:
     """Per-sample results of one trained model on one split: NLL (and generations) per condition."""
@@ -132,10 +108,11 @@ class SampleScores:
 
 
 def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Contrasts over seeds: per sample, the seed-mean of ``own − other``; then bootstrap, overall and per category.
+    """Contrasts over seeds with :func:`hierarchical_bootstrap`, overall and per category.
 
-    Also the mean NLL per condition and EM/F1 per condition where generations exist. Every run must
-    score the same samples (same ``qa_id`` order), which holds for seeds of one protocol.
+    Also the mean NLL per condition (over the samples it scores) and EM/F1 per condition where
+    generations exist. Every run must score the same samples (same ``qa_id`` order), which holds for
+    seeds of one protocol.
     """
     from qgmem.text import exact_match, token_f1
 
@@ -145,21 +122,30 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
     for run in runs[1:]:
         if run.qa_id != base.qa_id:
             raise ValueError("runs scored different samples: seeds must share one evaluation split")
-    nll = {c: np.mean([np.asarray(r.nll[c]) for r in runs], axis=0) for c in CONDITIONS if c in base.nll}
+
+    def matrix(condition: str) -> np.ndarray:
+        return np.asarray([[np.nan if v is None else v for v in r.nll[condition]] for r in runs], dtype=np.float64)
+
+    nll = {c: matrix(c) for c in CONDITIONS if all(c in r.nll for r in runs)}
     out: dict[str, Any] = {"n": len(base.qa_id), "seeds": len(runs),
-                           "nll": {c: float(v.mean()) for c, v in nll.items()}}
+                           "nll": {c: float(np.nanmean(v)) if np.isfinite(v).any() else None for c, v in nll.items()},
+                           "nll_per_seed": {c: [float(np.nanmean(row)) if np.isfinite(row).any() else None for row in v]
+                                            for c, v in nll.items()}}
     categories = sorted(set(base.category))
+    cat = np.asarray(base.category)
+    groups = np.asarray(base.group)
     for name, (a, b) in CONTRASTS.items():
         if a not in nll or b not in nll:
             continue
         diff = nll[a] - nll[b]
-        result = paired_bootstrap(diff, base.group, n_boot=n_boot, seed=seed)
-        result["per_seed_mean"] = [float(np.mean(np.asarray(r.nll[a]) - np.asarray(r.nll[b]))) for r in runs]
-        result["per_category"] = {}
-        for cat in categories:
-            keep = np.asarray([c == cat for c in base.category])
-            result["per_category"][cat] = paired_bootstrap(diff[keep], np.asarray(base.group)[keep],
-                                                           n_boot=n_boot, seed=seed)
+        result = hierarchical_bootstrap(diff, groups, n_boot=n_boot, seed=seed)
+        result["per_seed_mean"] = [p["mean"] for p in result["per_seed"]]
+        scored = np.isfinite(diff).any(0)
+        result["share_below_zero"] = (float((np.nanmean(diff[:, scored], 0) < 0).mean()) if scored.any() else None)
+        result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], n_boot=n_boot,
+                                                            seed=seed) for c in categories}
+        for r in result["per_category"].values():
+            r.pop("per_seed", None)
         out[name] = result
     scores = {}
     for c in CONDITIONS:
@@ -169,12 +155,33 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
             scores[c] = {"em": float(np.mean(em)), "f1": float(np.mean(f1)),
                          "em_per_seed": [float(x) for x in em], "f1_per_seed": [float(x) for x in f1]}
     out["em_f1"] = scores
-    out["per_category_n"] = {cat: int(sum(c == cat for c in base.category)) for cat in categories}
+    out["per_category_n"] = {c: int((cat == c).sum()) for c in categories}
     return out
 
 
 # --------------------------------------------------------------------------------------------------
 # evaluation of one trained module
+
+
+def graph_for(item: dict[str, Any], condition: str, partner: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The item as scored under ``condition`` (its text always its own), or ``None`` when it has no such graph."""
+    out = dict(item)
+    if condition == "shuffled":
+        out["graph"] = partner["graph"]
+        if "node_text" in partner:  # the graph's own node texts go with it
+            out["node_text"] = partner["node_text"]
+    elif condition == "ablated":
+        if item.get("ablated_graph") is None:
+            return None
+        out["graph"], out["node_text"] = item["ablated_graph"], list(item.get("ablated_node_text") or [])
+    elif condition == "norel":
+        graph = copy.copy(item["graph"])
+        for name in ("edge_attr", "edge_fact"):
+            value = getattr(graph, name, None)
+            if value is not None:
+                setattr(graph, name, torch.zeros_like(value))
+        out["graph"] = graph
+    return out
 
 
 @torch.no_grad()
@@ -184,39 +191,44 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
     """Answer NLL of every item under each condition with ``module``'s current weights.
 
     ``shuffled`` pairs item ``i`` with the graph of item ``partner[i]`` (:func:`derangement` over the
-    graphs' signatures, seeded by ``seed``); the text of the prompt is always the item's own.
-    ``generate``: conditions whose greedy answers are also decoded (for EM/F1). Returns the scores and
-    a report on the pairing (ties, how many partners differ).
+    graphs' signatures, seeded by ``seed``); ``ablated`` uses the item's ``ablated_graph`` (items
+    without one score ``None``); the text of the prompt is always the item's own. ``generate``:
+    conditions whose greedy answers are also decoded (for EM/F1). Returns the scores and a report on
+    the pairing (ties, how many partners differ, how many items have an ablated graph).
     """
     from qgmem.model.fusion import answer_nll, insert_token
     from qgmem.prompting import final_answer, generate as generate_text
 
+    unknown = sorted(set(conditions) - set(CONDITIONS))
+    if unknown:
+        raise ValueError(f"unknown condition(s) {unknown}; known: {list(CONDITIONS)}")
     module.eval()
     signatures = [graph_signature(it["graph"]) for it in items]
-    partner = derangement(signatures, seed)
+    partner = derangement(signatures, seed) if "shuffled" in conditions else list(range(len(items)))
     report = {**tie_report(signatures),
-              "shuffled_same_graph": sum(signatures[p] == signatures[i] for i, p in enumerate(partner))}
+              "shuffled_same_graph": sum(signatures[p] == signatures[i] for i, p in enumerate(partner))
+              if "shuffled" in conditions else None,
+              "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in items)}
     scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)],
                           group=[str(g) for g in (groups or [it.get("qa_id", i) for i, it in enumerate(items)])],
                           category=[str(it.get("category", "")) for it in items],
                           answer=[str(it["answer"]) for it in items])
     generate = set(generate)
     for condition in conditions:
-        rows, predictions = [], []
-        for start in range(0, len(items), batch_size):
-            index = range(start, min(start + batch_size, len(items)))
-            chunk = [dict(items[i]) for i in index]
-            if condition == "shuffled":
-                for j, i in enumerate(index):
-                    chunk[j]["graph"] = items[partner[i]]["graph"]
-                    if "node_text" in items[partner[i]]:  # the graph's own node texts go with it
-                        chunk[j]["node_text"] = items[partner[i]]["node_text"]
+        scored = [(i, graph_for(items[i], condition, items[partner[i]])) for i in range(len(items))]
+        scored = [(i, it) for i, it in scored if it is not None]
+        rows: list[float | None] = [None] * len(items)
+        predictions: list[str | None] = [None] * len(items)
+        for start in range(0, len(scored), batch_size):
+            index = [i for i, _ in scored[start:start + batch_size]]
+            chunk = [it for _, it in scored[start:start + batch_size]]
             batch = _to_device(collator(chunk), module.device)
             embeds = module.lm.get_input_embeddings()(batch["input_ids"])
             token = None if condition == "none" else module.net(batch["graph"])
             fused = insert_token(embeds, batch["attention_mask"], batch["graph_pos"], token, batch["labels"])
-            rows.extend(answer_nll(module.lm, *fused, reduction="none", shared_prefix=module.shared_prefix(batch))
-                        .float().cpu().tolist())
+            values = answer_nll(module.lm, *fused, reduction="none", shared_prefix=module.shared_prefix(batch))
+            for i, v in zip(index, values.float().cpu().tolist()):
+                rows[i] = v
             if condition in generate:
                 gen_embeds = module.lm.get_input_embeddings()(batch["gen_input_ids"])
                 g_embeds, g_mask, _, _ = insert_token(gen_embeds, batch["gen_attention_mask"], batch["gen_graph_pos"],
@@ -226,11 +238,12 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
                                     max_new_tokens=module.hparams.max_new_tokens, stop_ids=enc.stop_ids,
                                     pad_id=enc.pad_id,
                                     stop_at_newline=enc.settings.first_line and not enc.settings.enable_thinking)
-                predictions.extend(final_answer(t, enc.settings.first_line) for t in out.texts)
-        if not all(math.isfinite(x) for x in rows):
+                for i, t in zip(index, out.texts):
+                    predictions[i] = final_answer(t, enc.settings.first_line)
+        if not all(math.isfinite(x) for x in rows if x is not None):
             raise FloatingPointError(f"non-finite answer NLL under condition {condition!r}")
         scores.nll[condition] = rows
-        if predictions:
+        if condition in generate and all(p is not None for p in predictions):
             scores.predictions[condition] = predictions
     return scores, report
 

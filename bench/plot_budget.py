@@ -1,0 +1,72 @@
+"""Plot the learning check's context-budget sweep: answer NLL against prompt tokens, one curve per condition.
+
+Reads the JSON line ``bench/learning_check.py --protocol budget`` prints (saved to a file) and writes a
+PNG plus the Markdown table that goes beside it::
+
+    python bench/learning_check.py --protocol budget --memory-units 1 3 ... | tail -1 > budget.json
+    python bench/plot_budget.py budget.json --out docs/learning_check_budget.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+CONDITIONS = ("own", "ablated", "shuffled", "norel", "none")
+
+
+def table(budget: dict) -> str:
+    rows = ["| m | prompt text tokens | memory tokens | " + " | ".join(f"NLL {c}" for c in CONDITIONS)
+            + " | own − none (95 % CI) | own − ablated (95 % CI) | own − shuffled (95 % CI) | target met |",
+            "|" + " --- |" * (8 + len(CONDITIONS))]
+
+    def ci(r):
+        return "-" if not r or r.get("mean") is None else f"{r['mean']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}]"
+
+    for m in sorted(budget, key=int):
+        e = budget[m]
+        nll = e["nll"]
+        rows.append(f"| {m} | {e['prompt_tokens']:.0f} | {e['memory_tokens']:.0f} | "
+                    + " | ".join("-" if nll.get(c) is None else f"{nll[c]:.3f}" for c in CONDITIONS) + " | "
+                    + " | ".join(ci(e.get(k)) for k in ("own_vs_none", "own_vs_ablated", "own_vs_shuffled"))
+                    + f" | {'yes' if e.get('target_met') else 'no'} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("result", help="file holding the learning check's JSON line")
+    p.add_argument("--out", default="docs/learning_check_budget.png")
+    args = p.parse_args(argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = json.loads(Path(args.result).read_text().strip().splitlines()[-1])
+    budget = result["budget"]
+    ms = sorted(budget, key=int)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for condition in CONDITIONS:
+        points = [(budget[m]["prompt_tokens"], budget[m]["nll"].get(condition), m) for m in ms]
+        points = [q for q in points if q[1] is not None]
+        if points:
+            ax.plot([q[0] for q in points], [q[1] for q in points], marker="o", label=condition)
+    for m in ms:
+        ax.annotate(f"m={m}", (budget[m]["prompt_tokens"], budget[m]["nll"]["own"]), textcoords="offset points",
+                    xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("prompt text tokens (mean; graph tokens not counted)")
+    ax.set_ylabel("answer NLL (mean)")
+    ax.set_title(f"Budget sweep, {result['split']} split, {result['seeds']} seeds, n={result['n_test']}")
+    ax.legend()
+    fig.tight_layout()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=120)
+    print(table(budget))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

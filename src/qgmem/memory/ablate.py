@@ -1,0 +1,49 @@
+"""The evidence-ablated store: the same dialogue's memory without the units grounded in the gold evidence.
+
+The learning check's headline counterfactual holds the question (and so its topic) fixed and removes the
+evidence: the question is activated again over a store from which every unit whose grounding span
+(``source_turn_ids``) touches a gold evidence turn was dropped, with the traces rebuilt over the units
+that are left (a trajectory must not keep pointing at a removed state).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from qgmem.memory.config import ConstructionConfig
+from qgmem.memory.store import MemoryStore
+from qgmem.memory.traces import build_traces
+
+
+def evidence_unit_ids(units: Iterable[Any], evidence_turn_ids: Iterable[str]) -> set[str]:
+    """Ids of the units grounded in any of the gold evidence turns."""
+    gold = set(evidence_turn_ids)
+    return {u.id for u in units if gold.intersection(u.source_turn_ids)}
+
+
+def without_units(store: MemoryStore, drop: set[str], encode: Callable[[list[str]], np.ndarray],
+                  config: ConstructionConfig, llm: Any = None) -> MemoryStore:
+    """A copy of ``store`` without the units in ``drop``; traces rebuilt over the rest (``store`` is untouched)."""
+    keep = [i for i, u in enumerate(store.units) if u.id not in drop]
+    units = [replace(store.units[i], trace_id=None) for i in keep]
+    embeddings = store.embeddings[keep] if len(store.embeddings) else store.embeddings
+    report = build_traces(units, embeddings, encode, config, llm=llm)
+    meta = {**store.meta, "ablated_units": len(store.units) - len(units)}
+    return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=report.traces,
+                       embeddings=np.asarray(embeddings, dtype=np.float32), meta=meta)
+
+
+def evidence_only_nodes(graph: Any, units: list[Any], drop: set[str]) -> set[str]:
+    """Node texts (case-folded) of a local graph that only units in ``drop`` contribute edges to."""
+    from_evidence: set[int] = set()
+    from_others: set[int] = set()
+    for (head, tail), position in zip(graph.edge_index, graph.edge_unit):
+        target = from_evidence if units[position].id in drop else from_others
+        target.update((head, tail))
+    return {graph.node_text[i].strip().casefold() for i in from_evidence - from_others}
+
+
+__all__ = ["evidence_only_nodes", "evidence_unit_ids", "without_units"]

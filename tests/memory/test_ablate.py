@@ -1,0 +1,40 @@
+"""The evidence-ablated store: units grounded in gold turns are gone, traces rebuilt, the store untouched."""
+
+from __future__ import annotations
+
+from qgmem.activation.records import LocalGraph
+from qgmem.memory.ablate import evidence_only_nodes, evidence_unit_ids, without_units
+from qgmem.memory.config import ConstructionConfig
+
+from activation.helpers import HashEncoder, build_small_store, make_unit  # tests/activation/helpers.py
+
+
+def test_evidence_units_are_the_units_grounded_in_a_gold_turn():
+    store = build_small_store(HashEncoder())
+    assert evidence_unit_ids(store.units, ["t6"]) == {"u2"}  # a two-turn span counts by any of its turns
+    assert evidence_unit_ids(store.units, ["t8", "t20", "t99"]) == {"u3", "u4"}
+    assert evidence_unit_ids(store.units, []) == set()
+
+
+def test_without_units_rebuilds_the_traces_over_what_is_left():
+    encoder = HashEncoder()
+    store = build_small_store(encoder)
+    before = ([u.trace_id for u in store.units], [t.unit_ids for t in store.traces])
+    assert any(set(t.unit_ids) == {"u3", "u4"} for t in store.traces)  # the changed job is a trace
+    reduced = without_units(store, {"u4"}, encoder.encode, ConstructionConfig())
+    assert [u.id for u in reduced.units] == ["u0", "u1", "u2", "u3", "u5", "u6", "u7"]
+    assert reduced.embeddings.shape == (7, store.embeddings.shape[1])
+    assert (reduced.embeddings[3] == store.embeddings[3]).all()  # u3's row moved with it
+    assert all("u4" not in t.unit_ids for t in reduced.traces)  # no trajectory points at a removed state
+    assert reduced.unit("u3").trace_id is None or len(reduced.trace_of(reduced.unit("u3")).unit_ids) >= 2
+    assert ([u.trace_id for u in store.units], [t.unit_ids for t in store.traces]) == before  # untouched
+    assert reduced.meta["ablated_units"] == 1
+
+
+def test_evidence_only_nodes_leave_out_nodes_other_units_also_give():
+    units = [make_unit("a", "Ana lives in Lisbon", "Ana", "lives in", "Lisbon", ["t1"]),
+             make_unit("b", "Ana likes tea", "Ana", "likes", "tea", ["t2"])]
+    graph = LocalGraph(node_text=["Ana", "Lisbon", "tea"], edge_index=[(0, 1), (0, 2)], edge_text=["lives in", "likes"],
+                       edge_unit=[0, 1])
+    assert evidence_only_nodes(graph, units, {"a"}) == {"lisbon"}  # Ana also comes from unit b
+    assert evidence_only_nodes(graph, units, set()) == set()
