@@ -66,3 +66,11 @@ def test_is_abstention(text, expected):
                                            ("<think>never closed", ""), ("plain", "plain")])
 def test_strip_thinking(text, expected):
     assert strip_thinking(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [("<THINK>upper</Think>Green", "Green"),
+                                           ('{"a": 1}\n<think>second thoughts', '{"a": 1}')])
+def test_strip_thinking_ignores_case_and_drops_an_unclosed_block_anywhere(text, expected):
+    from qgmem.llm.parsing import strip_reasoning
+
+    assert strip_thinking(text) == expected and strip_reasoning(text) == expected  # one rule for LLM replies too

@@ -54,7 +54,7 @@ def test_alignment_lowers_the_loss_and_is_seeded(lm_path, features):
 def test_alignment_needs_node_texts(lm_path):
     collator = GraphTextCollator(load_tokenizer(lm_path), max_prompt_tokens=96, max_answer_tokens=8)
     items = [{k: v for k, v in it.items() if k != "node_text"} for it in synthetic_items(4, D, seed=1)]
-    net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC))
+    net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features="text", readout="mean", num_queries=1))
     with pytest.raises(ValueError, match="node_text"):
         align_node_tokens(net, items, collator, torch.randn(10, 32), steps=2)
     assert align_node_tokens(net, items, collator, torch.randn(10, 32), steps=0) == {}
@@ -63,7 +63,8 @@ def test_alignment_needs_node_texts(lm_path):
 def fit(lm_path, root, **kwargs):
     seed_everything(0)
     module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=0,
-                         warmup_steps=1, features="node_words", readout="nodes", num_queries=4, **kwargs)
+                         warmup_steps=1, **{"features": "node_words", "readout": "nodes", "num_queries": 4,
+                                            "align_steps": 0, "align_weight": 0.0, **kwargs})
     data = QGMemDataModule.from_items(synthetic_items(6, D, seed=1), synthetic_items(2, D, seed=2), lm=lm_path,
                                       batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,

@@ -126,7 +126,7 @@ def tiny_data(tmp_path) -> Path:
 
 def _dm(data: Path, cache: Path, **kw) -> QGMemDataModule:
     settings = dict(data_path=str(data), cache_dir=str(cache), num_cases=None, distractor_conversations=1,
-                    split_ratios=(0.5, 0.25, 0.25))
+                    split_ratios=(0.5, 0.25, 0.25), answer_filter="match")
     settings.update(kw)
     return QGMemDataModule(**settings)
 

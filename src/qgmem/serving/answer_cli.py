@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialogue", default=None, help="which store of a --memory folder with several")
     parser.add_argument("--question", action="append", required=True, help="the question (repeat for a batch)")
     parser.add_argument("--time", default=None, help="when the question is asked (ISO-8601), for 'last week' etc.")
-    parser.add_argument("--graph", choices=("token", "none", "shuffled"), default="token",
+    parser.add_argument("--graph", choices=GRAPH_MODES, default="token",
                         help="graph token (default), no graph token, or another question's graph")
     parser.add_argument("--json", action="store_true", help="print the full answers as JSON")
 

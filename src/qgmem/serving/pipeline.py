@@ -21,23 +21,19 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.activation.config import ActivationConfig
+from qgmem.activation.graph import empty_graph
 from qgmem.activation.records import WorkingMemory
 from qgmem.errors import InputPathError, UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
 from qgmem.model.features import needs_words
+from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
-from qgmem.serving.records import GRAPH_MODES, Answer, Retrieved, cited_labels, graph_json, memory_json
+from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
 
 #: the answer when the history holds nothing at all (no memory unit was built): no LM call is made
 NO_MEMORY_ANSWER = "I don't know: there is no information in the conversation history yet."
-
-
-def empty_graph(feature_dim: int, edge_dim: int) -> Data:
-    """The empty-graph convention of training: one all-zero node, no edges."""
-    return Data(x=torch.zeros(1, feature_dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
-                edge_attr=torch.zeros(0, edge_dim))
 
 
 class QGMemPipeline:
@@ -189,8 +185,10 @@ class QGMemPipeline:
     def generate(self, retrieved: Sequence[Retrieved], graph: str = "token") -> list[Answer]:
         """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
         (a single question gets the empty graph)."""
-        if graph not in GRAPH_MODES:
-            raise UserError(f"graph must be one of {', '.join(GRAPH_MODES)}, got {graph!r}")
+        try:
+            check_mode(graph)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         if self.backbone is not None:
             return self.backbone.generate(retrieved, graph)
         graphs = self._graphs_for(retrieved, graph)
@@ -206,7 +204,7 @@ class QGMemPipeline:
         graphs = [r.graph for r in retrieved]
         if mode == "shuffled":
             cfg = self.encoder.config
-            graphs = graphs[1:] + graphs[:1] if len(graphs) > 1 else [empty_graph(cfg.feature_dim, cfg.edge_dim)]
+            graphs = shuffled(graphs, alone=empty_graph(cfg.feature_dim, cfg.edge_dim))
         return graphs
 
     def encode_prompts(self, retrieved: Sequence[Retrieved]):

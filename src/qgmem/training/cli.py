@@ -262,6 +262,32 @@ def main(args: list[str] | None = None, default_config: str | Path | None = DEFA
     return run_training(_cli(args, run=False, datamodule_class=datamodule_class))
 
 
+def resolved_config(args: list[str] | None = None, default_config: str | Path | None = DEFAULT_PRESET,
+                    subcommand: str | None = None) -> dict[str, Any]:
+    """The configuration a run would use (``--print_config``'s, as data), without building anything.
+
+    ``subcommand`` (``fit``, ``validate``, ``test``) resolves that stage's instead of ``train.py``'s job;
+    ``default_config=None`` gives the signature defaults alone.
+    """
+    import contextlib
+    import io
+
+    import yaml
+
+    args = [*(args or []), "--print_config"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            if subcommand is None:
+                main(args, default_config=default_config)
+            else:
+                run_subcommand([subcommand, *args])
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+    return yaml.safe_load(out.getvalue())
+
+
 def script_main(argv: list[str] | None = None, default_config: str | Path | None = DEFAULT_PRESET) -> int:
     """``train.py``'s entry point: :func:`main` under the user-error convention of the ``qgmem`` command.
 
@@ -280,8 +306,12 @@ def script_main(argv: list[str] | None = None, default_config: str | Path | None
 
 
 def run_subcommand(args: list[str], datamodule_class: type | None = None) -> int:
-    """``qgmem fit|validate|test [--config FILE|PRESET] ...``: one Lightning stage through its subcommand."""
-    if args and args[0] in SUBCOMMANDS:
-        args = [args[0], *with_config(args[1:], None)]
+    """``qgmem fit|validate|test [--config FILE|PRESET] ...``: one Lightning stage through its subcommand.
+
+    Without ``--config`` the stage reads the ``default`` preset, so it resolves to the configuration
+    ``python train.py`` runs.
+    """
+    if args and args[0] in SUBCOMMANDS:  # the default preset when no --config is given, as in train.py
+        args = [args[0], *with_config(args[1:], DEFAULT_PRESET)]
     _cli(args, run=True, datamodule_class=datamodule_class)
     return 0

@@ -11,18 +11,20 @@ from __future__ import annotations
 import importlib
 import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Batch
 from transformers import SchedulerType, get_scheduler
 
+from qgmem.activation.graph import empty_graph
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.alignment import alignment_loss
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token, shared_prefix_length
+from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
@@ -33,7 +35,6 @@ from qgmem.training.records import EvalRecords, by_category
 warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode at the start of training")
 
-GraphMode = Literal["token", "none", "shuffled"]
 DEFAULT_SCHEDULE_KWARGS = {"min_lr_rate": 0.1}  # cosine decay to 10% of lr (never mutated)
 DATA_INFO_KEY = "qgmem_data_info"  # checkpoint entry: what the data side used (for export/serving)
 
@@ -62,6 +63,11 @@ def _plain(value: Any) -> Any:
 
 class QGMemModule(LightningModule):
     """Graph-token training over a frozen LM; batches come from ``GraphTextCollator``.
+
+    The defaults are the product's: ``python train.py`` trains them, and its preset changes only the
+    CPU budget. The paper's network is ``features: text``, ``readout: mean``, ``num_queries: 1``,
+    ``align_steps: 0``, ``align_weight: 0`` (preset ``qwen3_8b``); the learning check in
+    docs/BENCHMARKS.md compares the two.
 
     Args:
         lm: Causal LM id, local folder, or ``embedded:SmolLM2-135M-Instruct``.
@@ -109,8 +115,8 @@ class QGMemModule(LightningModule):
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
-                 features: GraphFeatures = "text", readout: Readout = "mean", num_queries: int = 1,
-                 align_steps: int = 0, align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 0.0,
+                 features: GraphFeatures = "node_words", readout: Readout = "nodes", num_queries: int = 16,
+                 align_steps: int = 300, align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
                  graph: GraphMode = "token", lr: float = 1e-3, weight_decay: float = 0.01, warmup_steps: int = 20,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
@@ -124,8 +130,7 @@ class QGMemModule(LightningModule):
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
         prompt = replace(prompt, graph_tokens=num_queries)  # the prompt holds as many slots as the readout gives
-        if graph not in ("token", "none", "shuffled"):
-            raise ValueError(f"graph must be 'token', 'none' or 'shuffled', got {graph!r}")
+        check_mode(graph)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
         self.hparams["prompt"] = prompt.to_dict()
@@ -157,7 +162,6 @@ class QGMemModule(LightningModule):
         self.records = {"val": EvalRecords(), "test": EvalRecords()}
         self.test_predictions: list[dict[str, Any]] = []  # the last test's rows (TestPredictionsWriter)
         self._examples: list[dict[str, str]] = []
-        self._prev_graph: Data | None = None
         self.data_info: dict[str, Any] = {}
         self._keep_lm_frozen()
 
@@ -191,19 +195,13 @@ class QGMemModule(LightningModule):
         return self.net(graph)
 
     def _shuffle(self, graph: Batch) -> Batch:
-        """Pair each sample with another sample's graph: a cyclic shift in the batch, or the previous
-        batch's graph when the batch has one sample (an all-zero one-node graph for the very first)."""
-        if graph.num_graphs > 1:
-            graphs = graph.to_data_list()
-            return Batch.from_data_list(graphs[-1:] + graphs[:-1])
-        current = graph.to_data_list()[0]
-        prev = self._prev_graph
-        if prev is None:
-            d = current.num_node_features
-            prev = Data(x=current.x.new_zeros(1, d), edge_index=current.edge_index.new_zeros(2, 0),
-                        edge_attr=current.x.new_zeros(0, d))
-        self._prev_graph = current.detach().cpu()
-        return Batch.from_data_list([prev.to(current.x.device)])
+        """Each sample gets the next sample's graph (:func:`qgmem.model.graph_modes.shuffled`); a batch
+        of one gets the empty graph."""
+        graphs = graph.to_data_list()
+        first = graphs[0]
+        alone = empty_graph(first.num_node_features, first.edge_attr.size(1) if first.edge_attr is not None
+                            else first.num_node_features, facts=getattr(first, "edge_fact", None) is not None)
+        return Batch.from_data_list([g.to(first.x.device) for g in shuffled(graphs, alone)])
 
     def fused_inputs(self, batch: dict[str, Any], generation: bool = False):
         """Text embeddings with the graph token inserted: ``(embeds, mask, position_ids, labels)``."""
