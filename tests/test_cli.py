@@ -90,6 +90,12 @@ def test_unknown_command_exits_2(capsys):
     assert main(["train-everything"]) == USER_ERROR_EXIT and "invalid choice" in capsys.readouterr().err
 
 
+def test_version(capsys):
+    from qgmem import __version__
+
+    assert main(["--version"]) == 0 and capsys.readouterr().out == f"qgmem {__version__}\n"
+
+
 def test_help_exits_0(capsys):
     assert main(["data-stats", "--help"]) == 0 and "--lenient" in capsys.readouterr().out
 

@@ -16,6 +16,7 @@ import argparse
 import importlib
 import sys
 
+from qgmem import __version__
 from qgmem.errors import DEBUG_FLAG, USER_ERROR_EXIT, argparse_command, run_command, split_debug
 
 # name -> (module, one-line help)
@@ -42,11 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0],
                                      epilog=f"{DEBUG_FLAG}: show the traceback of an error (any command)")
+    parser.add_argument("--version", action="version", version=f"qgmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in [*((n, h) for n, (_, h) in COMMANDS.items()), *TRAINING_COMMANDS.items()]:
         sub.add_parser(name, help=help_text, add_help=False)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
+        return 0
+    if argv[0] == "--version":
+        print(f"qgmem {__version__}")
         return 0
     if argv[0] in TRAINING_COMMANDS:
         from qgmem.training.cli import run_subcommand

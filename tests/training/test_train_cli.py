@@ -57,6 +57,12 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert (root / "checkpoints" / "last.ckpt").is_file() and any((root / "lightning_logs").rglob("events.*"))
     config = json.loads((root / "export" / "config.json").read_text())
     assert config["graph_token"]["encoder"]["layers"] == 3 and config["graph_token"]["feature_dim"] == 8
+    from qgmem import __version__
+    from qgmem.provenance import git_commit
+
+    # the code that made them: the package version and the checkout's commit (None outside a checkout)
+    assert saved["qgmem_version"] == config["qgmem_version"] == __version__
+    assert saved["git_commit"] == config["git_commit"] == git_commit()
     assert config["metrics"]["test"] == saved["test"] and config["lm"]["id"] == lm_path
     # the prompt contract is set on the data side and reaches the export through the model
     assert config["prompt"]["max_prompt_tokens"] == 96 and config["prompt"]["max_answer_tokens"] == 8

@@ -10,6 +10,7 @@ import argparse
 import json
 
 from qgmem.errors import UserError
+from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.serving.commands import add_export_arguments, load_pipeline
 
 

@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
 from qgmem.configs import resolve_config
+from qgmem.provenance import provenance
 from qgmem.training.callbacks import PREDICTIONS_FILE, default_callbacks
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
 
@@ -142,6 +143,7 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         "graph": model.hparams.graph,
         "data": _jsonable(getattr(data, "summary", None)),
         "nonfinite": _nonfinite_report(trainer),
+        **provenance(),
     }
     if trainer.is_global_zero:
         root.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
+from qgmem.provenance import provenance
 from qgmem.training.metrics import AnswerScores
 from qgmem.training.records import EvalRecords, by_category
 
@@ -383,6 +384,7 @@ class QGMemModule(LightningModule):
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
         checkpoint[DATA_INFO_KEY] = self.data_info
         checkpoint["qgmem_graph_token"] = self.net.config.to_dict()
+        checkpoint["qgmem_provenance"] = provenance()  # the code that trained it, for the export
         checkpoint["qgmem_lm"] = {"dtype": str(self.lm.dtype).replace("torch.", ""),
                                   "hidden_size": self.net.config.lm_hidden, "end_of_turn_id": self.prompt_encoder.eot_id}
 
