@@ -36,7 +36,6 @@ BENCHMARK_CATEGORIES = (
     "preference_evidence",
     "implicit_connection_evidence",
 )
-HUB_ID = "Salesforce/ConvoMem"
 _N_DIR = re.compile(r"^(\d+)_evidence$")
 _ROLES = {"user": "user", "assistant": "assistant"}
 

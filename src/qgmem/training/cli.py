@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
@@ -28,6 +29,7 @@ from qgmem.configs import resolve_config
 from qgmem.provenance import provenance
 from qgmem.training.callbacks import PREDICTIONS_FILE, default_callbacks
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
+from qgmem.training.module import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 
 DEFAULT_ROOT = "checkpoints"
 DEFAULT_PRESET = "default"
@@ -58,6 +60,14 @@ class QGMemCLI(LightningCLI):
                              "trainer.default_root_dir": DEFAULT_ROOT})
         # fixed folder under the run root, so `--ckpt_path last` finds the previous run's last.ckpt
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=_checkpoint_dir)
+        # LightningCLI's --optimizer / --lr_scheduler (class_path + init_args), handed to the model, which
+        # builds them over its trainable parameters and steps the schedule every optimizer step
+        # (auto_configure_optimizers is off, so LightningCLI leaves configure_optimizers to the model)
+        parser.add_optimizer_args((torch.optim.Optimizer,))
+        parser.add_lr_scheduler_args((torch.optim.lr_scheduler.LRScheduler,))
+        parser.set_defaults({"optimizer": DEFAULT_OPTIMIZER, "lr_scheduler": DEFAULT_LR_SCHEDULER})
+        parser.link_arguments("optimizer", "model.optimizer", compute_fn=_class_spec)
+        parser.link_arguments("lr_scheduler", "model.lr_scheduler", compute_fn=_class_spec)
         parser.link_arguments("model.lm", "data.lm")
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
         parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
@@ -76,6 +86,12 @@ class QGMemCLI(LightningCLI):
 
     def after_fit(self) -> None:
         save_last(self.trainer)
+
+
+def _class_spec(value: Any) -> dict[str, Any] | None:
+    """A parsed ``--optimizer``/``--lr_scheduler`` as the plain ``{class_path, init_args}`` the model keeps."""
+    as_dict = getattr(value, "as_dict", None)
+    return as_dict() if callable(as_dict) else value
 
 
 def _show_resolved_defaults(parser) -> None:
