@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from typing import Any
@@ -111,6 +112,9 @@ class QGMemModule(LightningModule):
         lr_scheduler: The schedule as ``{class_path, init_args}`` (linked from ``--lr_scheduler``;
             ``None`` = :data:`DEFAULT_LR_SCHEDULER`), stepped every optimizer step; a class taking
             ``total_steps`` gets the run's estimated steps.
+        init_from: Start the encoder and projector from these weights: an export folder, or a
+            ``graph_encoder.safetensors`` such as the one the alignment stage saves under
+            ``<default_root_dir>/alignment/`` (names and shapes must match this network's).
     """
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
@@ -121,7 +125,8 @@ class QGMemModule(LightningModule):
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
                  prompt: PromptSettings | None = None, match_embedding_scale: bool = True,
-                 optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None):
+                 optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
+                 init_from: str | None = None):
         super().__init__()
         # a misspelt class fails here, not after the cache build
         _class_of(optimizer or DEFAULT_OPTIMIZER, torch.optim.Optimizer, "optimizer")
@@ -146,6 +151,10 @@ class QGMemModule(LightningModule):
         if match_embedding_scale:
             target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
             self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
+        if init_from:
+            from qgmem.model.init_from import load_initial_weights
+
+            load_initial_weights(self.net, init_from)
         if lora is not None:
             from peft import LoraConfig, get_peft_model
 
@@ -366,6 +375,12 @@ class QGMemModule(LightningModule):
             state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
             self.net.load_state_dict(state)
         self.alignment_result = result
+        if result and self.trainer.is_global_zero and self.trainer.default_root_dir:
+            from qgmem.model.init_from import ALIGNMENT_DIR, save_weights
+
+            # a later run can skip the stage: --model.init_from <this file> --model.align_steps 0
+            result["weights"] = str(save_weights(self.net, os.path.join(self.trainer.default_root_dir,
+                                                                          ALIGNMENT_DIR)))
         if result:
             self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
                           rank_zero_only=True)
