@@ -22,7 +22,7 @@ from qgmem.errors import DEBUG_FLAG, USER_ERROR_EXIT, argparse_command, run_comm
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "data-stats": ("qgmem.data.stats", "Count cases, sessions, turns, QAs and evidence mapping of a data set."),
-    "build-memory": ("qgmem.memory.build", "Build per-dialogue memory stores (units, traces, embeddings)."),
+    "build-memory": ("qgmem.memory.build_cli", "Build per-dialogue memory stores (units, traces, embeddings)."),
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
     "build-cache": ("qgmem.training.build_cache", "Build a config's training cache (whole, one --shard I/N, or every torchrun/SLURM rank)."),
     "graph-stats": ("qgmem.samples.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),

@@ -24,7 +24,8 @@ def lora_run(tiny_lm_path, tmp_path_factory):
     module = QGMemModule(lm=tiny_lm_path, feature_dim=8, max_new_tokens=2, val_generate_batches=0,
                          optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.05}},
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
-                                       "init_args": {"warmup_steps": 0}}, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
+                                       "init_args": {"warmup_steps": 0}},
+                         encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
                          features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0,
                          lora=LoraSettings(r=2, alpha=4, target_modules=["q_proj", "v_proj"]))
     data = QGMemDataModule.from_items(synthetic_items(4, 8, seed=1), synthetic_items(2, 8, seed=2), lm=tiny_lm_path,

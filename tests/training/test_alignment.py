@@ -68,8 +68,9 @@ def fit(lm_path, root, **kwargs):
     seed_everything(0)
     module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=0,
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
-                                       "init_args": {"warmup_steps": 1}}, **{"features": "node_words", "readout": "nodes", "num_queries": 4,
-                                            "align_steps": 0, "align_weight": 0.0, **kwargs})
+                                       "init_args": {"warmup_steps": 1}},
+                         **{"features": "node_words", "readout": "nodes", "num_queries": 4,
+                            "align_steps": 0, "align_weight": 0.0, **kwargs})
     data = QGMemDataModule.from_items(synthetic_items(6, D, seed=1), synthetic_items(2, D, seed=2), lm=lm_path,
                                       batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,

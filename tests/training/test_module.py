@@ -19,7 +19,8 @@ def warmup(steps: int, **init_args) -> dict:
     return {"class_path": "qgmem.training.schedule.WarmupCosine", "init_args": {"warmup_steps": steps, **init_args}}
 
 
-PAPER = dict(features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0)  # the paper's network, not the defaults
+#: the paper's network, not the defaults
+PAPER = dict(features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0)
 
 
 @pytest.fixture(scope="module")

@@ -143,7 +143,7 @@ def _store_format_version() -> Any:
 
 def _resolve_distractors(dataset: str, value: int | None) -> int | None:
     if value is None and dataset == "convomem":
-        from qgmem.data.history import DEFAULT_DISTRACTORS
+        from qgmem.data.convomem_history import DEFAULT_DISTRACTORS
 
         return int(DEFAULT_DISTRACTORS)
     return value

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         store = pipe.load_memory(args.memory, args.dialogue)
         where = f"memory {args.memory}"
     else:
-        from qgmem.serving.history import load_history
+        from qgmem.serving.history_file import load_history
 
         case = load_history(args.history, case=args.case)
         store = pipe.remember(case)

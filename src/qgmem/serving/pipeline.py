@@ -103,10 +103,10 @@ class QGMemPipeline:
     # -------------------------------------------------------------------------------------- memory
     def remember(self, history: Any) -> MemoryStore:
         """Build the memory store of ``history``: a :class:`~qgmem.data.records.Dialogue` or ``Case``, a
-        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history`)."""
+        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history_file`)."""
         from qgmem.data.records import Case, Dialogue
         from qgmem.memory.builder import MemoryBuilder
-        from qgmem.serving.history import load_history, sessions_to_dialogue
+        from qgmem.serving.history_file import load_history, sessions_to_dialogue
 
         if isinstance(history, (str, Path)):
             history = load_history(history)

@@ -147,7 +147,8 @@ class QGMemDataModule(GraphTextDataModule):
         group_key: What no two splits share: a ``person`` (falls back to ``dialogue`` when too few).
         seed: Seed of the case sampling and the split.
         distractor_conversations: Unrelated conversations of the same person added to each ConvoMem
-            history (``None`` = the data layer's default, :data:`qgmem.data.history.DEFAULT_DISTRACTORS`).
+            history (``None`` = the data layer's default,
+            :data:`qgmem.data.convomem_history.DEFAULT_DISTRACTORS`).
         construction: Offline memory construction settings (windows, extractor, traces).
         activation: Query-time activation settings (channels, pool, k, reranker).
         construction_llm: LLM backend of the ``llm`` extractor (``None`` = no LLM construction).
@@ -331,7 +332,8 @@ class InMemoryDataModule(GraphTextDataModule):
                  test_items: Sequence[dict[str, Any]] = (), *, tokenizer=None, lm: str = EMBEDDED_LM,
                  batch_size: int = 4, eval_batch_size: int | None = None,
                  max_prompt_tokens: int = PromptSettings.max_prompt_tokens,
-                 max_answer_tokens: int = PromptSettings.max_answer_tokens, feature_dim: int | None = None, graph_only: bool = False):
+                 max_answer_tokens: int = PromptSettings.max_answer_tokens, feature_dim: int | None = None,
+                 graph_only: bool = False):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
                          graph_only=graph_only)
