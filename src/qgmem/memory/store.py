@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from qgmem.errors import InputPathError, IntegrityError
-from qgmem.integrity import manifest, remove_stale_temp, replace_dir, temp_path, verify_files
+from qgmem.integrity import manifest, publish_dir, remove_stale_temp, temp_path, verify_files
 from qgmem.memory.records import MemoryTrace, MemoryUnit
 
 STORE_FORMAT = "qgmem-memory-store"
@@ -124,7 +124,7 @@ class MemoryStore:
                 "files": manifest(tmp, DATA_FILES)}
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1, sort_keys=True),
                                        encoding="utf-8")
-        return replace_dir(tmp, directory)
+        return publish_dir(tmp, directory, if_exists="replace")
 
     @classmethod
     def load(cls, directory: str | Path, expected_meta: dict[str, Any] | None = None,

@@ -294,7 +294,7 @@ def _row_of_flat_index(lengths: np.ndarray, index: int) -> int:
 def publish(tmp: Path, final: Path) -> None:
     """Seal a finished temporary folder and move it into place; a folder already there (another writer) wins."""
     seal(tmp)
-    publish_dir(tmp, final)
+    publish_dir(tmp, final, if_exists="keep")  # content-keyed: concurrent ranks build it alike
 
 
 def _save_rows(rows: list[dict[str, Any]], features: Any, path: Path) -> None:
