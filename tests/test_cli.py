@@ -146,3 +146,21 @@ def test_as_user_error_converts_only_the_named_types():
 def test_user_error_hint_is_part_of_the_message():
     assert str(UserError("store is corrupt", hint="rebuild with qgmem build-memory")) == \
         "store is corrupt (rebuild with qgmem build-memory)"
+
+
+@pytest.mark.parametrize("command,flag,value", [("eval-qa", "limit", 3), ("answer", "max_new_tokens", 7),
+                                                ("eval-retrieval", "k", 4)])
+def test_commands_that_read_settings_take_config_and_print_config(command, flag, value, tmp_path, capsys):
+    """``--print_config`` shows the resolved flags as YAML, and that YAML is a ``--config`` file."""
+    import yaml
+
+    assert main([command, "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert flag in printed and printed[flag] != value
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**printed, flag: value}))
+    assert main([command, "--config", str(config), "--print_config"]) == 0
+    again = yaml.safe_load(capsys.readouterr().out)
+    assert again == {**printed, flag: value}
+    assert main([command, "--config", str(config), f"--{flag.replace('_', '-')}", "9", "--print_config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)[flag] == 9  # a flag after --config wins

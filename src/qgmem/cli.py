@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)  # inside the convention, as the command's own code
         if not hasattr(module, "add_arguments"):  # a command with its own (jsonargparse) parser
             return module.run(rest)
-        return argparse_command(prog, help_text, module.add_arguments, module.run)(rest)
+        return argparse_command(prog, help_text, module.add_arguments, module.run,
+                                config_file=getattr(module, "CONFIG_FILE", False))(rest)
 
     return run_command(prog, command, argv[1:], debug)
 

@@ -14,6 +14,9 @@ from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.serving.commands import add_export_arguments, load_pipeline
 
 
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+CONFIG_FILE = True
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_export_arguments(parser)
     parser.add_argument("--history", default=None,
