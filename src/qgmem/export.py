@@ -109,7 +109,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},
         "activation": activation,
         "activation_key_parameters": {k: activation.get(k) for k in ("k", "pool_size", "rrf_k", "attribute_threshold",
-                                                                     "reranker", "reverse_edges") if k in activation},
+                                                                     "reranker", "reranker_path", "reverse_edges") if k in activation},
         "construction": info.get("construction"),
         "dataset": info.get("dataset"), "answer_filter": info.get("answer_filter"),
         "cache_key": info.get("cache_key"),

@@ -6,6 +6,7 @@ import pytest
 from qgmem.activation.activator import Activator, superseded_map
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.graph import graph_to_data
+from qgmem.memory.records import MemoryTrace
 from qgmem.memory.store import MemoryStore
 
 
@@ -112,3 +113,93 @@ def test_pool_carries_normalized_bm25_evidence(small_store, hash_encoder):
         assert c.lexical == pytest.approx(lexical.get(c.index, 0.0) / best)
     assert max(c.lexical for c in pool) == pytest.approx(1.0)
     assert any(c.lexical == 0.0 for c in pool)  # candidates only the other channels found
+
+
+# -- multi-hop mechanisms ------------------------------------------------------------------------------
+MULTI_HOP_QUESTION = "Where does the puppy Caroline adopted live now?"
+
+
+def _multi_hop_store(encoder) -> MemoryStore:
+    """The first hop names the puppy; the second hop (where Biscuit stays) shares no word with the question.
+
+    Four distractors share only "Caroline" with the question, so "Caroline" is too common to link
+    through (above ``expansion_max_entity_units`` = 3) while "Biscuit" (two units) is not; a third unit
+    of the puppy's trace is reached through the trace alone.
+    """
+    from .helpers import make_unit, store_of
+
+    units = [
+        make_unit("hop1", "Caroline adopted a puppy named Biscuit", "Caroline", "adopted", "Biscuit", ["t1"],
+                  entities=["Caroline", "Biscuit"], speaker="Caroline", order=1),
+        make_unit("hop2", "Biscuit stays with Grandma Rose in Denver", "Biscuit", "stays with", "Grandma Rose",
+                  ["t2"], entities=["Biscuit", "Grandma Rose"], location="Denver", speaker="Caroline", order=2),
+        *[make_unit(f"d{i}", f"Caroline {text}", "Caroline", "did", text, [f"t{10 + i}"], entities=["Caroline"],
+                    speaker="Caroline", order=10 + i)
+          for i, text in enumerate(["bought running shoes", "likes jazz music", "visited Paris", "painted a fence"])],
+        make_unit("tr_a", "Biscuit learned to sit", "Biscuit", "learned", "sit", ["t30"], speaker="Caroline", order=30),
+    ]
+    trace = MemoryTrace(id="trB", dialogue_id="d1", subject="Biscuit", relation="learned",
+                        unit_ids=["hop1", "tr_a"], transitions=["origin", "supplement"], latest_unit_id="tr_a")
+    return store_of(units, encoder, [trace])
+
+
+def _multi_hop_ids(encoder, **mechanism) -> list[str]:
+    # lexical channel only and a fused-order reranker, so which units reach the pool decides the outcome
+    config = ActivationConfig(k=4, pool_size=10, channels=("lexical",), embedding_weight=0.0, lexical_weight=0.0,
+                              expansion_max_entity_units=3, **mechanism)
+    return [u.id for u in Activator(_multi_hop_store(encoder), encoder, config).activate(MULTI_HOP_QUESTION).units]
+
+
+def test_multi_hop_needs_a_mechanism(hash_encoder):
+    ids = _multi_hop_ids(hash_encoder)  # negative control: the question alone never reaches the second hop
+    assert ids[0] == "hop1" and "hop2" not in ids and "tr_a" not in ids
+
+
+def test_expansion_reaches_second_hop_through_entity_and_trace(hash_encoder):
+    ids = _multi_hop_ids(hash_encoder, expansion_seeds=1)
+    # the trace member first, then the unit sharing the rare entity (tied with the distractors' fused score)
+    assert ids[:2] == ["hop1", "tr_a"] and "hop2" in ids
+
+
+def test_expansion_does_not_link_through_common_entities(hash_encoder):
+    act = Activator(_multi_hop_store(hash_encoder), hash_encoder,
+                    ActivationConfig(k=3, pool_size=10, channels=("lexical",), expansion_max_entity_units=3))
+    d0 = act.store.index_of("d0")
+    assert act.expansion_hits([d0]) == []  # "Caroline" is held by 5 units > 3: no link
+    act.config.expansion_max_entity_units = 5
+    assert {act.store.units[i].id for i, _ in act.expansion_hits([d0])} == {"hop1", "d1", "d2", "d3"}
+
+
+def test_feedback_round_reaches_second_hop(hash_encoder):
+    ids = _multi_hop_ids(hash_encoder, feedback_seeds=1)
+    # "Biscuit" from the first round's top fact finds both units that name it, as a fresh fused list
+    assert ids[:2] == ["hop1", "tr_a"] and "hop2" in ids
+
+
+def test_mechanism_settings_are_validated():
+    with pytest.raises(ValueError, match="expansion_seeds"):
+        ActivationConfig(expansion_seeds=-1)
+    with pytest.raises(ValueError, match="expansion_max_entity_units"):
+        ActivationConfig(expansion_max_entity_units=0)
+
+
+def test_rerank_depth_scores_only_the_embedding_top(small_store, hash_encoder):
+    class ByOrder:
+        seen: list[int] = []
+
+        def score(self, question, candidates, query_vec=None):
+            ByOrder.seen.append(len(candidates))
+            return np.asarray([-c.unit.order for c in candidates], dtype=np.float32)
+
+    question = "Where did Caroline run a charity race?"
+    base = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8))
+    base.activate(question)
+    embedding_top3 = [c.unit.id for c, _ in base.last_ranking[:3]]
+    act = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8, reranker="llm", rerank_depth=3),
+                    reranker=ByOrder())
+    wm = act.activate(question)
+    assert ByOrder.seen == [3]  # the model saw only the embedding reranker's top 3
+    by_order = sorted(embedding_top3, key=lambda uid: small_store.unit(uid).order)
+    assert [u.id for u in wm.units[:3]] == by_order
+    assert [u.id for u in wm.units[3:]] == [c.unit.id for c, _ in base.last_ranking[3:]]
+    assert wm.scores == sorted(wm.scores, reverse=True)

@@ -40,6 +40,48 @@ def test_known_answers_beside_baseline(small_store, hash_encoder, smollm2_tokeni
     assert summary["n_cases"] == 1 and summary["units_total"] == len(small_store)
 
 
+def _pool_case(small_store) -> Case:
+    case = _case(small_store)
+    # t11 (charity race) and t5 (adoption agencies) share words with the question; t3 (the painting) none
+    case.qas = [QA(id="p1", question="Did Caroline run a charity race or research adoption agencies?", answer="-",
+                   category="pool", evidence_turn_ids=["t11", "t5", "t3"])]
+    return case
+
+
+def test_pool_recall_per_channel_and_fused(small_store, hash_encoder):
+    lexical_only = evaluate_cases([_pool_case(small_store)], lambda case: small_store, hash_encoder,
+                                  ActivationConfig(k=1, pool_size=8, channels=("lexical",)))
+    # BM25 finds the two units sharing words (u5, u2) and two more "Caroline" units; never the painting
+    assert lexical_only["pool_recall"] == {"lexical": 2 / 3, "fused": 2 / 3}
+    assert lexical_only["recall@1"] == 1 / 3 and lexical_only["recall@5"] == 2 / 3
+    both = evaluate_cases([_pool_case(small_store)], lambda case: small_store, hash_encoder,
+                          ActivationConfig(k=1, pool_size=8, channels=("lexical", "semantic")))
+    # the semantic channel returns all 8 units of the store, so the fused pool holds every gold turn
+    assert both["pool_recall"] == {"lexical": 2 / 3, "semantic": 1.0, "fused": 1.0}
+    assert both["recall@30"] == 1.0 and both["pool_size"] == 8
+
+
+def test_per_question_file(small_store, hash_encoder, tmp_path):
+    out = tmp_path / "diag" / "questions.jsonl"
+    summary = evaluate_cases([_case(small_store)], lambda case: small_store, hash_encoder, ActivationConfig(k=2),
+                             out=out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["question_id"] for r in rows] == ["q1", "q2"]  # q3 has no gold evidence
+    q1, q2 = rows
+    assert q1["gold_turn_ids"] == ["t11"] and q1["ungrounded_gold_turn_ids"] == []
+    assert q1["activated"][0]["unit_id"] == "u5" and q1["activated"][0]["source_turn_ids"] == ["t11"]
+    assert q1["activated"][0]["speaker"] == "Caroline" and len(q1["activated"]) == 2
+    assert q1["gold_rank"] == {"t11": 1} and q1["recall@5"] == 1.0
+    units = {u.id: u.source_turn_ids for u in small_store.units}
+    assert all(a["source_turn_ids"] == units[a["unit_id"]] for r in rows for a in r["activated"])
+    # t99 is grounded by no unit: never ranked by activation, first for BM25 over the raw turns
+    assert q2["ungrounded_gold_turn_ids"] == ["t99"] and q2["gold_rank"] == {"t99": None}
+    assert q2["gold_rank_bm25_turns"] == {"t99": 1} and set(q2["gold_rank_dense_turns"]) == {"t99"}
+    assert q2["pool_recall"]["fused"] == 0.0
+    assert set(summary) >= {"baseline_bm25_turns", "baseline_dense_turns", "recall@20", "pool_recall"}
+    assert summary["baseline_bm25_turns"]["recall@2"] == 1.0
+
+
 def test_select_cases_per_category(small_store):
     cases = []
     for i, category in enumerate(["a", "a", "b", "a", "b", "c"]):
@@ -72,7 +114,10 @@ def test_cli_json_last_line(capsys, dataset, path, extra, n_questions, categorie
     for key in ("recall@10", "ndcg@10", "precision@10", "context_tokens_mean", "latency_ms_p50", "latency_ms_p95",
                 "n_questions", "baseline_bm25_turns"):
         assert key in result
-    assert set(result["baseline_bm25_turns"]) >= {"recall@10", "ndcg@10", "precision@10"}
+    assert set(result["baseline_bm25_turns"]) >= {"recall@10", "ndcg@10", "precision@10", "recall@30"}
+    assert set(result["baseline_dense_turns"]) >= {"recall@10", "ndcg@10", "recall@5"}
+    assert set(result["pool_recall"]) >= {"lexical", "semantic", "attribute", "fused"}
+    assert result["recall@5"] <= result["recall@10"] <= result["recall@20"] <= result["recall@30"]
     assert result["n_questions"] == n_questions and set(result["per_category"]) == categories
     assert 0.0 <= result["recall@10"] <= result["recall_ceiling"] <= 1.0
     assert result["context_tokens_mean"] > 0

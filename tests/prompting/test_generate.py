@@ -80,8 +80,14 @@ def test_rows_are_cut_after_the_first_stop_token(smollm2_tokenizer):
                    stop_ids=[eot], pad_id=pad, stop_at_newline=True)
     assert out.ids[0] == a + [eot] and out.texts[0] == "Green"
     assert out.ids[1] == rows[1] and out.texts[1].startswith("Blue sky")  # no stop token: the whole row
-    assert lm.kwargs["do_sample"] is False and lm.kwargs["stop_strings"] == ["\n"]
+    from transformers import StopStringCriteria
+
+    [criterion] = lm.kwargs["stopping_criteria"]
+    assert lm.kwargs["do_sample"] is False and isinstance(criterion, StopStringCriteria)
     assert lm.kwargs["eos_token_id"] == [eot] and lm.kwargs["pad_token_id"] == pad
+    generate(lm, tok, torch.ones(2, 1, dtype=torch.long), inputs_embeds=torch.zeros(2, 1, 4), max_new_tokens=width,
+             stop_ids=[eot], pad_id=pad, stop_at_newline=True)
+    assert lm.kwargs["stopping_criteria"][0] is criterion  # built once per tokenizer, not once per call
 
 
 @pytest.mark.parametrize("text,first_line,expected", [

@@ -1,8 +1,9 @@
 """Query-aware working-memory activation over one dialogue's store (paper §III-B).
 
 question -> constraints (parser) -> lexical / semantic / attribute channels -> reciprocal-rank fusion
-into a pool of n -> superseded trace members folded into their latest state -> reranker -> top k
--> local graph + textual working memory.
+into a pool of n -> superseded trace members folded into their latest state -> reranker -> optional
+multi-hop rounds (a feedback round seeded by the top units; expansion through their traces and
+entities), each fused into the pool and reranked again -> top k -> local graph + textual working memory.
 
 Build one ``Activator`` per store and reuse it for all the store's questions: the indexes are built
 once, and a shared model reranker can be passed in so it is loaded once for many stores.
@@ -14,13 +15,13 @@ import time
 
 import numpy as np
 
-from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel
+from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel, normalize_name
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.fuse import reciprocal_rank_fusion
 from qgmem.activation.graph import build_local_graph
 from qgmem.activation.query import QueryConstraints, QueryParser, make_parser
 from qgmem.activation.records import WorkingMemory
-from qgmem.activation.rerank import Candidate, Reranker, candidate_document, make_reranker
+from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, candidate_document, make_reranker
 from qgmem.activation.serialize import serialize_working_memory
 from qgmem.memory.store import MemoryStore
 
@@ -43,7 +44,8 @@ class Activator:
     """Hybrid retrieval, fusion, reranking and working-memory assembly for one ``MemoryStore``."""
 
     def __init__(self, store: MemoryStore, encoder, config: ActivationConfig | None = None,
-                 reranker: Reranker | None = None, parser: QueryParser | None = None, llm=None):
+                 reranker: Reranker | None = None, parser: QueryParser | None = None, llm=None,
+                 semantic: SemanticChannel | None = None):
         self.store = store
         self.encoder = encoder
         self.config = config = config or ActivationConfig()
@@ -61,10 +63,14 @@ class Activator:
             )
         self.embeddings = embeddings
         channels = config.channels
-        self.lexical = (LexicalChannel.for_units(units, k1=config.bm25_k1, b=config.bm25_b)
+        self.lexical = (LexicalChannel.for_units(units, speaker_once=config.lexical_speaker_once, k1=config.bm25_k1,
+                                                 b=config.bm25_b)
                         if "lexical" in channels else None)
-        self.semantic = (SemanticChannel(embeddings, config.ann_min_units, config.hnsw_m, config.hnsw_ef_search)
-                         if "semantic" in channels else None)
+        if semantic is not None and "semantic" in channels:  # given by extended(): already holds these rows
+            self.semantic = semantic
+        else:
+            self.semantic = (SemanticChannel(embeddings, config.ann_min_units, config.hnsw_m, config.hnsw_ef_search)
+                             if "semantic" in channels else None)
         self.attribute = (AttributeChannel(units, encoder, config.attribute_threshold)
                           if "attribute" in channels else None)
         self.reranker = reranker if reranker is not None else make_reranker(
@@ -72,9 +78,30 @@ class Activator:
             batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens,
             weight=config.embedding_weight, lexical_weight=config.lexical_weight,
         )
+        # two-stage reranking: the embedding reranker orders the pool, the model rescores its top
+        self.first_stage = (EmbeddingReranker(embeddings, encoder, config.embedding_weight, config.lexical_weight)
+                            if config.rerank_depth and config.reranker != "embedding" else None)
         self.parser = parser if parser is not None else make_parser(config.parser, llm)
         self.superseded = superseded_map(store) if config.superseded != "keep" else {}
         self.last_timings: dict[str, float] = {}  # milliseconds per stage of the latest activate()
+        self.last_hits: dict[str, Hits] = {}  # the latest activate()'s channel lists ...
+        self.last_pool: list[Candidate] = []  # ... its fused pool ...
+        self.last_ranking: list[tuple[Candidate, float]] = []  # ... and the whole pool in reranked order
+        self.last_query_vec: np.ndarray | None = None
+        self._owners: dict[str, list[int]] | None = None
+
+    def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
+        """An activator over ``store``, this one's store with units appended (``MemoryBuilder.append``).
+
+        The dense index gets the new rows in place instead of being rebuilt (at 100k units an HNSW
+        build takes minutes on a CPU); BM25, whose statistics change with every document, and the
+        attribute index (its name vectors come from the encoder's memo) are rebuilt. This activator
+        must not be used afterwards: its dense index now holds the new rows too.
+        """
+        semantic = None
+        if self.semantic is not None and len(store) >= len(self.store):
+            semantic = self.semantic.extend(store.embeddings, self.config.ann_min_units)
+        return Activator(store, self.encoder, self.config, reranker=reranker, parser=self.parser, semantic=semantic)
 
     # -- stages (public so benchmarks and diagnostics can time and inspect them) -----------------------
     def parse(self, question: str, question_time: str | None = None) -> QueryConstraints:
@@ -147,18 +174,103 @@ class Activator:
         unit = candidate.unit
         return candidate_document(unit, self.store.trace_of(unit), self.store.unit)
 
-    def rerank(self, question: str, pool: list[Candidate], query_vec: np.ndarray) -> list[tuple[Candidate, float]]:
-        """Top ``k`` of the pool by reranker score (ties: fused order)."""
+    def rank(self, question: str, pool: list[Candidate], query_vec: np.ndarray) -> list[tuple[Candidate, float]]:
+        """The whole pool by reranker score, best first (ties: fused order).
+
+        With ``rerank_depth`` m and a model reranker, the embedding reranker orders the pool first and
+        the model scores only its top m; the rest follow in embedding order, scored below the model's
+        lowest score so the list stays sorted.
+        """
         if not pool:
             return []
+        rest: list[Candidate] = []
+        if self.first_stage is not None and len(pool) > self.config.rerank_depth:
+            first = self._ordered(pool, self.first_stage.score(question, pool, query_vec))
+            pool, rest = [c for c, _ in first[: self.config.rerank_depth]], [c for c, _ in first[self.config.rerank_depth:]]
         for c in pool:
             if not c.document:
                 c.document = self.document(c)
-        scores = np.asarray(self.reranker.score(question, pool, query_vec), dtype=np.float32)
+        ranked = self._ordered(pool, self.reranker.score(question, pool, query_vec))
+        if rest:
+            floor = ranked[-1][1] - 1.0
+            ranked += [(c, floor - i * 1e-3) for i, c in enumerate(rest)]
+        return ranked
+
+    @staticmethod
+    def _ordered(pool: list[Candidate], scores) -> list[tuple[Candidate, float]]:
+        scores = np.asarray(scores, dtype=np.float32)
         if scores.shape != (len(pool),):
             raise ValueError(f"reranker returned {scores.shape} scores for {len(pool)} candidates")
-        order = np.lexsort((np.arange(len(pool)), -scores))[: self.config.k]
+        order = np.lexsort((np.arange(len(pool)), -scores))
         return [(pool[i], float(scores[i])) for i in order]
+
+    def rerank(self, question: str, pool: list[Candidate], query_vec: np.ndarray) -> list[tuple[Candidate, float]]:
+        """Top ``k`` of the pool by reranker score (ties: fused order)."""
+        return self.rank(question, pool, query_vec)[: self.config.k]
+
+    # -- multi-hop mechanisms -------------------------------------------------------------------------
+    def _entity_owners(self) -> dict[str, list[int]]:
+        """Normalized entity -> store indices of the units that name it (built on first use)."""
+        if self._owners is None:
+            owners: dict[str, list[int]] = {}
+            for i, unit in enumerate(self.store.units):
+                for key in dict.fromkeys(normalize_name(e) for e in unit.entities):
+                    if key:
+                        owners.setdefault(key, []).append(i)
+            self._owners = owners
+        return self._owners
+
+    def expansion_hits(self, seeds: list[int]) -> Hits:
+        """Units linked to the seeds (store indices, best first) through a shared trace or a rare entity.
+
+        In seed order: first the seed's trace members, then the units of each entity the seed names that
+        at most ``expansion_max_entity_units`` units share (rarest entity first). Seeds themselves are left
+        out: they are in the pool already.
+        """
+        owners = self._entity_owners()
+        cap = self.config.expansion_max_entity_units
+        units = self.store.units
+        out: list[int] = []
+        seen = set(seeds)
+        for seed in seeds:
+            unit = units[seed]
+            linked: list[int] = []
+            trace = self.store.trace_of(unit)
+            if trace is not None:
+                linked += [self.store.index_of(uid) for uid in trace.unit_ids]
+            keys = [key for key in dict.fromkeys(normalize_name(e) for e in unit.entities)
+                    if key and len(owners.get(key, ())) <= cap]
+            for key in sorted(keys, key=lambda key: len(owners[key])):
+                linked += owners[key]
+            for index in linked:
+                if index not in seen:
+                    seen.add(index)
+                    out.append(index)
+        return [(index, 1.0 / (1 + rank)) for rank, index in enumerate(out)]
+
+    def feedback_hits(self, question: str, query_vec: np.ndarray, seeds: list[int],
+                      known: set[int] = frozenset()) -> dict[str, Hits]:
+        """A second lexical and semantic round with the seeds' facts added to the question.
+
+        Units of the first round's pool (``known``) are left out of these lists: the feedback query still
+        holds the question's words, and crediting the units those words found twice would only push the
+        first round's order harder; the round is there to reach units the question alone did not.
+        """
+        depth = self.config.channel_depth
+        facts = [self.store.units[i].fact for i in seeds]
+        hits: dict[str, Hits] = {}
+        if self.lexical is not None:
+            found = self.lexical.search(" ".join([question, *facts]), depth + len(known))
+            hits["lexical_feedback"] = [h for h in found if h[0] not in known][:depth]
+        if self.semantic is not None:
+            vec = np.asarray(query_vec, dtype=np.float32) + self.embeddings[seeds].mean(axis=0)
+            norm = float(np.linalg.norm(vec))
+            found = self.semantic.search(vec / norm if norm > 0 else vec, depth + len(known))
+            hits["semantic_feedback"] = [h for h in found if h[0] not in known][:depth]
+        return hits
+
+    def _seeds(self, ranking: list[tuple[Candidate, float]], n: int) -> list[int]:
+        return [c.index for c, _ in ranking[:n]]
 
     # -- the whole path ----------------------------------------------------------------------------------
     def activate(self, question: str, question_time: str | None = None) -> WorkingMemory:
@@ -167,12 +279,26 @@ class Activator:
         t0 = time.perf_counter()
         constraints = self.parse(question, question_time)
         query_vec, entity_vecs, location_vecs = self.encode_query(question, constraints)
+        self.last_query_vec = query_vec
         t1 = time.perf_counter()
         self.last_timings["parse_encode"] = (t1 - t0) * 1e3
         hits = self.channel_hits(question, constraints, query_vec, entity_vecs, location_vecs)
         t2 = time.perf_counter()
         pool = self.pool(hits)
-        chosen = self.rerank(question, pool, query_vec)
+        ranking = self.rank(question, pool, query_vec)
+        config = self.config
+        if config.feedback_seeds and ranking:
+            hits.update(self.feedback_hits(question, query_vec, self._seeds(ranking, config.feedback_seeds),
+                                           known={c.index for c in pool}))
+            pool = self.pool(hits)
+            ranking = self.rank(question, pool, query_vec)
+        if config.expansion_seeds and ranking:
+            hits["expansion"] = self.expansion_hits(self._seeds(ranking, config.expansion_seeds))
+            pool = self.pool(hits)
+            ranking = self.rank(question, pool, query_vec)
+        # kept for diagnostics (eval-retrieval's pool recall and deeper recall@k); references, no copies
+        self.last_hits, self.last_pool, self.last_ranking = hits, pool, ranking
+        chosen = ranking[: config.k]
         t3 = time.perf_counter()
         self.last_timings["fuse_rerank"] = (t3 - t2) * 1e3
         units = [c.unit for c, _ in chosen]

@@ -21,3 +21,28 @@ class BM25TurnBaseline:
         """The retrieved turns as ``[Mi] speaker: text`` lines, to count the context they would cost."""
         by_id = {t.id: t for t in self.turns}
         return "\n".join(f"[M{i + 1}] {by_id[e[0]].speaker}: {by_id[e[0]].text}" for i, e in enumerate(entries))
+
+
+class DenseTurnBaseline:
+    """The sentence encoder over raw turns (``speaker: text``), exact inner product: dense retrieval
+    without construction, to tell what the memory units add over embedding the dialogue as it is."""
+
+    def __init__(self, dialogue: Dialogue, encoder):
+        import numpy as np
+
+        self.turns = dialogue.turns()
+        self.encoder = encoder
+        texts = [f"{t.speaker}: {t.text}" for t in self.turns]
+        self.vectors = (np.asarray(encoder.encode(texts), dtype=np.float32) if texts
+                        else np.zeros((0, encoder.dim), np.float32))
+
+    def retrieve(self, question: str, k: int, query_vec=None) -> list[list[str]]:
+        """The top-``k`` turns by cosine with the question (ties: dialogue order), best first."""
+        import numpy as np
+
+        if not self.turns:
+            return []
+        q = self.encoder.encode([question])[0] if query_vec is None else query_vec
+        scores = self.vectors @ np.asarray(q, dtype=np.float32).reshape(-1)
+        order = np.lexsort((np.arange(len(scores)), -scores))[:k]
+        return [[self.turns[i].id] for i in order]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,19 @@ def _stemmer():
     import snowballstemmer
 
     return snowballstemmer.stemmer("english")
+
+
+def _count_once(tokens: list[str], once: set[str]) -> list[str]:
+    """``tokens`` with every repeat of a token in ``once`` dropped (its first occurrence kept)."""
+    seen: set[str] = set()
+    out = []
+    for token in tokens:
+        if token in once:
+            if token in seen:
+                continue
+            seen.add(token)
+        out.append(token)
+    return out
 
 
 def _top(scores: np.ndarray, n: int, keep: np.ndarray | None = None) -> Hits:
@@ -44,7 +58,7 @@ def _top(scores: np.ndarray, n: int, keep: np.ndarray | None = None) -> Hits:
 class LexicalChannel:
     """BM25 over each unit's fact text plus its source text (bm25s, English stop words, Snowball stems)."""
 
-    def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
+    def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75, once: Iterable[str] = ()):
         import bm25s
 
         self._bm25s = bm25s
@@ -54,13 +68,26 @@ class LexicalChannel:
         if texts:
             tokens = bm25s.tokenize(texts, stopwords="en", stemmer=self._stemmer, return_ids=False,
                                     show_progress=False)
+            once_tokens = {t for words in bm25s.tokenize(list(once), stopwords="en", stemmer=self._stemmer,
+                                                         return_ids=False, show_progress=False) for t in words} \
+                if once else set()
+            if once_tokens:
+                tokens = [_count_once(doc, once_tokens) for doc in tokens]
             if any(tokens):
                 self.retriever = bm25s.BM25(k1=k1, b=b)
                 self.retriever.index(tokens, show_progress=False)
 
     @classmethod
-    def for_units(cls, units: list[MemoryUnit], **kwargs) -> LexicalChannel:
-        return cls([f"{u.fact}\n{u.source_text}" for u in units], **kwargs)
+    def for_units(cls, units: list[MemoryUnit], speaker_once: bool = False, **kwargs) -> LexicalChannel:
+        """BM25 over ``fact + source text``; with ``speaker_once`` a speaker's name counts once per unit.
+
+        Construction writes the speaker's name for every "I" and "you" ("Priya, asked 'Do Priya run
+        alone?': Usually with Priya's club"), so a name can occur three times in one unit where the raw
+        turn holds it once (its speaker label). Counting it once keeps a question that names the wrong
+        speaker from ranking that speaker's units above the evidence on the name alone.
+        """
+        once = sorted({u.speaker for u in units if u.speaker}) if speaker_once else ()
+        return cls([f"{u.fact}\n{u.source_text}" for u in units], once=once, **kwargs)
 
     def query_tokens(self, question: str) -> list[str]:
         tokens = self._bm25s.tokenize([question], stopwords="en", stemmer=self._stemmer, return_ids=False,
@@ -99,6 +126,18 @@ class SemanticChannel:
                 index = faiss.IndexFlatIP(self.dim)
             index.add(emb)
             self.index = index
+
+    def extend(self, embeddings: np.ndarray, ann_min_units: int = 50_000) -> SemanticChannel:
+        """This channel with ``embeddings`` (all rows, the indexed ones first) added: the new rows go into
+        the index in place (an HNSW graph is not rebuilt); a flat index that reaches ``ann_min_units``
+        is rebuilt as HNSW. The channel is changed: its old owner must not search it afterwards."""
+        emb = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if self.index is None or (not self.approximate and emb.shape[0] >= ann_min_units):
+            return SemanticChannel(emb, ann_min_units)
+        if emb.shape[0] > self.size:
+            self.index.add(emb[self.size:])
+            self.size = int(emb.shape[0])
+        return self
 
     def search(self, query_vec: np.ndarray, n: int) -> Hits:
         if self.index is None or n <= 0:

@@ -5,9 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-RerankerKind = Literal["embedding", "cross-encoder", "llm"]
+RerankerKind = Literal["embedding", "cross-encoder", "llm", "trained"]
+RERANKERS = ("embedding", "cross-encoder", "llm", "trained")
 ParserKind = Literal["heuristic", "llm"]
 SupersededMode = Literal["attach", "fold", "keep"]
+
+
+#: fields added after caches were first keyed by these settings (see ``ActivationConfig.key_dict``)
+LATER_FIELDS = ("lexical_speaker_once", "rerank_depth", "expansion_seeds", "expansion_max_entity_units",
+                "feedback_seeds")
 
 
 @dataclass
@@ -31,8 +37,13 @@ class ActivationConfig:
     hnsw_ef_search: int = 128
     bm25_k1: float = 1.5
     bm25_b: float = 0.75
+    # the lexical channel counts a speaker's name once per unit (construction writes it for every I/you)
+    lexical_speaker_once: bool = False
     reranker: RerankerKind = "embedding"
     reranker_path: str | None = None  # cross-encoder folder, or causal LM (path/hub id/embedded alias)
+    # model rerankers (cross-encoder, trained, llm) score only the top ``rerank_depth`` units of the
+    # embedding reranker's order (0 = the whole pool); the rest keep that order below them
+    rerank_depth: int = 0
     reranker_batch_size: int = 16
     reranker_max_doc_tokens: int = 256
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
@@ -43,13 +54,22 @@ class ActivationConfig:
     reverse_edges: bool = False
     parser: ParserKind = "heuristic"
     source_chars: int = 0  # characters of source text per working-memory entry (0 = ids only)
+    # Multi-hop mechanisms, each off at 0 and measured on its own (docs/activation.md):
+    # expansion: units sharing a trace or an entity with the top ``expansion_seeds`` reranked units join
+    # the pool as one more fused list; an entity held by more than ``expansion_max_entity_units`` units
+    # (a speaker's own name) is too common to link through.
+    expansion_seeds: int = 0
+    expansion_max_entity_units: int = 20
+    # second round: lexical and semantic retrieval again with the question plus the facts of the first
+    # round's top ``feedback_seeds`` reranked units (pseudo-relevance feedback), fused with the first round.
+    feedback_seeds: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.pool_size < self.k:
             raise ValueError(f"need 1 <= k <= pool_size, got k={self.k}, pool_size={self.pool_size}")
-        if self.reranker not in ("embedding", "cross-encoder", "llm"):
-            raise ValueError(f"reranker must be embedding|cross-encoder|llm, got {self.reranker!r}")
+        if self.reranker not in RERANKERS:
+            raise ValueError(f"reranker must be one of {'|'.join(RERANKERS)}, got {self.reranker!r}")
         if self.superseded not in ("attach", "fold", "keep"):
             raise ValueError(f"superseded must be attach|fold|keep, got {self.superseded!r}")
         if self.parser not in ("heuristic", "llm"):
@@ -61,7 +81,29 @@ class ActivationConfig:
             raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
         if self.lexical_weight < 0.0:
             raise ValueError(f"lexical_weight must be >= 0, got {self.lexical_weight}")
+        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.expansion_max_entity_units < 1:
+            raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
+
+    def key_dict(self) -> dict[str, Any]:
+        """The settings as a cache key holds them: every field, except that the fields added after
+        caches were first keyed are left out while at their default, so adding a setting does not
+        invalidate every existing cache; a model reranker adds its weights' digest, so a retrained
+        reranker in the same folder rebuilds the cache."""
+        from qgmem.activation.rerank import reranker_fingerprint
+
+        d = asdict(self)
+        defaults = ActivationConfig()
+        for name in LATER_FIELDS:
+            if d[name] == getattr(defaults, name):
+                del d[name]
+        weights = reranker_fingerprint(self.reranker, self.reranker_path)
+        if weights is not None:
+            d["reranker_weights"] = weights
+        return d
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -15,20 +15,25 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from qgmem.activation.activator import Activator
-from qgmem.activation.baseline import BM25TurnBaseline
-from qgmem.activation.config import ActivationConfig
-from qgmem.activation.metrics import evidence_metrics, mean_metrics, percentiles
+from qgmem.activation.baseline import BM25TurnBaseline, DenseTurnBaseline
+from qgmem.activation.config import RERANKERS, ActivationConfig
+from qgmem.activation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
 from qgmem.activation.rerank import make_reranker
 from qgmem.activation.serialize import count_tokens
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.data.records import Case
 from qgmem.errors import as_user_error
 from qgmem.memory.store import MemoryStore
+
+
+#: cutoffs of the recall-depth diagnostic: beyond ``k`` they read the rest of the reranked pool
+RECALL_DEPTHS = (5, 10, 20, 30)
 
 
 @dataclass
@@ -39,14 +44,21 @@ class _Rows:
     tokens: list[int] = field(default_factory=list)
     categories: list[str] = field(default_factory=list)
     ceilings: list[float] = field(default_factory=list)
+    depths: list[dict[int, float]] = field(default_factory=list)  # recall at each RECALL_DEPTHS cutoff
+    pools: list[dict[str, float]] = field(default_factory=list)  # pool recall per channel and fused
 
-    def add(self, category: str, metrics: dict[str, float], tokens: int | None, ceiling: float | None = None) -> None:
+    def add(self, category: str, metrics: dict[str, float], tokens: int | None, ceiling: float | None = None,
+            depths: dict[int, float] | None = None, pools: dict[str, float] | None = None) -> None:
         self.categories.append(category)
         self.metrics.append(metrics)
         if tokens is not None:
             self.tokens.append(tokens)
         if ceiling is not None:
             self.ceilings.append(ceiling)
+        if depths is not None:
+            self.depths.append(depths)
+        if pools is not None:
+            self.pools.append(pools)
 
     def summary(self, k: int, where: Callable[[str], bool] = lambda c: True) -> dict[str, Any]:
         keep = [i for i, c in enumerate(self.categories) if where(c)]
@@ -56,77 +68,154 @@ class _Rows:
         if len(self.ceilings) == len(self.categories) and keep:
             # the recall no ranking can beat: gold turns that some unit of the store grounds at all
             out["recall_ceiling"] = float(np.mean([self.ceilings[i] for i in keep]))
+        if len(self.depths) == len(self.categories) and keep:
+            for depth in RECALL_DEPTHS:
+                out.setdefault(f"recall@{depth}", float(np.mean([self.depths[i][depth] for i in keep])))
+        if len(self.pools) == len(self.categories) and keep:
+            names = list(dict.fromkeys(name for i in keep for name in self.pools[i]))
+            out["pool_recall"] = {name: float(np.mean([self.pools[i].get(name, 0.0) for i in keep]))
+                                  for name in names}
         out["n_questions"] = len(keep)
         return out
 
 
+def _depth_recalls(entries: list[list[str]], gold: set[str]) -> dict[int, float]:
+    return {depth: covered_recall(entries[:depth], gold) for depth in RECALL_DEPTHS}
+
+
+def pool_recalls(activator: Activator, gold: set[str]) -> dict[str, float]:
+    """Recall of the latest activation's candidates before reranking: each channel's top ``pool_size``
+    list on its own, and the fused pool (``fused``). Low fused recall means fusion or the channels lose
+    the evidence; high fused but low Recall@k means the reranker does."""
+    units = activator.store.units
+    n = activator.config.pool_size
+    out = {name: covered_recall([units[i].source_turn_ids for i, _ in hits[:n]], gold)
+           for name, hits in activator.last_hits.items()}
+    out["fused"] = covered_recall([c.unit.source_turn_ids for c in activator.last_pool], gold)
+    return out
+
+
+def question_record(case: Case, qa, activator: Activator, k: int, gold: set[str], grounded: set[str],
+                    pools: dict[str, float], baselines: dict[str, list[list[str]]]) -> dict[str, Any]:
+    """One line of ``--out``: gold turns, the activated units with their source turns, and where each
+    gold turn ranks in the reranked pool and in each baseline's list (None: not retrieved)."""
+    ranking = activator.last_ranking
+    entries = [c.unit.source_turn_ids for c, _ in ranking]
+    return {
+        "case_id": case.id, "question_id": qa.id, "category": qa.category, "question": qa.question,
+        "gold_turn_ids": sorted(gold), "ungrounded_gold_turn_ids": sorted(gold - grounded),
+        "activated": [{"unit_id": c.unit.id, "source_turn_ids": list(c.unit.source_turn_ids),
+                       "speaker": c.unit.speaker, "fact": c.unit.fact, "score": round(score, 6)}
+                      for c, score in ranking[:k]],
+        "gold_rank": gold_ranks(entries, gold),
+        **{f"recall@{depth}": r for depth, r in _depth_recalls(entries, gold).items()},
+        "pool_size": len(activator.last_pool), "pool_recall": pools,
+        **{f"gold_rank_{name}": gold_ranks(b_entries, gold) for name, b_entries in baselines.items()},
+    }
+
+
 def evaluate_cases(cases: Iterable[Case], build_store: Callable[[Case], MemoryStore], encoder,
-                   config: ActivationConfig, tokenizer=None, reranker=None, progress: bool = False) -> dict[str, Any]:
-    """Run activation and the BM25 turn baseline over ``cases``; return the summary dict.
+                   config: ActivationConfig, tokenizer=None, reranker=None, progress: bool = False,
+                   out: str | Path | None = None, dense_baseline: bool = True) -> dict[str, Any]:
+    """Run activation and the BM25 (and dense) turn baselines over ``cases``; return the summary dict.
 
     ``build_store(case)`` is offline construction; ``tokenizer`` (optional) counts working-memory tokens;
-    ``reranker`` is shared by all cases when given (model rerankers load once).
+    ``reranker`` is shared by all cases when given (model rerankers load once); ``out`` names a JSONL
+    file that gets one :func:`question_record` per question.
     """
     k = config.k
-    ours, base = _Rows(), _Rows()
+    depth = max(k, *RECALL_DEPTHS)
+    ours = _Rows()
+    bases = {"bm25_turns": _Rows(), **({"dense_turns": _Rows()} if dense_baseline else {})}
     latencies: list[float] = []
     index_ms: list[float] = []
     n_cases = n_units = skipped_no_evidence = 0
     build_s = 0.0
     encoder.encode(["warm-up query"])  # first-call setup is not query latency
-    cases = list(cases)
-    iterator: Iterable[Case] = cases
+    work = [(case, [qa for qa in case.qas if qa.evidence_turn_ids]) for case in cases]
+    bar = None
     if progress:
         from tqdm import tqdm
 
-        iterator = tqdm(cases, desc="eval-retrieval", unit="case", file=sys.stderr)
-    for case in iterator:
-        qas = [qa for qa in case.qas if qa.evidence_turn_ids]
-        skipped_no_evidence += len(case.qas) - len(qas)
-        if not qas:
-            continue
-        t = time.perf_counter()
-        store = build_store(case)
-        build_s += time.perf_counter() - t
-        n_cases += 1
-        n_units += len(store)
-        t = time.perf_counter()
-        activator = Activator(store, encoder, config, reranker=reranker)
-        index_ms.append((time.perf_counter() - t) * 1e3)
-        grounded = {tid for u in store.units for tid in u.source_turn_ids}
-        baseline = BM25TurnBaseline(case.dialogue, k1=config.bm25_k1, b=config.bm25_b)
-        for qa in qas:
+        bar = tqdm(total=sum(len(qas) for _, qas in work), desc="eval-retrieval", unit="question",
+                   file=sys.stderr)
+    sink = None
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        sink = open(out, "w", encoding="utf-8")
+    try:
+        for n_done, (case, qas) in enumerate(work, start=1):
+            if bar is not None:
+                bar.set_postfix_str(f"dialogue {n_done}/{len(work)}")
+            skipped_no_evidence += len(case.qas) - len(qas)
+            if not qas:
+                continue
             t = time.perf_counter()
-            wm = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
-            latencies.append((time.perf_counter() - t) * 1e3)
-            entries = [u.source_turn_ids for u in wm.units]
-            tokens = count_tokens(wm.text, tokenizer) if tokenizer is not None else None
-            gold = set(qa.evidence_turn_ids)
-            ours.add(qa.category, evidence_metrics(entries, gold, k), tokens, len(gold & grounded) / len(gold))
-            b_entries = baseline.retrieve(qa.question, k)
-            b_tokens = count_tokens(baseline.context(b_entries), tokenizer) if tokenizer is not None else None
-            base.add(qa.category, evidence_metrics(b_entries, qa.evidence_turn_ids, k), b_tokens)
+            store = build_store(case)
+            build_s += time.perf_counter() - t
+            n_cases += 1
+            n_units += len(store)
+            t = time.perf_counter()
+            activator = Activator(store, encoder, config, reranker=reranker)
+            index_ms.append((time.perf_counter() - t) * 1e3)
+            grounded = {tid for u in store.units for tid in u.source_turn_ids}
+            bm25 = BM25TurnBaseline(case.dialogue, k1=config.bm25_k1, b=config.bm25_b)
+            dense = DenseTurnBaseline(case.dialogue, encoder) if dense_baseline else None
+            for qa in qas:
+                t = time.perf_counter()
+                wm = activator.activate(qa.question, qa.question_time or qa.meta.get("reference_time"))
+                latencies.append((time.perf_counter() - t) * 1e3)
+                gold = set(qa.evidence_turn_ids)
+                entries = [c.unit.source_turn_ids for c, _ in activator.last_ranking]
+                tokens = count_tokens(wm.text, tokenizer) if tokenizer is not None else None
+                pools = pool_recalls(activator, gold)
+                ours.add(qa.category, evidence_metrics(entries[:k], gold, k), tokens, len(gold & grounded) / len(gold),
+                         _depth_recalls(entries, gold), pools)
+                retrieved = {"bm25_turns": bm25.retrieve(qa.question, depth)}
+                if dense is not None:
+                    retrieved["dense_turns"] = dense.retrieve(qa.question, depth, activator.last_query_vec)
+                for name, b_entries in retrieved.items():
+                    b_tokens = (count_tokens(bm25.context(b_entries[:k]), tokenizer) if tokenizer is not None
+                                else None)
+                    bases[name].add(qa.category, evidence_metrics(b_entries[:k], gold, k), b_tokens,
+                                    depths=_depth_recalls(b_entries, gold))
+                if sink is not None:
+                    record = question_record(case, qa, activator, k, gold, grounded, pools, retrieved)
+                    sink.write(json.dumps(record) + "\n")
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        if sink is not None:
+            sink.close()
     lat = percentiles(latencies)
     summary: dict[str, Any] = ours.summary(k)
     summary.update({"latency_ms_p50": lat[50], "latency_ms_p95": lat[95], "n_questions": len(ours.metrics)})
-    baseline_summary = base.summary(k)
-    baseline_summary.pop("n_questions")
-    summary["baseline_bm25_turns"] = baseline_summary
+
+    def baseline_rows(where: Callable[[str], bool] = lambda c: True) -> dict[str, Any]:
+        rows = {}
+        for name, rows_of in bases.items():
+            row = rows_of.summary(k, where)
+            row.pop("n_questions")
+            rows[f"baseline_{name}"] = row
+        return rows
+
+    summary.update(baseline_rows())
     per_category = {}
     for category in sorted(set(ours.categories)):
         row = ours.summary(k, lambda c, cat=category: c == cat)
-        b_row = base.summary(k, lambda c, cat=category: c == cat)
-        b_row.pop("n_questions")
-        row["baseline_bm25_turns"] = b_row
+        row.update(baseline_rows(lambda c, cat=category: c == cat))
         per_category[category] = row
     summary["per_category"] = per_category
     summary.update({
-        "k": k, "n_cases": n_cases, "units_total": n_units,
+        "k": k, "pool_size": config.pool_size, "n_cases": n_cases, "units_total": n_units,
         "units_per_case_mean": n_units / n_cases if n_cases else 0.0,
         "questions_without_evidence": skipped_no_evidence, "build_seconds": round(build_s, 3),
         "index_build_ms_mean": float(np.mean(index_ms)) if index_ms else 0.0,
         "reranker": config.reranker, "parser": config.parser,
         "encoder": getattr(encoder, "model_id", type(encoder).__name__),
+        "activation": config.to_dict(),
     })
     return summary
 
@@ -152,20 +241,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data file or folder")
     add_load_arguments(parser)
-    parser.add_argument("--k", type=int, default=10, help="working-memory size and metric cutoff (default 10)")
-    parser.add_argument("--pool-size", type=int, default=100, help="fused candidate pool n (default 100)")
+    defaults = ActivationConfig()
+    parser.add_argument("--k", type=int, default=defaults.k,
+                        help=f"working-memory size and metric cutoff (default {defaults.k})")
+    parser.add_argument("--pool-size", type=int, default=defaults.pool_size,
+                        help=f"fused candidate pool n (default {defaults.pool_size})")
+    parser.add_argument("--expansion-seeds", type=int, default=defaults.expansion_seeds,
+                        help="multi-hop: units sharing a trace or rare entity with this many top units join the pool "
+                             f"(default {defaults.expansion_seeds}; 0 = off)")
+    parser.add_argument("--feedback-seeds", type=int, default=defaults.feedback_seeds,
+                        help="multi-hop: a second retrieval round seeded by this many top units' facts "
+                             f"(default {defaults.feedback_seeds}; 0 = off)")
+    parser.add_argument("--out", default=None,
+                        help="write one JSON line per question: gold turns, activated units, gold-turn ranks")
+    parser.add_argument("--no-dense-baseline", action="store_true",
+                        help="skip the dense-over-turns baseline (it embeds every turn of every case)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N cases")
     parser.add_argument("--limit-per-category", type=int, default=None,
                         help="evaluate only the first N cases of each question category")
     parser.add_argument("--extractor", default="parser", choices=["parser", "heuristic", "llm"],
                         help="memory construction extractor (default parser: rules + spaCy parse, no LLM)")
-    parser.add_argument("--reranker", default="embedding", choices=["embedding", "cross-encoder", "llm"])
+    parser.add_argument("--reranker", default=defaults.reranker, choices=list(RERANKERS))
+    parser.add_argument("--rerank-depth", type=int, default=defaults.rerank_depth,
+                        help="model rerankers score only the top N of the embedding reranker's order "
+                             f"(default {defaults.rerank_depth}: the whole pool)")
     parser.add_argument("--reranker-path", default=None,
                         help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")
     parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
     parser.add_argument("--tokenizer", default="embedded:SmolLM2-135M-Instruct",
                         help="tokenizer that counts working-memory tokens ('none' to skip)")
-    parser.add_argument("--superseded", default="attach", choices=["attach", "fold", "keep"],
+    parser.add_argument("--superseded", default=defaults.superseded, choices=["attach", "fold", "keep"],
                         help="superseded trace members: keep and attach the latest state (default), fold into it, or keep")
     parser.add_argument("--channels", default="lexical,semantic,attribute", help="comma-separated channel subset")
     parser.add_argument("--device", default=None, help="device for model rerankers (cpu, cuda)")
@@ -189,14 +294,27 @@ def _construction(args: argparse.Namespace, encoder) -> Callable[[Case], MemoryS
 
 
 def _print_table(summary: dict[str, Any], k: int) -> None:
-    head = f"{'category':<32}{'n':>5}  {'R@k':>6} {'nDCG':>6} {'P@k':>6}   | BM25 turns: {'R@k':>6} {'nDCG':>6} {'P@k':>6}"
+    names = [name for name in ("baseline_bm25_turns", "baseline_dense_turns") if name in summary]
+    head = f"{'category':<32}{'n':>5}  {'R@k':>6} {'nDCG':>6} {'P@k':>6} {'pool':>6}"
+    for name in names:
+        head += f"   | {name[len('baseline_'):]}: {'R@k':>6} {'nDCG':>6}"
     print(head.replace("@k", f"@{k}"))
     rows = list(summary["per_category"].items()) + [("all", summary)]
     for name, row in rows:
-        b = row["baseline_bm25_turns"]
-        print(f"{name:<32}{row['n_questions']:>5}  {row[f'recall@{k}']:6.3f} {row[f'ndcg@{k}']:6.3f} "
-              f"{row[f'precision@{k}']:6.3f}   |             {b[f'recall@{k}']:6.3f} {b[f'ndcg@{k}']:6.3f} "
-              f"{b[f'precision@{k}']:6.3f}")
+        line = (f"{name:<32}{row['n_questions']:>5}  {row[f'recall@{k}']:6.3f} {row[f'ndcg@{k}']:6.3f} "
+                f"{row[f'precision@{k}']:6.3f} {row.get('pool_recall', {}).get('fused', 0.0):6.3f}")
+        for b in names:
+            line += f"   | {' ' * (len(b) - len('baseline_') + 1)} {row[b][f'recall@{k}']:6.3f} {row[b][f'ndcg@{k}']:6.3f}"
+        print(line)
+    depths = " ".join(f"@{d} {summary[f'recall@{d}']:.3f}" for d in RECALL_DEPTHS if f"recall@{d}" in summary)
+    print(f"recall {depths}")
+    for b in names:
+        row = summary[b]
+        print(f"  {b[len('baseline_'):]}: " + " ".join(f"@{d} {row[f'recall@{d}']:.3f}" for d in RECALL_DEPTHS
+                                                       if f"recall@{d}" in row))
+    if "pool_recall" in summary:
+        print(f"pool recall (n = {summary['pool_size']}, before reranking): "
+              + ", ".join(f"{name} {value:.3f}" for name, value in summary["pool_recall"].items()))
     tokens = summary["context_tokens_mean"]
     b_tokens = summary["baseline_bm25_turns"]["context_tokens_mean"]
     if tokens is not None:
@@ -225,6 +343,8 @@ def run(args: argparse.Namespace) -> int:
     with as_user_error(ValueError, prefix="bad option: "):
         config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
                                   reranker_path=args.reranker_path, superseded=args.superseded,
+                                  expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
+                                  rerank_depth=args.rerank_depth,
                                   channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
     encoder = SentenceEncoder(args.encoder)
     tokenizer = None
@@ -238,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
                                  path=config.reranker_path, batch_size=config.reranker_batch_size,
                                  max_doc_tokens=config.reranker_max_doc_tokens, device=args.device)
     summary = evaluate_cases(cases, _construction(args, encoder), encoder, config, tokenizer, reranker,
-                             progress=not args.json)
+                             progress=True, out=args.out, dense_baseline=not args.no_dense_baseline)
     summary["dataset"] = args.dataset
     summary["load_skipped"] = loaded.report.get("skipped", 0)
     summary["tokenizer"] = args.tokenizer if tokenizer is not None else None

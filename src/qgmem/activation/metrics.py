@@ -47,6 +47,27 @@ def evidence_metrics(entries: Sequence[Sequence[str]], gold: Iterable[str], k: i
     return {"recall": len(covered) / len(gold), "precision": precision, "ndcg": ndcg}
 
 
+def covered_recall(entries: Sequence[Sequence[str]], gold: Iterable[str]) -> float:
+    """Share of the gold turns that some entry's span covers (all entries, no cutoff)."""
+    gold = set(gold)
+    if not gold:
+        raise ValueError("recall needs at least one gold evidence turn")
+    covered: set[str] = set()
+    for entry in entries:
+        covered.update(gold.intersection(entry))
+    return len(covered) / len(gold)
+
+
+def gold_ranks(entries: Sequence[Sequence[str]], gold: Iterable[str]) -> dict[str, int | None]:
+    """Gold turn -> 1-based position of the first entry covering it (None: no entry does)."""
+    ranks: dict[str, int | None] = {tid: None for tid in sorted(set(gold))}
+    for position, entry in enumerate(entries, start=1):
+        for tid in entry:
+            if tid in ranks and ranks[tid] is None:
+                ranks[tid] = position
+    return ranks
+
+
 def mean_metrics(rows: Sequence[dict[str, float]], k: int) -> dict[str, float]:
     """Average per-question metrics into ``recall@k``, ``precision@k``, ``ndcg@k`` (fractions in [0, 1])."""
     if not rows:

@@ -6,7 +6,8 @@ the scores. Backends:
 
 - ``EmbeddingReranker``: cosine of question and fact embeddings blended with the fused channel score
   and the normalized BM25 score; no model call beyond the question embedding (the embedded default).
-- ``CrossEncoderReranker``: a sentence-transformers cross-encoder from a local folder.
+- ``CrossEncoderReranker``: a sentence-transformers cross-encoder from a local folder (``cross-encoder``),
+  or the one ``qgmem train-reranker`` trains on ConvoMem (``trained``; same scorer, its own card).
 - ``LLMReranker``: the Qwen3-Reranker protocol on any causal LM: the prompt asks whether the document
   answers the query with "yes" or "no", and the score is p("yes") from the next-token logits restricted
   to the two answer tokens, computed in batches.
@@ -130,6 +131,50 @@ class CrossEncoderReranker:
         return scores[:, -1] if scores.ndim == 2 else scores
 
 
+#: files whose bytes are a model reranker's weights (what a cache key must cover)
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def weights_digest(path: str | Path) -> str:
+    """SHA-256 over a reranker folder's weight files (names and bytes, sorted by relative path).
+
+    A changed or retrained reranker changes which units become working memory, so whatever is cached
+    from activation (the training samples) must be keyed by this, not by the folder's name.
+    """
+    import hashlib
+
+    root = Path(path)
+    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root])
+                   if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    if not files:
+        raise FileNotFoundError(f"{root}: no weight files ({', '.join(WEIGHT_SUFFIXES)}) to fingerprint")
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(root) if root.is_dir() else file.name).encode())
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def reranker_fingerprint(kind: str, path: str | None) -> str | None:
+    """What a cache key must hold about a model reranker: its weights' digest (``None``: no model).
+
+    ``embedding`` has no weights of its own. A cross-encoder or trained reranker is a local folder; the
+    LLM reranker is the embedded SmolLM2 unless ``path`` names another model. A hub id that is not a
+    local folder is kept as its name (its weights cannot be read here).
+    """
+    if kind == "embedding":
+        return None
+    if kind == "llm":
+        from qgmem.lm import EMBEDDED_LM, resolve_lm_path
+
+        path = resolve_lm_path(path or EMBEDDED_LM)
+    if path is None:
+        raise ValueError(f"reranker={kind!r} needs reranker_path")
+    return f"sha256:{weights_digest(path)}" if Path(path).exists() else f"id:{path}"
+
+
 RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct '
                  'provided. Note that the answer can only be "yes" or "no".')
 RERANK_INSTRUCTION = ("Given a question about a long conversation history, judge whether this memory entry "
@@ -222,9 +267,10 @@ def make_reranker(kind: str, *, embeddings: np.ndarray, encoder=None, path: str 
     """Build a backend from settings; ``path`` is the cross-encoder folder or the causal LM (default SmolLM2)."""
     if kind == "embedding":
         return EmbeddingReranker(embeddings, encoder, weight, lexical_weight)
-    if kind == "cross-encoder":
+    if kind in ("cross-encoder", "trained"):
         if not path:
-            raise ValueError("reranker='cross-encoder' needs reranker_path (a local sentence-transformers cross-encoder)")
+            raise ValueError(f"reranker={kind!r} needs reranker_path (a sentence-transformers cross-encoder folder"
+                             + ("; `qgmem train-reranker --out DIR` writes one)" if kind == "trained" else ")"))
         return CrossEncoderReranker(path, batch_size=batch_size, device=device)
     if kind == "llm":
         from qgmem.lm import EMBEDDED_LM

@@ -120,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
     if stale:
         print(f"removed {len(stale)} half-written store folders of killed builds", file=sys.stderr)
     index, reused, rejected = [], 0, []
-    for dialogue in tqdm(dialogues, desc="build-memory", unit="dialogue", file=sys.stderr,
-                         disable=not sys.stderr.isatty() and args.json):
+    bar = tqdm(dialogues, desc="build-memory", unit="dialogue", total=len(dialogues), file=sys.stderr,
+               disable=not sys.stderr.isatty() and args.json)
+    for dialogue in bar:
         folder = out / "stores" / dialogue_folder(dialogue.id)
         store = None
         if not args.no_resume and (folder / "meta.json").exists():
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             store.save(folder)
         index.append({"dialogue_id": dialogue.id, "folder": f"stores/{folder.name}", "units": len(store.units),
                       "traces": len(store.traces)})
+        bar.set_postfix(units=builder.stats.units, reused=reused, refresh=False)
     (out / "index.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in index),
                                      encoding="utf-8")
     stats = builder.stats.to_dict()

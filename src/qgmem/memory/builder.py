@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from qgmem.data.records import Dialogue
+from qgmem.data.records import Dialogue, Session
 from qgmem.llm.base import LLMBackend
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.extract_heuristic import HeuristicExtractor
@@ -17,8 +18,8 @@ from qgmem.memory.extract_llm import LLMExtractor
 from qgmem.memory.extract_parser import ParserExtractor
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.store import STORE_FORMAT_VERSION, MemoryStore
-from qgmem.memory.traces import build_traces
-from qgmem.memory.windows import make_windows
+from qgmem.memory.traces import TraceIndex, build_traces
+from qgmem.memory.windows import Window, make_windows
 
 
 @dataclass
@@ -74,6 +75,29 @@ class Extraction:
     stats: BuildStats
 
 
+def dialogue_extent(dialogue: Dialogue, windows: int) -> dict[str, Any]:
+    """How far a store's numbering has got (what :meth:`MemoryBuilder.append` continues from)."""
+    return {"sessions": len(dialogue.sessions), "turns": dialogue.num_turns(), "windows": windows,
+            "user": _user_name(dialogue) if dialogue.num_turns() else None}
+
+
+def renumber_sessions(sessions: list[Session], first_session: int, first_turn: int) -> list[Session]:
+    """Copies of ``sessions`` numbered as sessions ``first_session``… of a history (the ids
+    :func:`~qgmem.serving.history_file.sessions_to_dialogue` gives: ``s3``, turn ``s3:0``), turn indices
+    continuing from ``first_turn``."""
+    from dataclasses import replace
+
+    out, index = [], first_turn
+    for s, session in enumerate(sessions):
+        session_id = f"s{first_session + s}"
+        turns = []
+        for i, turn in enumerate(session.turns):
+            turns.append(replace(turn, id=f"{session_id}:{i}", session_id=session_id, index=index))
+            index += 1
+        out.append(replace(session, id=session_id, turns=turns))
+    return out
+
+
 def _user_name(dialogue: Dialogue) -> str:
     for turn in dialogue.turns():
         if turn.role.lower() != "assistant":
@@ -117,7 +141,8 @@ class MemoryBuilder:
             "params": self.config.to_dict(),
         }
 
-    def extract(self, dialogue: Dialogue) -> Extraction:
+    def extract(self, dialogue: Dialogue, windows: list[Window] | None = None,
+                user_name: str | None = None) -> Extraction:
         """Windows → atomic units (the extractor's part of :meth:`build`), with what it cost.
 
         The LLM extractor's part touches only the backend, so several dialogues may be extracted at
@@ -127,14 +152,15 @@ class MemoryBuilder:
         started = time.perf_counter()
         stats = BuildStats(dialogues=1, turns=dialogue.num_turns())
         usage_before = self.llm.usage_here().to_dict() if self.llm is not None else None
-        windows = make_windows(dialogue, self.config.window_size, self.config.window_overlap)
+        if windows is None:
+            windows = make_windows(dialogue, self.config.window_size, self.config.window_overlap)
         stats.windows = len(windows)
+        user = user_name or _user_name(dialogue)
         session_times = {s.id: s.time for s in dialogue.sessions}
         units: list[MemoryUnit] = []
         if self.config.extractor == "parser":
-            units.extend(self.parser.extract_windows(windows, dialogue.id, _user_name(dialogue), session_times))
+            units.extend(self.parser.extract_windows(windows, dialogue.id, user, session_times))
         elif self.config.extractor == "heuristic":
-            user = _user_name(dialogue)
             for window in windows:
                 units.extend(self.heuristic.extract(window, dialogue.id, user, session_times.get(window.session_id)))
         else:
@@ -153,8 +179,12 @@ class MemoryBuilder:
         stats.seconds = time.perf_counter() - started
         return Extraction(dialogue.id, units, stats)
 
-    def build(self, dialogue: Dialogue, extraction: Extraction | None = None) -> MemoryStore:
-        """The dialogue's store; ``extraction`` is :meth:`extract`'s result when it was run ahead."""
+    def build(self, dialogue: Dialogue, extraction: Extraction | None = None,
+              index_out: list | None = None) -> MemoryStore:
+        """The dialogue's store; ``extraction`` is :meth:`extract`'s result when it was run ahead.
+
+        ``index_out``: a list that receives the store's :class:`TraceIndex` (for later appends).
+        """
         started = time.perf_counter()
         if extraction is None:
             extraction = self.extract(dialogue)
@@ -166,8 +196,11 @@ class MemoryBuilder:
         usage_before = self.llm.usage_here().to_dict() if self.llm is not None else None
         embeddings = self.encoder.encode([u.fact for u in units]) if units else np.zeros(
             (0, int(getattr(self.encoder, "dim", 0))), dtype=np.float32)
+        index = TraceIndex.build(units, embeddings, self.encoder.encode, self.config)
+        if index_out is not None:
+            index_out.append(index)
         trace_report = build_traces(units, embeddings, self.encoder.encode, self.config,
-                                    llm=self.llm if self.uses_llm_consolidation else None)
+                                    llm=self.llm if self.uses_llm_consolidation else None, index=index)
         stats.units, stats.traces = len(units), len(trace_report.traces)
         stats.updates, stats.supplements = trace_report.updates, trace_report.supplements
         stats.consolidation_fallbacks = trace_report.llm_fallbacks
@@ -175,10 +208,69 @@ class MemoryBuilder:
         stats.seconds = time.perf_counter() - started
         meta = self.expected_meta()
         meta.update(dialogue_id=dialogue.id, counts={k: v for k, v in stats.to_dict().items()
-                                                     if k not in ("skipped_examples", "seconds")})
+                                                     if k not in ("skipped_examples", "seconds")},
+                    extent=dialogue_extent(dialogue, stats.windows))
         self.stats.merge(stats)
         return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta)
+
+    def append(self, store: MemoryStore, sessions: list[Session], index: TraceIndex | None = None,
+               ) -> tuple[MemoryStore, TraceIndex]:
+        """``store`` with ``sessions`` appended: their units added, traces regrouped, indexes extended.
+
+        The history is not rebuilt: only the new sessions are windowed, extracted and embedded; the
+        trace neighbour lists (``index``, rebuilt from the store once when not given) gain the new rows
+        and the new units where they enter old rows; then traces are regrouped over the whole store,
+        which is cheap (a union over the kept lists). Session ids, turn ids and turn indices, window
+        ids and the user's name continue the store's (``meta["extent"]``), so appending a history's
+        sessions one at a time gives the store of building the history in one pass. The turns'
+        ``session_id``/``id``/``index`` are rewritten to continue the store's numbering; ``store`` itself
+        is not changed (readers of it may go on while the new store is built).
+        """
+        started = time.perf_counter()
+        extent = store.meta.get("extent")
+        if not isinstance(extent, dict) or not all(k in extent for k in ("sessions", "turns", "windows")):
+            raise ValueError(f"store {store.dialogue_id!r} records no 'extent' (built before stores could be "
+                             "appended to); rebuild it to append")
+        if index is None:
+            index = TraceIndex.build(store.units, store.embeddings, self.encoder.encode, self.config)
+        elif len(index) != len(store):
+            raise ValueError(f"trace index of {len(index)} units given for a store of {len(store)}")
+        renumbered = renumber_sessions(sessions, extent["sessions"], extent["turns"])
+        dialogue = Dialogue(id=store.dialogue_id, sessions=renumbered)
+        windows = make_windows(dialogue, self.config.window_size, self.config.window_overlap)
+        for offset, window in enumerate(windows):
+            window.id = f"w{extent['windows'] + offset:04d}"
+        user = extent.get("user") or _user_name(dialogue)
+        extraction = self.extract(dialogue, windows, user)
+        stats, new_units = extraction.stats, extraction.units
+        usage_before = self.llm.usage_here().to_dict() if self.llm is not None else None
+        new_embeddings = self.encoder.encode([u.fact for u in new_units]) if new_units else np.zeros(
+            (0, store.embeddings.shape[1] if store.embeddings.ndim == 2 else int(getattr(self.encoder, "dim", 0))),
+            dtype=np.float32)
+        units = [copy.copy(u) for u in store.units] + new_units  # regrouping sets trace ids: ``store`` stays as it was
+        embeddings = (np.concatenate([np.asarray(store.embeddings, np.float32).reshape(len(store), -1),
+                                      new_embeddings]) if len(store) else new_embeddings).astype(np.float32)
+        index = index.extend(new_units, embeddings, self.encoder.encode, self.config)
+        trace_report = build_traces(units, embeddings, self.encoder.encode, self.config,
+                                    llm=self.llm if self.uses_llm_consolidation else None, index=index)
+        self._add_llm_usage(stats, usage_before)
+        stats.seconds = time.perf_counter() - started
+        counts = dict(store.meta.get("counts") or {})
+        for name in ("turns", "windows", "skipped_windows", "retried_windows", "overlap_only_units",
+                     "llm_requests", "llm_calls", "llm_cache_hits", "prompt_tokens", "completion_tokens"):
+            counts[name] = counts.get(name, 0) + getattr(stats, name)
+        counts.update(units=len(units), traces=len(trace_report.traces), updates=trace_report.updates,
+                      supplements=trace_report.supplements, consolidation_fallbacks=trace_report.llm_fallbacks,
+                      dialogues=1)
+        stats.units, stats.traces = len(new_units), len(trace_report.traces)
+        self.stats.merge(stats)
+        meta = {**store.meta, "counts": counts,
+                "extent": {"sessions": extent["sessions"] + len(renumbered),
+                           "turns": extent["turns"] + dialogue.num_turns(),
+                           "windows": extent["windows"] + len(windows), "user": user}}
+        return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=trace_report.traces,
+                           embeddings=embeddings, meta=meta), index
 
     def _add_llm_usage(self, stats: BuildStats, before: dict[str, int] | None) -> None:
         """Add this thread's LLM calls since ``before`` (other threads' calls are theirs to count)."""

@@ -169,30 +169,114 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
+@dataclass
+class TraceIndex:
+    """What trace linking reads about every unit, kept so an append costs the new rows only.
+
+    ``keys[i]`` is the embedding of unit ``i``'s subject–relation key; ``neighbour_ids[i]`` /
+    ``neighbour_sims[i]`` are its nearest units by fact embedding (itself included), best first, padded
+    with -1. Appending units only adds rows and merges the new units into the old rows' lists, which
+    gives the lists a search over the whole store would give (ties at the cut aside).
+    """
+
+    keys: np.ndarray
+    neighbour_ids: np.ndarray
+    neighbour_sims: np.ndarray
+    allowed: np.ndarray | None = None  # traceable(unit) per row, so an append judges only its new units
+
+    def __len__(self) -> int:
+        return int(self.neighbour_ids.shape[0])
+
+    @classmethod
+    def empty(cls, dim: int, k: int) -> TraceIndex:
+        return cls(np.zeros((0, dim), np.float32), np.zeros((0, k), np.int64), np.zeros((0, k), np.float32),
+                   np.zeros(0, bool))
+
+    @classmethod
+    def build(cls, units: list[MemoryUnit], embeddings: np.ndarray, encode: Callable[[list[str]], np.ndarray],
+              config: ConstructionConfig) -> TraceIndex:
+        """The index of a whole store, from one search over all its units."""
+        fact = np.ascontiguousarray(embeddings, dtype=np.float32)
+        k = config.neighbours + 1
+        dim = int(fact.shape[1]) if fact.ndim == 2 and fact.shape[1] else int(getattr(encode, "dim", 0) or 0)
+        if not units:
+            return cls.empty(dim, k)
+        import faiss
+
+        index = faiss.IndexFlatIP(fact.shape[1])
+        index.add(fact)
+        sims, ids = index.search(fact, min(k, len(units)))
+        return cls(encode([relation_key(u) for u in units]), *_pad(ids, sims, k), _traceable(units))
+
+    def extend(self, new_units: list[MemoryUnit], embeddings: np.ndarray,
+               encode: Callable[[list[str]], np.ndarray], config: ConstructionConfig) -> TraceIndex:
+        """The index after appending ``new_units``; ``embeddings`` are the fact embeddings of all units,
+        old rows first. Cost: one search of the new rows over all units and one ``[old, new]`` product."""
+        n_old, m = len(self), len(new_units)
+        if m == 0:
+            return self
+        fact = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if fact.shape[0] != n_old + m:
+            raise ValueError(f"{fact.shape[0]} embeddings for {n_old} indexed + {m} new units")
+        import faiss
+
+        k = config.neighbours + 1
+        index = faiss.IndexFlatIP(fact.shape[1])
+        index.add(fact)
+        new_sims, new_ids = index.search(fact[n_old:], min(k, n_old + m))
+        new_ids, new_sims = _pad(new_ids, new_sims, k)
+        ids, sims = self.neighbour_ids, self.neighbour_sims
+        if n_old:
+            cross = fact[:n_old] @ fact[n_old:].T  # [old, new]: where a new unit enters an old unit's list
+            all_ids = np.concatenate([ids, np.broadcast_to(np.arange(n_old, n_old + m), (n_old, m))], axis=1)
+            all_sims = np.concatenate([np.where(ids >= 0, sims, -np.inf), cross], axis=1)
+            order = np.argsort(-all_sims, axis=1, kind="stable")[:, :k]
+            ids = np.take_along_axis(all_ids, order, axis=1)
+            sims = np.take_along_axis(all_sims, order, axis=1)
+            ids = np.where(np.isfinite(sims), ids, -1)
+            sims = np.where(np.isfinite(sims), sims, 0.0).astype(np.float32)
+        keys = np.concatenate([self.keys.reshape(n_old, -1) if n_old else np.zeros((0, fact.shape[1]), np.float32),
+                               encode([relation_key(u) for u in new_units])])
+        allowed = None if self.allowed is None else np.concatenate([self.allowed, _traceable(new_units)])
+        return TraceIndex(keys.astype(np.float32), np.concatenate([ids, new_ids]), np.concatenate([sims, new_sims]),
+                          allowed)
+
+
+def _traceable(units: list[MemoryUnit]) -> np.ndarray:
+    return np.fromiter((traceable(u) for u in units), dtype=bool, count=len(units))
+
+
+def _pad(ids: np.ndarray, sims: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if ids.shape[1] < k:
+        fill = k - ids.shape[1]
+        ids = np.concatenate([ids, np.full((ids.shape[0], fill), -1, ids.dtype)], axis=1)
+        sims = np.concatenate([sims, np.zeros((sims.shape[0], fill), sims.dtype)], axis=1)
+    return ids.astype(np.int64), sims.astype(np.float32)
+
+
 def candidate_groups(units: list[MemoryUnit], embeddings: np.ndarray, encode: Callable[[list[str]], np.ndarray],
-                     config: ConstructionConfig) -> list[list[int]]:
-    """Groups of unit indices (each sorted by memory time) that pass the linking rule."""
+                     config: ConstructionConfig, index: TraceIndex | None = None) -> list[list[int]]:
+    """Groups of unit indices (each sorted by memory time) that pass the linking rule.
+
+    ``index``: the store's :class:`TraceIndex` when it is kept (appends); else one is built here.
+    """
     n = len(units)
     if n < config.min_trace_size:
         return []
-    import faiss
-
-    fact = np.ascontiguousarray(embeddings, dtype=np.float32)
-    keys = encode([relation_key(u) for u in units])
-    index = faiss.IndexFlatIP(fact.shape[1])
-    index.add(fact)
-    k = min(config.neighbours + 1, n)
-    fact_sims, neighbours = index.search(fact, k)
+    if index is None:
+        index = TraceIndex.build(units, embeddings, encode, config)
+    keys, fact_sims, neighbours = index.keys, index.neighbour_sims, index.neighbour_ids
+    allowed = np.fromiter((traceable(u) for u in units), dtype=bool, count=n) if index.allowed is None \
+        else index.allowed
+    # each pair once (j > i; -1 pads fall out), both ends traceable, facts alike enough: then the keys decide
+    rows = np.broadcast_to(np.arange(n)[:, None], neighbours.shape)
+    ok = (neighbours > rows) & (fact_sims >= config.min_fact_similarity) & allowed[:, None]
+    ok &= allowed[np.where(neighbours >= 0, neighbours, 0)]
+    heads, tails = rows[ok], neighbours[ok]
+    key_sims = np.einsum("pd,pd->p", keys[heads], keys[tails]) if heads.size else np.zeros(0, np.float32)
     uf = _UnionFind(n)
-    allowed = [traceable(u) for u in units]
-    for i in range(n):
-        if not allowed[i]:
-            continue
-        for sim, j in zip(fact_sims[i], neighbours[i]):
-            if j <= i or sim < config.min_fact_similarity or not allowed[j]:  # each pair once; -1 pads
-                continue
-            if float(keys[i] @ keys[j]) >= config.trace_threshold:
-                uf.union(i, int(j))
+    for i, j in zip(heads[key_sims >= config.trace_threshold].tolist(), tails[key_sims >= config.trace_threshold].tolist()):
+        uf.union(i, j)
     groups: dict[int, list[int]] = {}
     for i in range(n):
         groups.setdefault(uf.find(i), []).append(i)
@@ -228,10 +312,16 @@ def _validate_consolidation(reply: str, labels: list[str]) -> tuple[list[str], d
 
 
 def build_traces(units: list[MemoryUnit], embeddings: np.ndarray, encode: Callable[[list[str]], np.ndarray],
-                 config: ConstructionConfig, llm: LLMBackend | None = None, trace_prefix: str = "t") -> TraceReport:
-    """Group, order and classify; sets ``unit.trace_id`` on every member (others are left ``None``)."""
+                 config: ConstructionConfig, llm: LLMBackend | None = None, trace_prefix: str = "t",
+                 index: TraceIndex | None = None) -> TraceReport:
+    """Group, order and classify; sets ``unit.trace_id`` on every member (others are set to ``None``).
+
+    ``index``: the store's kept :class:`TraceIndex` (an append), so the neighbour search is not redone.
+    """
     report = TraceReport()
-    groups = candidate_groups(units, embeddings, encode, config)
+    groups = candidate_groups(units, embeddings, encode, config, index)
+    for unit in units:  # an append regroups the whole store: earlier trace ids may be renumbered
+        unit.trace_id = None
     decisions: list[tuple[list[int], list[str]] | None] = [None] * len(groups)
     if llm is not None and groups:
         decisions = _llm_decisions(units, groups, llm, config, report)

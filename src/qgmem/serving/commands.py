@@ -1,8 +1,10 @@
-"""Flags shared by ``qgmem answer`` and ``qgmem eval-qa``: the export, the backbone, the device."""
+"""Flags shared by ``qgmem answer`` and ``qgmem eval-qa``: the export, the backbone, the device; and the
+one model-loading path of ``answer``, ``eval-qa`` and ``serve`` (:func:`load_models`)."""
 
 from __future__ import annotations
 
 import argparse
+import copy
 from typing import Any
 
 from qgmem.errors import UserError
@@ -29,15 +31,34 @@ def api_config(args: argparse.Namespace, model: str, base_url: str) -> Any:
                      max_retries=1, timeout_s=60.0)
 
 
-def load_pipeline(args: argparse.Namespace):
-    """The pipeline the flags describe (a user error when the export cannot be read)."""
+#: pipelines loaded in this process, by (export, device, answer cap, backbone): each model loads once
+_LOADED: dict[tuple, Any] = {}
+
+
+def load_models(export: str, *, device: str | None = None, max_new_tokens: int | None = None, api: Any = None):
+    """A pipeline over the export's models, loaded once per process and shared by every caller.
+
+    Each call returns a pipeline of its own (no memory yet) over the same loaded models: the graph
+    encoder, the sentence encoder, the frozen LM and the construction builder (its spaCy parse memo).
+    """
     from transformers.utils import logging as hf_logging
 
     from qgmem.serving.pipeline import QGMemPipeline
 
     hf_logging.disable_progress_bar()  # weight-loading bars would bury the answer
+    key = (str(export), device, max_new_tokens, repr(api))
+    loaded = _LOADED.get(key)
+    if loaded is None:
+        loaded = _LOADED[key] = QGMemPipeline.from_pretrained(export, device=device, max_new_tokens=max_new_tokens,
+                                                              api=api)
+    pipe = copy.copy(loaded)
+    pipe.store, pipe._activator, pipe._trace_index, pipe.seconds = None, None, None, {}
+    return pipe
 
+
+def load_pipeline(args: argparse.Namespace):
+    """The pipeline the flags describe (a user error when the export cannot be read)."""
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     api = api_config(args, args.api_model, args.api_base_url) if args.backbone == "api" else None
-    return QGMemPipeline.from_pretrained(args.export, device=args.device, max_new_tokens=args.max_new_tokens, api=api)
+    return load_models(args.export, device=args.device, max_new_tokens=args.max_new_tokens, api=api)

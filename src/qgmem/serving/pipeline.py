@@ -63,6 +63,9 @@ class QGMemPipeline:
         self.backbone = backbone  # a text backbone (qgmem.serving.api) answering instead of the graph-token LM
         self.store: MemoryStore | None = None
         self._activator = None
+        self._builder = None  # one MemoryBuilder per pipeline: its parser memo and models are loaded once
+        self._trace_index = None  # the store's trace neighbour lists, kept for appends
+        self._reranker = None  # a model reranker (cross-encoder, LLM) is loaded once, not once per store
         self.seconds: dict[str, float] = {}  # construction time of the latest remember()
 
     # ------------------------------------------------------------------------------------- loading
@@ -101,11 +104,15 @@ class QGMemPipeline:
                    prompt=prompt, llm=llm, max_new_tokens=gen)
 
     # -------------------------------------------------------------------------------------- memory
-    def remember(self, history: Any) -> MemoryStore:
+    def remember(self, history: Any, *, append: bool = False) -> MemoryStore:
         """Build the memory store of ``history``: a :class:`~qgmem.data.records.Dialogue` or ``Case``, a
-        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history_file`)."""
+        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history_file`).
+
+        ``append=True`` adds ``history``'s sessions to the current store instead (new units, traces
+        regrouped, indexes extended; the earlier history is not rebuilt): appending a history's sessions
+        one call at a time gives the store of remembering it in one call.
+        """
         from qgmem.data.records import Case, Dialogue
-        from qgmem.memory.builder import MemoryBuilder
         from qgmem.serving.history_file import load_history, sessions_to_dialogue
 
         if isinstance(history, (str, Path)):
@@ -114,14 +121,30 @@ class QGMemPipeline:
             history = history.dialogue
         if not isinstance(history, Dialogue):
             history = sessions_to_dialogue(history)
-        if (self.construction.extractor == "llm" or self.construction.consolidation == "llm") and self.llm is None:
-            raise UserError("the export's construction settings use an LLM (field 'construction.extractor' or "
-                            "'construction.consolidation'); pass llm=<backend> or build the store with "
-                            "`qgmem build-memory` and use load_memory()")
+        builder = self.builder()
         started = time.perf_counter()
-        store = MemoryBuilder(self.construction, self.sentence_encoder, llm=self.llm).build(history)
+        previous = None
+        if append and self.store is not None:
+            store, self._trace_index = builder.append(self.store, history.sessions, self._trace_index)
+            previous = self._activator
+        else:
+            index: list = []
+            store = builder.build(history, index_out=index)
+            self._trace_index = index[0]
         self.seconds = {"construction": time.perf_counter() - started}
-        return self.use_store(store)
+        return self.use_store(store, self._trace_index, previous)
+
+    def builder(self):
+        """The pipeline's :class:`~qgmem.memory.builder.MemoryBuilder` (made once, on first use)."""
+        from qgmem.memory.builder import MemoryBuilder
+
+        if self._builder is None:
+            if (self.construction.extractor == "llm" or self.construction.consolidation == "llm") and self.llm is None:
+                raise UserError("the export's construction settings use an LLM (field 'construction.extractor' or "
+                                "'construction.consolidation'); pass llm=<backend> or build the store with "
+                                "`qgmem build-memory` and use load_memory()")
+            self._builder = MemoryBuilder(self.construction, self.sentence_encoder, llm=self.llm)
+        return self._builder
 
     def load_memory(self, folder: str | Path, dialogue_id: str | None = None) -> MemoryStore:
         """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder)."""
@@ -142,39 +165,53 @@ class QGMemPipeline:
         ids = ", ".join(s.dialogue_id for s in loaded[:10])
         raise UserError(f"{folder}: holds {len(loaded)} stores; name one with dialogue_id (--dialogue): {ids}")
 
-    def use_store(self, store: MemoryStore) -> MemoryStore:
-        from qgmem.activation.activator import Activator
-
+    def use_store(self, store: MemoryStore, trace_index: Any = None, previous: Any = None) -> MemoryStore:
         self.store = store
-        self._activator = Activator(store, self.sentence_encoder, self.activation, llm=self.llm) if len(store) else None
+        self._trace_index = trace_index  # None: rebuilt from the store at the first append
+        self._activator = self.activator_for(store, previous)
         return store
+
+    def activator_for(self, store: MemoryStore, previous: Any = None):
+        """An :class:`~qgmem.activation.activator.Activator` over ``store`` (None for an empty store),
+        sharing the pipeline's model reranker when the activation settings use one. ``previous``: the
+        activator of the store before an append, extended instead of rebuilt (then unusable)."""
+        from qgmem.activation.activator import Activator
+        from qgmem.activation.rerank import make_reranker
+
+        if not len(store):
+            return None
+        if self.activation.reranker != "embedding" and self._reranker is None:
+            a = self.activation
+            self._reranker = make_reranker(a.reranker, embeddings=store.embeddings, encoder=self.sentence_encoder,
+                                           path=a.reranker_path, batch_size=a.reranker_batch_size,
+                                           max_doc_tokens=a.reranker_max_doc_tokens)
+        if previous is not None:
+            return previous.extended(store, reranker=self._reranker)
+        return Activator(store, self.sentence_encoder, self.activation, reranker=self._reranker, llm=self.llm)
 
     # ------------------------------------------------------------------------------------ answering
     def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None) -> list[Retrieved]:
         """Activation + graph features for each question (no LM yet)."""
+        if self.store is None:
+            raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
+        times = list(question_times) if question_times is not None else [None] * len(questions)
+        return [self.retrieve_one(self._activator, len(self.store), q, when) for q, when in zip(questions, times)]
+
+    def retrieve_one(self, activator: Any, store_units: int, question: str, when: str | None = None) -> Retrieved:
+        """Activation (over ``activator``'s store; None: an empty memory) + graph features, one question."""
         from qgmem.activation.graph import graph_to_data
         from qgmem.model.alignment import node_word_ids
         from qgmem.model.features import needs_fact
 
-        if self.store is None:
-            raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
-        times = list(question_times) if question_times is not None else [None] * len(questions)
-        out = []
-        for question, when in zip(questions, times):
-            t0 = time.perf_counter()
-            if self._activator is None:
-                memory = WorkingMemory(question=question)
-            else:
-                memory = self._activator.activate(question, when)
-            t1 = time.perf_counter()
-            facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
-            graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
-            if needs_words(self.encoder.config.features):
-                graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
-            out.append(Retrieved(question, memory, graph, {"activation": t1 - t0,
-                                                           "graph_features": time.perf_counter() - t1}, when,
-                                 len(self.store)))
-        return out
+        t0 = time.perf_counter()
+        memory = WorkingMemory(question=question) if activator is None else activator.activate(question, when)
+        t1 = time.perf_counter()
+        facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
+        graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
+        if needs_words(self.encoder.config.features):
+            graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
+        return Retrieved(question, memory, graph, {"activation": t1 - t0,
+                                                   "graph_features": time.perf_counter() - t1}, when, store_units)
 
     def answer(self, questions: str | Sequence[str], graph: str = "token",
                question_times: Sequence[str | None] | None = None) -> list[Answer]:
@@ -182,9 +219,10 @@ class QGMemPipeline:
         questions = [questions] if isinstance(questions, str) else list(questions)
         return self.generate(self.retrieve(questions, question_times), graph=graph)
 
-    def generate(self, retrieved: Sequence[Retrieved], graph: str = "token") -> list[Answer]:
+    def generate(self, retrieved: Sequence[Retrieved], graph: str = "token", streamer: Any = None) -> list[Answer]:
         """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
-        (a single question gets the empty graph)."""
+        (a single question gets the empty graph). ``streamer``: a ``transformers`` streamer given each
+        decoding step's tokens (``[batch]``) of one batch; pass at most ``batch_size`` questions with it."""
         try:
             check_mode(graph)
         except ValueError as exc:
@@ -195,7 +233,7 @@ class QGMemPipeline:
         answers: list[Answer] = []
         for start in range(0, len(retrieved), self.batch_size):
             answers.extend(self._generate_batch(retrieved[start:start + self.batch_size],
-                                                graphs[start:start + self.batch_size], graph))
+                                                graphs[start:start + self.batch_size], graph, streamer))
         return answers
 
     def _graphs_for(self, retrieved: Sequence[Retrieved], mode: str) -> list[Data | None]:
@@ -219,7 +257,8 @@ class QGMemPipeline:
         return encoded
 
     @torch.no_grad()
-    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str) -> list[Answer]:
+    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str,
+                        streamer: Any = None) -> list[Answer]:
         from qgmem.model.fusion import insert_token
 
         encoded = self.encode_prompts(batch)
@@ -237,7 +276,7 @@ class QGMemPipeline:
         if any(has_memory):
             out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
                            stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
-                           stop_at_newline=settings.first_line and not settings.enable_thinking)
+                           stop_at_newline=settings.first_line and not settings.enable_thinking, streamer=streamer)
         else:  # nothing was remembered: the honest answer needs no LM call
             out = Generation([[] for _ in batch], ["" for _ in batch])
         t2 = time.perf_counter()

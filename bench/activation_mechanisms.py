@@ -1,0 +1,191 @@
+"""Each activation mechanism and reranker against the embedded default, side by side in one run.
+
+Sets: ConvoMem's validation split (the whole-data split that ``qgmem train-reranker`` also uses, so no
+trained reranker saw these cases), reported as two slices (the first 10 validation cases of each
+category and the next 10, like the earlier per-category slices) and together; the LoCoMo-form
+fixtures ``tests/fixtures/locomo_small.json`` and ``tests/activation/fixtures/locomo_form.json``.
+Every store is built once (parser extractor, MiniLM) and shared by all variants, so only activation
+differs; activation uses an encoder without a memo, so each variant pays for its question encodings. Per set and variant: fused-pool recall, Recall@10, nDCG@10, working-memory tokens, p50
+activation latency, per-category Recall@10, and a paired bootstrap interval of each variant's R@10
+difference from the default (1000 resamples of the questions).
+
+    python bench/activation_mechanisms.py [--variants default expansion3 ...] [--trained DIR] [--llm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from extractor_retrieval import MemoEncoder, per_category_slice  # noqa: E402
+
+#: name -> ActivationConfig overrides (reranker variants need --trained / --llm)
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "expansion1": {"expansion_seeds": 1},
+    "expansion3": {"expansion_seeds": 3},
+    "feedback1": {"feedback_seeds": 1},
+    "feedback3": {"feedback_seeds": 3},
+    "expansion3+feedback3": {"expansion_seeds": 3, "feedback_seeds": 3},
+    "speaker_once": {"lexical_speaker_once": True},
+    "trained@20": {"reranker": "trained", "rerank_depth": 20},
+    "trained@100": {"reranker": "trained", "rerank_depth": 0},
+    "llm@20": {"reranker": "llm", "rerank_depth": 20},
+}
+FIXTURES = {
+    "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
+    "locomo_form": ROOT / "tests" / "activation" / "fixtures" / "locomo_form.json",
+}
+
+
+def paired_interval(a: list[float], b: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``b − a`` over questions and its 95 % bootstrap interval (questions resampled)."""
+    diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    means = diff[rng.integers(0, len(diff), size=(n, len(diff)))].mean(axis=1)
+    return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variants", nargs="+", default=["default", "expansion1", "expansion3", "feedback1",
+                                                          "feedback3", "expansion3+feedback3"],
+                        choices=list(VARIANTS))
+    parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
+                        choices=["convomem_val1", "convomem_val2", *FIXTURES])
+    parser.add_argument("--store-dir", default=None,
+                        help="keep built stores here (one folder per case) and reuse them in later runs")
+    parser.add_argument("--trained", default=None, help="folder of a `qgmem train-reranker` model")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json-out", default=None, help="also write the results JSON here")
+    args = parser.parse_args()
+
+    import faiss
+    import torch
+
+    torch.set_num_threads(args.threads)
+    faiss.omp_set_num_threads(args.threads)
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.activation.evaluate import evaluate_cases
+    from qgmem.activation.rerank import make_reranker
+    from qgmem.activation.train_reranker import convomem_splits
+    from qgmem.data.loaders import load_cases
+    from qgmem.embed import SentenceEncoder
+    from qgmem.lm import EMBEDDED_LM, load_tokenizer
+    from qgmem.memory.builder import MemoryBuilder
+    from qgmem.memory.config import ConstructionConfig
+
+    encoder = MemoEncoder(SentenceEncoder())  # construction: each fact embedded once for all sets
+    # activation: no memo, so every variant pays the question encoding (latency is comparable)
+    query_encoder = SentenceEncoder(max_cache_entries=0)
+    tokenizer = load_tokenizer(EMBEDDED_LM)
+    builder = MemoryBuilder(ConstructionConfig(), encoder)
+    shared = {}  # model rerankers load once
+    if any(VARIANTS[v].get("reranker") == "trained" for v in args.variants):
+        if not args.trained:
+            parser.error("trained variants need --trained DIR")
+        shared["trained"] = make_reranker("trained", embeddings=np.zeros((0, encoder.dim), np.float32),
+                                          path=args.trained)
+    if any(VARIANTS[v].get("reranker") == "llm" for v in args.variants):
+        shared["llm"] = make_reranker("llm", embeddings=np.zeros((0, encoder.dim), np.float32))
+
+    sets = {}
+    val = None
+    for name in args.sets:
+        if name.startswith("convomem_val"):
+            if val is None:
+                val = convomem_splits(list(load_cases("convomem", ROOT / "data" / "convomem").cases))["val"]
+            sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
+        else:
+            sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
+
+    def build(set_name: str, case):
+        if args.store_dir is None:
+            return builder.build(case.dialogue)
+        from qgmem.memory.store import MemoryStore
+
+        folder = Path(args.store_dir) / set_name / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)
+        if (folder / "meta.json").is_file():
+            return MemoryStore.load(folder)
+        store = builder.build(case.dialogue)
+        store.save(folder)
+        return store
+
+    results: dict[str, dict[str, dict]] = {}
+    per_question: dict[str, dict[str, dict[str, dict]]] = {}
+    scratch = Path(tempfile.mkdtemp(prefix="activation-mechanisms-"))
+    for set_name, cases in sets.items():
+        started = time.perf_counter()
+        stores = {case.id: build(set_name, case) for case in cases}
+        print(f"[{set_name}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr)
+        results[set_name], per_question[set_name] = {}, {}
+        for variant in args.variants:
+            overrides = dict(VARIANTS[variant])
+            kind = overrides.get("reranker")
+            if kind == "trained":
+                overrides["reranker_path"] = args.trained
+            config = ActivationConfig(**overrides)
+            out = scratch / f"{set_name}.{variant}.jsonl"
+            started = time.perf_counter()
+            summary = evaluate_cases(cases, lambda case: stores[case.id], query_encoder, config, tokenizer,
+                                     reranker=shared.get(kind), out=out, dense_baseline=variant == "default")
+            summary["wall_s"] = round(time.perf_counter() - started, 1)
+            results[set_name][variant] = summary
+            per_question[set_name][variant] = {
+                (r := json.loads(line))["question_id"]: r for line in out.read_text().splitlines()}
+            print(f"[{set_name}] {variant}: pool {summary['pool_recall']['fused']:.3f} R@10 {summary['recall@10']:.3f} "
+                  f"nDCG@10 {summary['ndcg@10']:.3f} tokens {summary['context_tokens_mean']:.0f} "
+                  f"p50 {summary['latency_ms_p50']:.1f} ms ({summary['wall_s']} s)", file=sys.stderr)
+
+    for set_name, by_variant in results.items():
+        default = per_question[set_name].get("default")
+        first = next(iter(by_variant.values()))
+        print(f"\n## {set_name} ({first['n_questions']} questions, {first['units_per_case_mean']:.0f} units per store)")
+        print("| variant | pool recall (n = 100) | R@10 | nDCG@10 | R@30 | tokens | p50 ms | ΔR@10 vs default [95 % CI] |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for variant, s in by_variant.items():
+            delta = ""
+            if default is not None and variant != "default":
+                ids = list(default)
+                mean, lo, hi = paired_interval([default[i]["recall@10"] for i in ids],
+                                               [per_question[set_name][variant][i]["recall@10"] for i in ids])
+                delta = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            print(f"| {variant} | {s['pool_recall']['fused']:.3f} | {s['recall@10']:.3f} | {s['ndcg@10']:.3f} | "
+                  f"{s['recall@30']:.3f} | {s['context_tokens_mean']:.0f} | {s['latency_ms_p50']:.1f} | {delta} |")
+        if "default" in by_variant:
+            s = by_variant["default"]
+            for b in ("baseline_bm25_turns", "baseline_dense_turns"):
+                print(f"| {b[len('baseline_'):]} | | {s[b]['recall@10']:.3f} | {s[b]['ndcg@10']:.3f} | "
+                      f"{s[b]['recall@30']:.3f} | {s[b]['context_tokens_mean']:.0f} | | |")
+        categories = list(first["per_category"])
+        print("\n| variant | " + " | ".join(f"{c} (n {first['per_category'][c]['n_questions']})" for c in categories)
+              + " |")
+        print("|" + " --- |" * (1 + len(categories)))
+        for variant, s in by_variant.items():
+            print(f"| {variant} R@10 | " + " | ".join(f"{s['per_category'][c]['recall@10']:.3f}" for c in categories)
+                  + " |")
+        if "default" in by_variant:
+            s = by_variant["default"]
+            for b in ("baseline_bm25_turns", "baseline_dense_turns"):
+                print(f"| {b[len('baseline_'):]} R@10 | "
+                      + " | ".join(f"{s['per_category'][c][b]['recall@10']:.3f}" for c in categories) + " |")
+    payload = json.dumps(results)
+    if args.json_out:
+        Path(args.json_out).write_text(payload)
+    print(payload)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Load test of ``qgmem serve``: concurrent clients over real ConvoMem histories and questions.
+
+Starts the server on 127.0.0.1 (a fresh store root), gives each of ``--users`` users a real ConvoMem
+history appended as 20-turn sessions (the append latencies are reported as ``append (setup)``), then
+runs ``--clients`` clients for ``--seconds``: each request is an answer (``POST
+/v1/users/{id}/answer``, 55 %), a streamed OpenAI-style chat completion (35 %; the time to the first
+content token is reported) or an append of a further 20-turn session of the user's history (10 %).
+Reports throughput, p50 / p95 / p99 per endpoint, the activation seconds the server measured, the
+error count and the server's RSS over the run; prints a table and one JSON line (the last).
+
+    python bench/serve_load.py --export checkpoints/export            # 8 clients x 60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serving"))
+from server_helpers import free_port  # noqa: E402  tests/serving/server_helpers.py
+
+TURNS_PER_SESSION = 20
+
+
+def histories(users: int) -> list[dict]:
+    """One ConvoMem case per user, from different categories: its 20-turn sessions and its questions."""
+    from qgmem.data.loaders import load_cases
+
+    cases, seen = [], set()
+    for case in load_cases("convomem", "data/convomem").cases:
+        category = case.qas[0].category if case.qas else ""
+        if category in seen and len(seen) < users:
+            continue
+        seen.add(category)
+        flat = [{"speaker": t.speaker, "text": t.text} for t in case.dialogue.turns()]
+        sessions = [flat[i:i + TURNS_PER_SESSION] for i in range(0, len(flat), TURNS_PER_SESSION)]
+        cases.append({"sessions": sessions, "questions": [qa.question for qa in case.qas]})
+        if len(cases) == users:
+            break
+    return cases
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pcts(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    p = np.percentile(values, [50, 95, 99])
+    return {"n": len(values), "p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--export", required=True)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--users", type=int, default=4)
+    parser.add_argument("--setup-sessions", type=int, default=6, help="20-turn sessions per user before the load")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="the server's torch threads (qgmem serve --threads)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    data = histories(args.users)
+    port, root = free_port(), tempfile.mkdtemp(prefix="qgmem-serve-load-")
+    url = f"http://127.0.0.1:{port}"
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", args.export, "--store-root", root,
+                             "--port", str(port), "--log-level", "warning",
+                             *(["--threads", str(args.threads)] if args.threads else [])],
+                            stderr=subprocess.PIPE, text=True)
+    client = httpx.Client(timeout=120)
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"qgmem serve exited: {proc.stderr.read()}")
+        try:
+            if client.get(f"{url}/healthz").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    startup = time.perf_counter() - started
+    lat: dict[str, list[float]] = {"append (setup)": [], "answer": [], "chat stream (total)": [],
+                                   "chat stream (first token)": [], "append (under load)": []}
+    append_units, activation, errors, error_examples = [], [], 0, []
+    pending = []
+    for u, history in enumerate(data):
+        for session in history["sessions"][: args.setup_sessions]:
+            t = time.perf_counter()
+            r = client.post(f"{url}/v1/users/u{u}/sessions", json={"turns": session})
+            lat["append (setup)"].append(time.perf_counter() - t)
+            if r.status_code != 200:
+                errors += 1
+                error_examples.append(f"setup append {r.status_code}")
+            else:
+                append_units.append(r.json()["units"])
+        pending.extend((u, s) for s in history["sessions"][args.setup_sessions:])
+    random.Random(args.seed).shuffle(pending)
+    lock = threading.Lock()
+    rss: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample():
+        t0 = time.perf_counter()
+        while not stop.is_set():
+            rss.append((time.perf_counter() - t0, rss_mb(proc.pid)))
+            stop.wait(2.0)
+
+    def worker(seed: int, deadline: float):
+        nonlocal errors
+        rng = random.Random(seed)
+        http = httpx.Client(timeout=120)
+        while time.perf_counter() < deadline:
+            u = rng.randrange(len(data))
+            question = rng.choice(data[u]["questions"])
+            kind = rng.random()
+            t = time.perf_counter()
+            try:
+                if kind < 0.10:
+                    with lock:
+                        job = pending.pop() if pending else None
+                    if job is None:
+                        kind = 0.5
+                    else:
+                        r = http.post(f"{url}/v1/users/u{job[0]}/sessions", json={"turns": job[1]})
+                        r.raise_for_status()
+                        with lock:
+                            lat["append (under load)"].append(time.perf_counter() - t)
+                        continue
+                if kind < 0.65:
+                    r = http.post(f"{url}/v1/users/u{u}/answer", json={"question": question})
+                    r.raise_for_status()
+                    with lock:
+                        lat["answer"].append(time.perf_counter() - t)
+                        activation.append(r.json()["seconds"]["activation"])
+                    continue
+                first = None
+                body = {"model": "qgmem", "user": f"u{u}", "stream": True,
+                        "messages": [{"role": "user", "content": question}]}
+                with http.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+                    r.raise_for_status()
+                    for line in r.iter_lines():
+                        if first is None and line.startswith("data: {") and '"content": "' in line \
+                                and '"content": ""' not in line:
+                            first = time.perf_counter() - t
+                        if line == "data: [DONE]":
+                            break
+                with lock:
+                    lat["chat stream (total)"].append(time.perf_counter() - t)
+                    if first is not None:
+                        lat["chat stream (first token)"].append(first)
+            except Exception as exc:  # noqa: BLE001 - every failure is counted and reported
+                with lock:
+                    errors += 1
+                    if len(error_examples) < 5:
+                        error_examples.append(f"{type(exc).__name__}: {str(exc)[:120]}")
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    deadline = time.perf_counter() + args.seconds
+    load_started = time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(args.seed + i, deadline)) for i in range(args.clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - load_started
+    stop.set()
+    sampler.join()
+    health = client.get(f"{url}/healthz").json()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    requests = sum(len(lat[k]) for k in ("answer", "chat stream (total)", "append (under load)"))
+    mb = [m for _, m in rss]
+    third = max(1, len(mb) // 3)
+    result = {
+        "clients": args.clients, "seconds": round(wall, 1), "users": len(data), "server_startup_s": round(startup, 2),
+        "units_per_user_at_start": append_units[args.setup_sessions - 1::args.setup_sessions],
+        "requests": requests, "throughput_rps": round(requests / wall, 3), "errors": errors,
+        "error_examples": error_examples, "latency_s": {k: pcts(v) for k, v in lat.items()},
+        "activation_s": pcts(activation), "batches": health["batches"],
+        "mean_batch": round(health["batched_questions"] / max(1, health["batches"]), 2),
+        "rss_mb": {"first_third_mean": round(float(np.mean(mb[:third])), 1),
+                   "last_third_mean": round(float(np.mean(mb[-third:])), 1), "max": round(max(mb), 1),
+                   "samples": [(round(t, 1), round(m, 1)) for t, m in rss]},
+        "load_average": os.getloadavg(), "threads": args.threads,
+    }
+    print(f"{args.clients} clients x {wall:.0f} s, {len(data)} users; {requests} requests "
+          f"({result['throughput_rps']} /s), errors {errors}; mean LM batch {result['mean_batch']}; "
+          f"server start {startup:.1f} s; load average {result['load_average'][0]:.1f}")
+    print("| endpoint | n | p50 (s) | p95 (s) | p99 (s) |")
+    print("|---|---|---|---|---|")
+    for name, p in [*result["latency_s"].items(), ("activation (server-side)", result["activation_s"])]:
+        if p["n"]:
+            print(f"| {name} | {p['n']} | {p['p50']:.3f} | {p['p95']:.3f} | {p['p99']:.3f} |")
+    r = result["rss_mb"]
+    print(f"RSS: first third {r['first_third_mean']} MB, last third {r['last_third_mean']} MB, max {r['max']} MB")
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""``qgmem serve``: the export as a memory service over HTTP (see :mod:`qgmem.serving.server`).
+
+Every setting is a field of :class:`ServeSettings` and a flag (``--store-root``, ``--max-batch`` …);
+``--config FILE`` reads them from YAML (flags given on the line win) and ``--print_config`` prints the
+resolved settings. Needs the ``serve`` extra: ``pip install -e '.[serve]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import MISSING, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from qgmem.errors import InputPathError, UserError
+
+
+@dataclass
+class ServeSettings:
+    """What ``qgmem serve`` runs with; one field per flag."""
+
+    export: str = ""  #: export folder (``python train.py`` writes checkpoints/export) or hub id
+    store_root: str = "memories"  #: where the users' memories persist (journal + store snapshots per user)
+    host: str = "127.0.0.1"  #: address to bind (default: this machine only)
+    port: int = 8000  #: TCP port
+    api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
+    device: str | None = None  #: cpu | cuda (default: cuda when available)
+    max_new_tokens: int | None = None  #: answer length cap (default: the export's)
+    threads: int | None = None  #: torch CPU threads (default: torch's; on a CPU shared with other jobs 1 is much faster)
+    max_batch: int = 8  #: questions answered in one LM forward at most
+    max_wait_ms: float = 5.0  #: how long the first question of a batch waits for others
+    max_queue: int = 64  #: questions that may wait for the LM; past this a request gets 503 + Retry-After
+    snapshot_every: int = 1  #: write a store snapshot every N appended sessions (the journal is always synced)
+    max_body_bytes: int = 1_000_000  #: larger bodies get 413
+    max_turns: int = 500  #: turns per appended session (past: 413)
+    max_turn_chars: int = 8_000  #: characters per turn (past: 413)
+    log_level: str = "info"  #: uvicorn's log level (request lines hold method, path and status, never bodies)
+
+
+def _field_help() -> dict[str, str]:
+    """The ``#:`` comments of :class:`ServeSettings`, as each flag's help."""
+    import inspect
+
+    helps = {}
+    for line in inspect.getsource(ServeSettings).splitlines():
+        name, sep, comment = line.strip().partition("#:")
+        if sep and ":" in name:
+            helps[name.split(":")[0].strip()] = comment.strip()
+    return helps
+
+
+def _type(field) -> Any:
+    kind = str(field.type)
+    return int if "int" in kind else float if "float" in kind else str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    helps = _field_help()
+    parser.add_argument("--config", default=None, help="YAML file of these settings (flags on the line win)")
+    parser.add_argument("--print_config", action="store_true", help="print the resolved settings as YAML and exit")
+    for f in fields(ServeSettings):
+        default = f.default if f.default is not MISSING else None
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=_type(f), default=argparse.SUPPRESS,
+                            help=f"{helps.get(f.name, '')} (default: {default})")
+
+
+def resolve(args: argparse.Namespace) -> ServeSettings:
+    """Defaults, then ``--config``, then the flags given."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    if args.config:
+        path = Path(args.config)
+        if not path.is_file():
+            raise InputPathError(f"--config {path}: no such file")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise UserError(f"{path}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UserError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
+        known = {f.name for f in fields(ServeSettings)}
+        unknown = sorted(set(loaded) - known)
+        if unknown:
+            raise UserError(f"{path}: unknown settings {unknown} (known: {', '.join(sorted(known))})")
+        values.update(loaded)
+    values.update({f.name: getattr(args, f.name) for f in fields(ServeSettings) if hasattr(args, f.name)})
+    settings = ServeSettings(**values)
+    check(settings)
+    return settings
+
+
+def check(s: ServeSettings) -> None:
+    if not s.export:
+        raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
+    for name in ("max_batch", "max_queue", "snapshot_every", "max_body_bytes", "max_turns", "max_turn_chars"):
+        if getattr(s, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
+    if not 0 < s.port < 65536:
+        raise UserError(f"--port must be in 1..65535, got {s.port}")
+    if s.threads is not None and s.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {s.threads}")
+    if s.max_wait_ms < 0:
+        raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
+
+
+def api_key(settings: ServeSettings) -> str | None:
+    if not settings.api_key_env:
+        return None
+    key = os.environ.get(settings.api_key_env)
+    if not key:
+        raise UserError(f"--api-key-env names {settings.api_key_env!r}, but that environment variable is not set")
+    return key
+
+
+def build_service(settings: ServeSettings):
+    """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store root."""
+    from qgmem.serving.commands import load_models
+    from qgmem.serving.server import Limits, MemoryService
+
+    pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens)
+    limits = Limits(max_body_bytes=settings.max_body_bytes, max_turns=settings.max_turns,
+                    max_turn_chars=settings.max_turn_chars)
+    return MemoryService(pipeline, settings.store_root, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
+                         max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = resolve(args)
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(asdict(settings), sort_keys=False), end="")
+        return 0
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise UserError("qgmem serve needs the 'serve' extra: pip install -e '.[serve]'") from None
+    key = api_key(settings)
+    from qgmem.serving.server import create_app
+
+    if settings.threads:
+        import torch
+
+        torch.set_num_threads(settings.threads)
+    service = build_service(settings)
+    app = create_app(service, api_key=key)
+    print(f"qgmem serve: {settings.export} on http://{settings.host}:{settings.port} (memories in "
+          f"{settings.store_root}; {len(service.users.user_ids())} users; "
+          f"{'bearer key from $' + settings.api_key_env if key else 'no key'})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0

@@ -1,0 +1,288 @@
+"""Per-user memories on disk: one folder per user, an append journal and checked store snapshots.
+
+A user's folder under the store root (``users/<user id>/``) holds::
+
+    journal.jsonl            one appended session per line: {"seq", "turns", "time", "sha256"}
+    snapshot-<seq:08d>/      a MemoryStore (qgmem.memory.store, checksums in its meta.json) holding
+                             the first <seq> sessions of the journal
+
+An append is made durable before it is acknowledged: the session is applied to a copy of the store in
+memory, its journal line is written and ``fsync``-ed, the new store replaces the old one, and a snapshot
+is written into a temporary folder and renamed into place (never over an existing folder, so a kill
+leaves the previous snapshot whole). On load the newest snapshot that passes the store's integrity
+checks is read and the journal lines after it are replayed; a torn last line (a kill while it was being
+written, so never acknowledged) is dropped, and a bad line before the last is an
+:class:`~qgmem.errors.IntegrityError`: the journal was edited or damaged, and the user is not served
+from a guess.
+
+Each user's memory is separate data (its own store, indexes and activator) and the user id is checked
+against :data:`USER_ID` before it names a folder: isolation is a filter by construction, not a field
+in a shared index.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from qgmem.data.records import Session, Turn
+from qgmem.errors import IntegrityError, UserError
+from qgmem.memory.store import MemoryStore, clean_stale_temp
+from qgmem.serving.history_file import ASSISTANT_SPEAKERS
+
+#: what a user id may be: it names a folder, so nothing else (and never "." or "..")
+USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+JOURNAL = "journal.jsonl"
+_SNAPSHOT = re.compile(r"snapshot-(\d{8})$")
+
+
+class BadUserId(UserError, ValueError):
+    """A user id outside ``[A-Za-z0-9_.-]{1,128}`` (or a bare ``.``/``..``)."""
+
+
+class UnknownUser(UserError, LookupError):
+    """No memory for this user (nothing was ever appended)."""
+
+
+def check_user_id(user_id: str) -> str:
+    if not isinstance(user_id, str) or not USER_ID.fullmatch(user_id) or user_id in (".", ".."):
+        raise BadUserId(f"user id {str(user_id)[:40]!r} must match [A-Za-z0-9_.-]{{1,128}} (and not be '.' or '..')")
+    return user_id
+
+
+def session_digest(turns: list[dict[str, Any]], session_time: str | None) -> str:
+    canonical = json.dumps({"turns": turns, "time": session_time}, sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def to_session(turns: list[dict[str, Any]], session_time: str | None = None) -> Session:
+    """A :class:`Session` of checked plain turns (ids and indices are given when it is appended)."""
+    out = []
+    for i, t in enumerate(turns):
+        role = "assistant" if t["speaker"].strip().lower() in ASSISTANT_SPEAKERS else "user"
+        out.append(Turn(id=str(i), session_id="new", speaker=t["speaker"], role=role, text=t["text"],
+                        time=t.get("time") or session_time))
+    return Session(id="new", turns=out, time=session_time)
+
+
+@dataclass
+class UserMemory:
+    """One user's store with what serving keeps beside it (trace index, activator), behind one lock."""
+
+    user_id: str
+    folder: Path
+    store: MemoryStore
+    sessions: int = 0  # journal lines applied
+    trace_index: Any = None
+    activator: Any = None  # built on the first question after a change
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    snapshot_seq: int = 0
+
+
+class UserMemories:
+    """The users' memories under ``root`` (``root/users/<id>``), loaded on first use, appended durably."""
+
+    def __init__(self, root: str | Path, pipeline: Any, snapshot_every: int = 1):
+        if snapshot_every < 1:
+            raise UserError(f"snapshot_every must be >= 1, got {snapshot_every}")
+        self.root = Path(root)
+        self.users_dir = self.root / "users"
+        self.users_dir.mkdir(parents=True, exist_ok=True)
+        self.pipeline = pipeline
+        self.snapshot_every = snapshot_every
+        self._users: dict[str, UserMemory] = {}
+        self._lock = threading.Lock()
+        self.replayed_sessions = 0  # journal lines replayed at load (sessions after the newest snapshot)
+        self.dropped_torn_lines = 0
+
+    # ---------------------------------------------------------------------------------- lookup
+    def exists(self, user_id: str) -> bool:
+        check_user_id(user_id)
+        return user_id in self._users or (self.users_dir / user_id / JOURNAL).is_file()
+
+    def user_ids(self) -> list[str]:
+        return sorted(p.name for p in self.users_dir.iterdir() if (p / JOURNAL).is_file())
+
+    def get(self, user_id: str, create: bool = False) -> UserMemory:
+        """The user's memory, loaded from disk on first use; :class:`UnknownUser` unless ``create``."""
+        check_user_id(user_id)
+        with self._lock:
+            user = self._users.get(user_id)
+            if user is None:
+                folder = self.users_dir / user_id
+                if (folder / JOURNAL).is_file():
+                    user = self._load(user_id, folder)
+                elif create:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    _fsync_dir(self.users_dir)
+                    user = UserMemory(user_id, folder, self._empty_store(user_id))
+                else:
+                    raise UnknownUser(f"no memory for user {user_id!r}: append a session first "
+                                      f"(POST /v1/users/{user_id}/sessions)")
+                self._users[user_id] = user
+            return user
+
+    def loaded(self) -> int:
+        return len(self._users)
+
+    def units(self) -> int:
+        return sum(len(u.store) for u in list(self._users.values()))
+
+    # ---------------------------------------------------------------------------------- append
+    def append(self, user_id: str, turns: list[dict[str, Any]], session_time: str | None = None) -> dict[str, Any]:
+        """Append one session (checked plain turns) to the user's memory; returns once it is durable."""
+        user = self.get(user_id, create=True)
+        with user.lock:
+            t0 = time.perf_counter()
+            store, index = self.pipeline.builder().append(user.store, [to_session(turns, session_time)],
+                                                          user.trace_index)
+            t1 = time.perf_counter()
+            line = json.dumps({"seq": user.sessions, "turns": turns, "time": session_time,
+                               "sha256": session_digest(turns, session_time)}, ensure_ascii=False)
+            journal = user.folder / JOURNAL
+            new_file = not journal.exists()
+            with open(journal, "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            if new_file:
+                _fsync_dir(user.folder)
+            t2 = time.perf_counter()
+            added = len(store) - len(user.store)
+            user.store, user.trace_index = store, index  # the activator follows at the next question
+            user.sessions += 1
+            if user.sessions - user.snapshot_seq >= self.snapshot_every:
+                self._snapshot(user)
+            t3 = time.perf_counter()
+            return {"user": user_id, "session": user.sessions - 1, "units_added": added, "units": len(store),
+                    "traces": len(store.traces),
+                    "seconds": {"construction": t1 - t0, "journal": t2 - t1, "snapshot": t3 - t2, "total": t3 - t0}}
+
+    def activator(self, user: UserMemory):
+        """The user's activator over their current store (caller holds the lock): after an append, the
+        previous one extended (its dense index gains the new rows), else built."""
+        if not len(user.store):
+            return None
+        if user.activator is None:
+            user.activator = self.pipeline.activator_for(user.store)
+        elif user.activator.store is not user.store:
+            user.activator = self.pipeline.activator_for(user.store, previous=user.activator)
+        return user.activator
+
+    def snapshot_all(self) -> None:
+        """Write a snapshot of every user with journal lines past their snapshot (on shutdown)."""
+        for user in list(self._users.values()):
+            with user.lock:
+                if user.sessions > user.snapshot_seq:
+                    self._snapshot(user)
+
+    # -------------------------------------------------------------------------------- internals
+    def _empty_store(self, user_id: str) -> MemoryStore:
+        from qgmem.data.records import Dialogue
+
+        return self.pipeline.builder().build(Dialogue(id=user_id))
+
+    def _snapshot(self, user: UserMemory) -> None:
+        user.store.meta["journal_seq"] = user.sessions
+        final = user.folder / f"snapshot-{user.sessions:08d}"
+        if final.exists():  # written by an earlier process for the same sessions: same content
+            shutil.rmtree(final)
+        user.store.save(final)
+        _fsync_dir(user.folder)
+        user.snapshot_seq = user.sessions
+        for old in user.folder.iterdir():
+            m = _SNAPSHOT.match(old.name)
+            if m and int(m.group(1)) < user.sessions:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _load(self, user_id: str, folder: Path) -> UserMemory:
+        clean_stale_temp(folder)
+        entries = read_journal(folder / JOURNAL)
+        if len(entries) and entries[-1] is None:  # a torn last line: never acknowledged, dropped
+            entries.pop()
+            _truncate_last_line(folder / JOURNAL)
+            self.dropped_torn_lines += 1
+        store, seq = None, 0
+        snapshots = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _SNAPSHOT.match(p.name)))
+        for n, path in reversed(snapshots):
+            if n > len(entries):
+                continue  # ahead of the journal: cannot be (the journal is written first); not trusted
+            try:
+                candidate = MemoryStore.load(path)
+            except (UserError, ValueError, OSError):
+                continue  # damaged: an older snapshot and the journal rebuild it
+            if candidate.meta.get("journal_seq") == n and candidate.dialogue_id == user_id:
+                store, seq = candidate, n
+                break
+        user = UserMemory(user_id, folder, store if store is not None else self._empty_store(user_id),
+                          sessions=seq, snapshot_seq=seq if store is not None else 0)
+        builder = self.pipeline.builder()
+        for entry in entries[seq:]:
+            user.store, user.trace_index = builder.append(user.store, [to_session(entry["turns"], entry.get("time"))],
+                                                          user.trace_index)
+            user.sessions += 1
+            self.replayed_sessions += 1
+        if user.sessions > user.snapshot_seq:
+            self._snapshot(user)
+        return user
+
+
+def read_journal(path: Path) -> list[dict[str, Any] | None]:
+    """The journal's sessions in order; the last entry is ``None`` when the last line is torn."""
+    raw = path.read_bytes()
+    lines = raw.split(b"\n")
+    complete, tail = lines[:-1], lines[-1]
+    out: list[dict[str, Any] | None] = []
+    for number, line in enumerate(complete, start=1):
+        entry = _entry(line)
+        if entry is None or entry["seq"] != len(out):
+            if number == len(complete) and not tail:
+                out.append(None)  # the last line is bad: torn by a kill between write and fsync
+                return out
+            raise IntegrityError(f"{path}, line {number}: not a whole journal entry (seq {len(out)} expected); "
+                                 "the journal was damaged or edited")
+        out.append(entry)
+    if tail:  # no newline: the write was cut
+        out.append(None)
+    return out
+
+
+def _entry(line: bytes) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(entry, dict) or not isinstance(entry.get("turns"), list) or not isinstance(entry.get("seq"), int):
+        return None
+    if entry.get("sha256") != session_digest(entry["turns"], entry.get("time")):
+        return None
+    return entry
+
+
+def _truncate_last_line(path: Path) -> None:
+    raw = path.read_bytes()
+    body = raw[:-1] if raw.endswith(b"\n") else raw
+    cut = body.rfind(b"\n")
+    with open(path, "r+b") as f:
+        f.truncate(cut + 1 if cut >= 0 else 0)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,115 @@
+"""``qgmem serve`` as a process: SIGKILL during appends loses nothing acknowledged, restarts serve the
+same memories, and neither the key nor request bodies reach the log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from qgmem.memory.config import ConstructionConfig
+from qgmem.memory.store import MemoryStore
+from qgmem.serving.users import JOURNAL, read_journal
+
+from .helpers import make_export
+from .server_helpers import start_cli
+
+KEY = "k-very-secret-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+def _session(n: int, turns: int = 1) -> dict:
+    return {"turns": [{"speaker": "User", "text": f"In session {n} I planted {n + t} tulips by the marigold shed."}
+                      for t in range(turns)]}
+
+
+def _stop(proc) -> str:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return proc.stdout.read()
+
+
+@pytest.mark.slow
+def test_sigkill_mid_append_loses_nothing_acknowledged_and_restart_serves_the_same(tmp_path, tiny_lm_path):
+    export = make_export(tmp_path / "export", tiny_lm_path, feature_dim=384,
+                         construction=ConstructionConfig(extractor="heuristic").to_dict())
+    root = tmp_path / "memories"
+    env = {"QGMEM_TEST_KEY": KEY}
+    proc, url = start_cli(export, root, "--api-key-env", "QGMEM_TEST_KEY", env=env)
+    acked, logs = [], ""
+    try:
+        for n in range(3):
+            r = httpx.post(f"{url}/v1/users/ana/sessions", json=_session(n), headers=AUTH, timeout=60)
+            assert r.status_code == 200, r.text
+            acked.append(r.json()["session"])
+        before = httpx.post(f"{url}/v1/users/ana/answer", json={"question": "How many tulips did I plant?"},
+                            headers=AUTH, timeout=60).json()
+
+        def big_append():  # 200 turns: construction takes well over the 0.3 s before the kill
+            try:
+                r = httpx.post(f"{url}/v1/users/ana/sessions", json=_session(3, turns=200), headers=AUTH, timeout=60)
+                acked.append(r.json()["session"])
+            except httpx.HTTPError:
+                pass
+
+        writer = threading.Thread(target=big_append)
+        writer.start()
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGKILL)
+        writer.join(timeout=60)
+        logs += proc.stdout.read()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    folder = root / "users" / "ana"
+    entries = read_journal(folder / JOURNAL)
+    whole = [e for e in entries if e is not None]
+    assert len(whole) >= len(acked) == max(acked) + 1, "an acknowledged session is missing from the journal"
+    assert len(whole) in (3, 4) and [e["turns"] for e in whole[:3]] == [_session(n)["turns"] for n in range(3)]
+    for snapshot in folder.glob("snapshot-*"):  # whatever snapshot is there loads and passes its checks
+        assert MemoryStore.load(snapshot).meta["journal_seq"] <= len(whole)
+
+    proc, url = start_cli(export, root, "--api-key-env", "QGMEM_TEST_KEY", env=env)
+    try:
+        after = httpx.post(f"{url}/v1/users/ana/answer", json={"question": "How many tulips did I plant?"},
+                           headers=AUTH, timeout=60).json()
+        nxt = httpx.post(f"{url}/v1/users/ana/sessions", json=_session(99), headers=AUTH, timeout=60).json()
+    finally:
+        logs += _stop(proc)
+    assert nxt["session"] == len(whole), "the restart did not serve every durable session"
+    if len(whole) == 3:  # the killed append had not reached the journal: the same memory as before the kill
+        assert after["memory"] == before["memory"] and after["answer"] == before["answer"]
+    assert KEY not in logs and "tulips" not in logs and "marigold" not in logs
+    assert "POST /v1/users/ana/sessions" in logs  # request lines are logged: method, path, status only
+
+
+def test_serve_flags_follow_the_cli_conventions(tmp_path, monkeypatch, capsys):
+    from qgmem.cli import main
+
+    monkeypatch.delenv("QGMEM_UNSET_KEY_VARIABLE", raising=False)
+    assert main(["serve", "--export", str(tmp_path), "--api-key-env", "QGMEM_UNSET_KEY_VARIABLE"]) == 2
+    err = capsys.readouterr().err
+    assert "QGMEM_UNSET_KEY_VARIABLE" in err and "Traceback" not in err
+    assert main(["serve", "--export", "x", "--port", "0"]) == 2
+    assert "--port must be in 1..65535" in capsys.readouterr().err
+    (tmp_path / "serve.yaml").write_text("max_batch: 4\nport: 9000\n")
+    assert main(["serve", "--config", str(tmp_path / "serve.yaml"), "--export", "x", "--port", "9001",
+                 "--print_config"]) == 0
+    out = capsys.readouterr().out
+    assert "max_batch: 4" in out and "port: 9001" in out and "host: 127.0.0.1" in out
+    (tmp_path / "bad.yaml").write_text("max_batchs: 4\n")
+    assert main(["serve", "--config", str(tmp_path / "bad.yaml"), "--export", "x"]) == 2
+    assert "unknown settings ['max_batchs']" in capsys.readouterr().err
