@@ -41,7 +41,7 @@ def main() -> None:
     t0 = time.perf_counter()
     from qgmem.model.pretrained import GraphTokenEncoder
     from qgmem.serving.commands import load_models
-    from qgmem.serving.history import load_history
+    from qgmem.serving.history_file import load_history
     from qgmem.serving.pipeline import load_lm_for
     from qgmem.embed import SentenceEncoder
 

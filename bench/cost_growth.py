@@ -136,7 +136,8 @@ def main() -> None:
                   f"{100 * r['cpu_s'] / r['turns']:.2f} |")
         print("fit:", json.dumps(fits), flush=True)
 
-    net = GraphTokenNet(GraphTokenConfig(feature_dim=base.feature_dim, edge_dim=base.feature_dim, lm_hidden=576))
+    net = GraphTokenNet(GraphTokenConfig(feature_dim=base.feature_dim, edge_dim=base.feature_dim, lm_hidden=576,
+                                         features="text", readout="mean", num_queries=1))
     encoder = []
     for k in (int(x) for x in args.ks.split(",") if "encoder" in parts):
         spec = dataclasses.replace(base, activation=ActivationConfig(k=k, pool_size=max(100, k)))

@@ -114,7 +114,16 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
         data_cfg["batch_size"] = args.batch_size
     if args.max_prompt_tokens:
         data_cfg["max_prompt_tokens"] = args.max_prompt_tokens
-    for key, value in (("lr", args.lr), ("warmup_steps", args.warmup), ("features", args.features),
+    # the preset's --optimizer / --lr_scheduler (class_path + init_args) go to the model, as in train.py
+    for key in ("optimizer", "lr_scheduler"):
+        if cfg.get(key):
+            model_cfg[key] = json.loads(json.dumps(cfg[key]))
+    if args.lr is not None:
+        model_cfg["optimizer"] = {"class_path": "torch.optim.AdamW", "init_args": {"lr": args.lr}}
+    if args.warmup is not None:
+        model_cfg["lr_scheduler"] = {"class_path": "qgmem.training.schedule.WarmupCosine",
+                                     "init_args": {"warmup_steps": args.warmup}}
+    for key, value in (("features", args.features),
                        ("readout", args.readout), ("num_queries", args.num_queries),
                        ("align_steps", args.align_steps), ("align_weight", args.align_weight)):
         if value is not None:
@@ -175,8 +184,10 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
     summary = summarize(scores, n_boot=args.n_boot)
     summary.update(setting=name, results=str(out), cache_key=dm.cache_key, train_samples=train_n,
                    split=args.split, rubric_left_out=left_out, steps=steps, batch_size=dm.batch_size,
-                   lr=model_cfg.get("lr"), features=model_cfg.get("features", "text"),
-                   readout=model_cfg.get("readout", "mean"), num_queries=model_cfg.get("num_queries", 1),
+                   lr=((model_cfg.get("optimizer") or {}).get("init_args") or {}).get("lr", module_default("lr")),
+                   features=model_cfg.get("features", module_default("features")),
+                   readout=model_cfg.get("readout", module_default("readout")),
+                   num_queries=model_cfg.get("num_queries", module_default("num_queries")),
                    memory_units=overrides.get("memory_units"), seed_list=list(args.seeds), seed_runs=seeds_info,
                    data_s=round(data_s, 1), ablation=ablation_counts(dm.split(args.split)), **tokens)
     summary["_scores"] = [s.to_dict() for s in scores]
@@ -202,7 +213,7 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
 
     enc = dm.collator.encoder
     encoded = [enc.prompt(it["memory_text"], it["question"]) for it in items]
-    k = 0 if model_cfg.get("graph") == "none" else int(model_cfg.get("num_queries", 1))
+    k = 0 if model_cfg.get("graph") == "none" else int(model_cfg.get("num_queries", module_default("num_queries")))
     whole = []  # entries [M1]..[Mj] that fit in the prompt's memory text whole (what a budget of m amounts to)
     for it, e in zip(items, encoded):
         text = first_entries(it["memory_text"], enc.settings.memory_units)
@@ -237,6 +248,19 @@ def ablation_counts(split) -> dict[str, int]:
         else:
             counts["lose_all_evidence_nodes"] += 1
     return counts
+
+
+def module_default(name: str) -> Any:
+    """A model setting's default: ``QGMemModule``'s signature (``lr``: the default optimizer's)."""
+    import inspect
+
+    import torch
+
+    from qgmem.training.module import QGMemModule
+
+    if name == "lr":
+        return inspect.signature(torch.optim.AdamW).parameters["lr"].default
+    return inspect.signature(QGMemModule).parameters[name].default
 
 
 def usable(split) -> tuple[list[dict[str, Any]], list[str], int]:

@@ -82,7 +82,7 @@ def main() -> None:
     from qgmem.data.loaders import load_cases
     from qgmem.finite import nonfinite_names
     from qgmem.integrity import seal, verify_sealed
-    from qgmem.memory.build import dialogue_folder
+    from qgmem.memory.build_cli import dialogue_folder
     from qgmem.memory.output import load_built_store, write_index
     from qgmem.memory.store import MemoryStore
     from qgmem.serving.pipeline import QGMemPipeline
@@ -122,7 +122,7 @@ def main() -> None:
                               "checks_over_serving_load": added / serving_load}
 
         # a store built from one ConvoMem history, saved as build-memory lays it out
-        from qgmem.serving.history import load_history
+        from qgmem.serving.history_file import load_history
 
         history = next((Path(args.data) / "core_benchmark" / "evidence_questions" / "user_evidence").rglob("*.json"))
         case = load_history(history)

@@ -136,8 +136,10 @@ def main() -> None:
     lm = random_lm(args.shape, dtype, args.device, args.attn)
     # the module loads its LM by name; here it gets the random one built above (same code path after that)
     with mock.patch.object(module_lib, "load_causal_lm", lambda *a, **k: lm):
+        # the one-token network these figures were measured with (the defaults insert 16 node tokens)
         module = module_lib.QGMemModule(lm_dtype="bfloat16" if precision == "bf16" else "float32",
-                                        feature_dim=args.feature_dim, encoder=EncoderConfig()).to(args.device)
+                                        feature_dim=args.feature_dim, encoder=EncoderConfig(), features="text",
+                                        readout="mean", num_queries=1).to(args.device)
     module.train()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and precision == "bf16" else nullcontext()
     params = [p for p in module.parameters() if p.requires_grad]

@@ -24,6 +24,7 @@ from qgmem.training.datamodule import QGMemDataModule, synthetic_items
 from qgmem.training.module import QGMemModule
 
 D = 8
+PAPER = dict(features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0)  # not the defaults
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +35,11 @@ def lm_path(tmp_path_factory):
 def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens: int = 96, max_steps: int = 2,
                    limit_val_batches: int | None = None, **module_kwargs) -> str:
     seed_everything(0)
-    module = QGMemModule(lm=lm, feature_dim=feature_dim, max_new_tokens=3, val_generate_batches=1, warmup_steps=1,
-                         **{"encoder": EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0), **module_kwargs})
+    module = QGMemModule(lm=lm, feature_dim=feature_dim, max_new_tokens=3, val_generate_batches=1,
+                         lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
+                                       "init_args": {"warmup_steps": 1}},
+                         **{"encoder": EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0), **PAPER,
+                            **module_kwargs})
     data = QGMemDataModule.from_items(synthetic_items(4, feature_dim, seed=1), synthetic_items(2, feature_dim, seed=2),
                                       lm=lm, batch_size=2, max_prompt_tokens=max_prompt_tokens, max_answer_tokens=8)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from qgmem.errors import IntegrityError, UserError
-from qgmem.integrity import (manifest, remove_stale_temp, replace_dir, sha256_file, stale_temp, temp_path,
+from qgmem.integrity import (manifest, publish_dir, remove_stale_temp, sha256_file, stale_temp, temp_path,
                              verify_file, verify_files)
 
 
@@ -47,16 +47,39 @@ def test_sha256_matches_hashlib(folder):
     assert sha256_file(folder / "a.bin") == hashlib.sha256((folder / "a.bin").read_bytes()).hexdigest()
 
 
-def test_replace_dir_swaps_whole_folder(tmp_path):
+def _old_and_new(tmp_path):
     final = tmp_path / "store"
     final.mkdir()
     (final / "old.txt").write_text("old")
     tmp = temp_path(final)
     tmp.mkdir()
     (tmp / "new.txt").write_text("new")
-    assert replace_dir(tmp, final) == final
+    return tmp, final
+
+
+def test_publish_dir_replace_swaps_whole_folder(tmp_path):
+    tmp, final = _old_and_new(tmp_path)
+    assert publish_dir(tmp, final, if_exists="replace") == final
     assert [p.name for p in final.iterdir()] == ["new.txt"] and not tmp.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["store"]  # the ".old-" folder is gone too
+
+
+def test_publish_dir_keep_lets_the_first_writer_win(tmp_path):
+    tmp, final = _old_and_new(tmp_path)
+    assert publish_dir(tmp, final, if_exists="keep") == final
+    assert [p.name for p in final.iterdir()] == ["old.txt"] and not tmp.exists()
+    fresh, target = temp_path(tmp_path / "new"), tmp_path / "new"
+    fresh.mkdir()
+    (fresh / "a.txt").write_text("a")
+    assert publish_dir(fresh, target, if_exists="keep") == target and (target / "a.txt").is_file()
+
+
+def test_publish_dir_needs_an_explicit_choice(tmp_path):
+    tmp, final = _old_and_new(tmp_path)
+    with pytest.raises(TypeError):
+        publish_dir(tmp, final)
+    with pytest.raises(ValueError, match="if_exists"):
+        publish_dir(tmp, final, if_exists="merge")
 
 
 def test_stale_temp_by_dead_pid_or_age(tmp_path):

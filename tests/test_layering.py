@@ -21,7 +21,8 @@ import qgmem
 #: (the job exports its best checkpoint; an export is read with model code only). ``qgmem`` is the
 #: package's own ``__init__``; ``__main__`` runs the command line.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("qgmem", "errors", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting", "bootstrap"),
+    ("qgmem", "errors", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting",
+     "bootstrap", "provenance"),
     ("data",),
     ("llm",),
     ("memory",),

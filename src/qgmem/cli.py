@@ -16,12 +16,13 @@ import argparse
 import importlib
 import sys
 
+from qgmem import __version__
 from qgmem.errors import DEBUG_FLAG, USER_ERROR_EXIT, argparse_command, run_command, split_debug
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "data-stats": ("qgmem.data.stats", "Count cases, sessions, turns, QAs and evidence mapping of a data set."),
-    "build-memory": ("qgmem.memory.build", "Build per-dialogue memory stores (units, traces, embeddings)."),
+    "build-memory": ("qgmem.memory.build_cli", "Build per-dialogue memory stores (units, traces, embeddings)."),
     "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
     "train-reranker": ("qgmem.training.reranker", "Train a cross-encoder reranker on ConvoMem's training split."),
     "build-cache": ("qgmem.training.build_cache", "Build a config's training cache (whole, one --shard I/N, or every torchrun/SLURM rank)."),
@@ -44,11 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0],
                                      epilog=f"{DEBUG_FLAG}: show the traceback of an error (any command)")
+    parser.add_argument("--version", action="version", version=f"qgmem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in [*((n, h) for n, (_, h) in COMMANDS.items()), *TRAINING_COMMANDS.items()]:
         sub.add_parser(name, help=help_text, add_help=False)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
+        return 0
+    if argv[0] == "--version":
+        print(f"qgmem {__version__}")
         return 0
     if argv[0] in TRAINING_COMMANDS:
         from qgmem.training.cli import run_subcommand
@@ -66,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def command(rest: list[str]) -> int:
         module = importlib.import_module(module_name)  # inside the convention, as the command's own code
-        return argparse_command(prog, help_text, module.add_arguments, module.run)(rest)
+        if not hasattr(module, "add_arguments"):  # a command with its own (jsonargparse) parser
+            return module.run(rest)
+        return argparse_command(prog, help_text, module.add_arguments, module.run,
+                                config_file=getattr(module, "CONFIG_FILE", False))(rest)
 
     return run_command(prog, command, argv[1:], debug)
 

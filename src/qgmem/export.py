@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from qgmem import __version__
+from qgmem.provenance import git_commit
 from qgmem.finite import nonfinite_names
 from qgmem.model.graph_token import GraphTokenConfig
 from qgmem.model.pretrained import (CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, GraphTokenEncoder,
@@ -92,6 +93,8 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
     activation = info.get("activation") or {}
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
+        # the code that trained the weights (the checkpoint's), else the code exporting them
+        "git_commit": (ckpt.get("qgmem_provenance") or {}).get("git_commit", git_commit()),
         "graph_token": graph_token,
         "graph_mode": hp.get("graph", "token"),
         "readout": {"kind": graph_token.get("readout", "mean"), "graph_tokens": graph_token.get("num_queries", 1)},

@@ -20,7 +20,7 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from qgmem.errors import IntegrityError
 
@@ -160,30 +160,29 @@ def remove_stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> lis
     return removed
 
 
-def publish_dir(tmp: str | Path, final: str | Path) -> Path:
-    """Move a fully written ``tmp`` folder to ``final`` by one rename; a ``final`` already there wins.
+def publish_dir(tmp: str | Path, final: str | Path, *, if_exists: Literal["keep", "replace"]) -> Path:
+    """Move a fully written ``tmp`` folder to ``final`` by rename: the one atomic folder write.
 
-    For content-keyed folders that concurrent writers build identically (cache shards, answer chunks):
-    the loser's ``tmp`` is removed. :func:`replace_dir` is the other rule, for a folder that is rewritten.
+    ``if_exists`` says what an existing ``final`` means, and every caller says it:
+
+    - ``"keep"``: the first writer wins and the loser's ``tmp`` is removed, for content-keyed folders
+      that concurrent writers build identically (cache shards, answer chunks);
+    - ``"replace"``: ``final`` is rewritten. A folder cannot be renamed onto a non-empty one, so the
+      old one is first renamed aside (``.<name>.old-<pid>``) and removed after; a kill between the two
+      renames leaves no ``final`` and a ``.old-`` folder that :func:`remove_stale_temp` cleans, never
+      a half-written ``final``.
     """
     tmp, final = Path(tmp), Path(final)
-    try:
-        os.replace(tmp, final)
-    except OSError:
-        if not final.exists():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
-def replace_dir(tmp: str | Path, final: str | Path) -> Path:
-    """Move a fully written ``tmp`` folder to ``final``, replacing an old ``final``.
-
-    A rename is atomic, but a folder cannot be renamed onto a non-empty one: the old folder is first
-    renamed aside (``.<name>.old-<pid>``) and removed after. A kill between the two renames leaves no
-    ``final`` and a ``.old-`` folder that :func:`remove_stale_temp` cleans; never a half-written ``final``.
-    """
-    tmp, final = Path(tmp), Path(final)
+    if if_exists == "keep":
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            if not final.exists():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+        return final
+    if if_exists != "replace":
+        raise ValueError(f"if_exists must be 'keep' or 'replace', got {if_exists!r}")
     old = None
     if final.exists():
         old = temp_path(final, "old")

@@ -10,7 +10,7 @@ from qgmem.data.records import Session, Turn
 from qgmem.memory.builder import MemoryBuilder
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.traces import TraceIndex
-from qgmem.serving.history import sessions_to_dialogue
+from qgmem.serving.history_file import sessions_to_dialogue
 
 from activation.helpers import HashEncoder, make_unit
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qgmem.cli import main
-from qgmem.memory.build import dialogue_folder
+from qgmem.memory.build_cli import dialogue_folder
 from qgmem.memory.store import MemoryStore
 
 from llm.helpers import StubServer, completion  # tests/llm, importable as "llm" under pytest

@@ -91,6 +91,7 @@ def test_word_features_reach_the_token_only_when_chosen(features):
 
 def test_word_features_need_the_lm_embeddings_and_never_save_them():
     net = GraphTokenNet(GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=10, features="node_words",
+                                         readout="mean", num_queries=1,
                                          encoder=EncoderConfig(hidden=8, heads=2, layers=1, dropout=0.0)))
     with pytest.raises(RuntimeError, match="use_word_embedding"):
         net(graph(3, 2, 0))

@@ -122,13 +122,26 @@ def _config(tmp_path: Path, data: Path, cache: Path) -> Path:
 def test_config_data_section_makes_the_data_modules_spec(tmp_path):
     data = write_convomem(tmp_path / "convomem")
     config = _config(tmp_path, data, tmp_path / "cache")
-    dm = data_module(str(config), ["num_cases=3", "construction.window_size=4"])
+    dm = data_module(["--config", str(config), "--data.num_cases", "3", "--data.construction.window_size", "4"])
     assert dm.cache_spec.num_cases == 3 and dm.cache_spec.construction.window_size == 4
     assert dm.cache_spec.construction.extractor == "heuristic" and dm.cache_spec.lm == "embedded:SmolLM2-135M-Instruct"
-    with pytest.raises(UserError, match="data"):
-        data_module(str(config), ["no_such_setting=1"])
-    with pytest.raises(UserError, match="KEY=VALUE"):
-        data_module(str(config), ["num_cases"])
+    # model.lm reaches data.lm through the training link, so the cache key names the run's LM
+    assert data_module(["--config", str(config), "--model.lm", "some/other-lm"]).cache_spec.lm == "some/other-lm"
+    with pytest.raises(SystemExit) as exit_info:  # the parser names the unknown key
+        data_module(["--config", str(config), "--data.no_such_setting", "1"])
+    assert exit_info.value.code == 2
+
+
+def test_build_cache_prints_its_config_like_fit(tmp_path, capsys):
+    from qgmem.cli import main
+
+    data = write_convomem(tmp_path / "convomem")
+    config = _config(tmp_path, data, tmp_path / "cache")
+    assert main(["build-cache", "--config", str(config), "--data.num_cases", "2", "--print_config"]) == 0
+    printed = capsys.readouterr().out
+    assert "  num_cases: 2\n" in printed and f"  cache_dir: {tmp_path / 'cache'}\n" in printed
+    assert "shard: null" in printed and not (tmp_path / "cache").exists()  # printed, nothing built
+    assert main(["build-cache", "--config", str(config), "--data.no_such_setting", "1"]) == 2
 
 
 def _cli(*args: str, nproc: int | None = None) -> subprocess.CompletedProcess:

@@ -22,8 +22,12 @@ from qgmem.training.module import LoraSettings, QGMemModule
 def lora_run(tiny_lm_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     seed_everything(0)
-    module = QGMemModule(lm=tiny_lm_path, feature_dim=8, max_new_tokens=2, val_generate_batches=0, warmup_steps=0,
-                         lr=0.05, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
+    module = QGMemModule(lm=tiny_lm_path, feature_dim=8, max_new_tokens=2, val_generate_batches=0,
+                         optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.05}},
+                         lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
+                                       "init_args": {"warmup_steps": 0}},
+                         encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
+                         features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0,
                          lora=LoraSettings(r=2, alpha=4, target_modules=["q_proj", "v_proj"]))
     data = QGMemDataModule.from_items(synthetic_items(4, 8, seed=1), synthetic_items(2, 8, seed=2), lm=tiny_lm_path,
                                       batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)

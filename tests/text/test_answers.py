@@ -82,3 +82,11 @@ def test_numbers_are_compared_as_digits():
     assert normalize_answer("Three dogs and 1,000 cats") == "3 dogs and 1000 cats"
     assert exact_match("twelve", "12") == 1.0 and normalize_answer("May 2023") == "202305"
     assert normalize_answer("May 7") == "may 7"  # no year, no reference date: left as written
+
+
+@pytest.mark.parametrize("text,expected", [("<THINK>upper</Think>Green", "Green"),
+                                           ('{"a": 1}\n<think>second thoughts', '{"a": 1}')])
+def test_strip_thinking_ignores_case_and_drops_an_unclosed_block_anywhere(text, expected):
+    from qgmem.llm.parsing import strip_reasoning
+
+    assert strip_thinking(text) == expected and strip_reasoning(text) == expected  # one rule for LLM replies too

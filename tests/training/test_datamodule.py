@@ -126,7 +126,7 @@ def tiny_data(tmp_path) -> Path:
 
 def _dm(data: Path, cache: Path, **kw) -> QGMemDataModule:
     settings = dict(data_path=str(data), cache_dir=str(cache), num_cases=None, distractor_conversations=1,
-                    split_ratios=(0.5, 0.25, 0.25))
+                    split_ratios=(0.5, 0.25, 0.25), answer_filter="match")
     settings.update(kw)
     return QGMemDataModule(**settings)
 
@@ -314,8 +314,13 @@ def test_no_filter_keeps_all_but_rubrics(tiny_data, tmp_path):
     summary = _build(dm, answerer=answerer)
     assert answerer.calls == 0 and summary["answers"]["needed"] == 0
     train_counts = summary["filter"]["counts"]["train"]
+    assert train_counts["user_evidence"]["samples"] > 0  # not vacuous: there are training samples to keep
     assert train_counts["user_evidence"]["kept"] == train_counts["user_evidence"]["samples"]
-    assert train_counts["preference_evidence"]["kept"] == 0
+    assert train_counts["preference_evidence"]["samples"] > 0 and train_counts["preference_evidence"]["kept"] == 0
+    dm.setup()
+    train = _rows(dm, "train")
+    assert len(train) == train_counts["user_evidence"]["samples"] and all(r["category"] == "user_evidence"
+                                                                         for r in train)
     assert set(summary["left_out_categories"]) == {"preference_evidence"}
 
 
@@ -496,7 +501,8 @@ def test_real_sample_end_to_end_with_minilm_and_a_tiny_lm(convomem_path, tmp_pat
 def test_real_sample_with_smollm2_answer_filter(convomem_path, tmp_path):
     """One build with the real frozen LM judging its own answers (3 cases keep it short)."""
     dm = QGMemDataModule(data_path=str(convomem_path), num_cases=3, distractor_conversations=1,
-                         cache_dir=str(tmp_path / "cache"), answer_max_new_tokens=16, max_prompt_tokens=384)
+                         cache_dir=str(tmp_path / "cache"), answer_max_new_tokens=16, max_prompt_tokens=384,
+                         answer_filter="match")
     dm.prepare_data()
     dm.setup("validate")
     summary = dm.summary

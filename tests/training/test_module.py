@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
@@ -15,6 +15,12 @@ from qgmem.training.module import QGMemModule
 
 D = 8
 ENC = EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0)
+def warmup(steps: int, **init_args) -> dict:
+    return {"class_path": "qgmem.training.schedule.WarmupCosine", "init_args": {"warmup_steps": steps, **init_args}}
+
+
+#: the paper's network, not the defaults
+PAPER = dict(features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,8 @@ def lm_path(tmp_path_factory):
 
 def make_module(lm_path, **kwargs) -> QGMemModule:
     seed_everything(0)
-    defaults = dict(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=1, warmup_steps=1)
+    defaults = dict(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=1,
+                    lr_scheduler=warmup(1), **PAPER)
     return QGMemModule(**{**defaults, **kwargs})
 
 
@@ -88,37 +95,48 @@ def test_sample_nll_weighted_by_answer_tokens_is_the_batch_nll(lm_path):
     torch.testing.assert_close((per_row * counts).sum() / counts.sum(), module(batch))
 
 
-@pytest.mark.parametrize("name,expected", [("AdamW", torch.optim.AdamW), ("SGD", torch.optim.SGD),
+@pytest.mark.parametrize("path,expected", [("torch.optim.AdamW", torch.optim.AdamW), ("SGD", torch.optim.SGD),
                                            ("torch.optim.Adam", torch.optim.Adam)])
-def test_optimizer_is_chosen_by_name_with_lr_and_weight_decay(lm_path, name, expected):
-    module = make_module(lm_path, optimizer=name, lr=0.02, weight_decay=0.5,
-                         optimizer_kwargs={"momentum": 0.9} if name == "SGD" else None)
+def test_optimizer_is_a_class_path_with_init_args(lm_path, path, expected):
+    init = {"lr": 0.02, "weight_decay": 0.5, **({"momentum": 0.9} if expected is torch.optim.SGD else {})}
+    module = make_module(lm_path, optimizer={"class_path": path, "init_args": init})
     optimizer = module.configure_optimizers()["optimizer"]
     assert type(optimizer) is expected
     group = optimizer.param_groups[0]
     assert group["weight_decay"] == 0.5 and group["initial_lr"] == 0.02
     assert sum(p.numel() for p in group["params"]) == sum(p.numel() for p in module.net.parameters())
-    if name == "SGD":
+    if expected is torch.optim.SGD:
         assert group["momentum"] == 0.9
 
 
 def test_default_schedule_is_transformers_cosine_warmup_to_a_tenth(lm_path):
-    module = make_module(lm_path, lr=1.0, warmup_steps=2)
+    """The default run's schedule, as a class: the same rates as transformers' ``cosine_with_min_lr``."""
+    from transformers import get_scheduler
+
+    module = make_module(lm_path, optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 1.0}},
+                         lr_scheduler=warmup(2))
     module._trainer = type("T", (), {"estimated_stepping_batches": 10})()  # a run of 10 optimizer steps
     config = module.configure_optimizers()
     optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
-    assert config["lr_scheduler"]["interval"] == "step"
-    lrs = []
+    assert config["lr_scheduler"]["interval"] == "step" and scheduler.total_steps == 10
+    reference = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    expected = get_scheduler("cosine_with_min_lr", reference, num_warmup_steps=2, num_training_steps=10,
+                             scheduler_specific_kwargs={"min_lr_rate": 0.1})
+    lrs, want = [], []
     for _ in range(11):
         lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
+        want.append(reference.param_groups[0]["lr"])
+        optimizer.step(), reference.step()
+        scheduler.step(), expected.step()
+    assert lrs == pytest.approx(want, abs=1e-12)
     assert lrs[:3] == pytest.approx([0.0, 0.5, 1.0])  # linear warm-up over 2 steps
     assert lrs[10] == pytest.approx(0.1) and all(a >= b for a, b in zip(lrs[2:], lrs[3:]))
 
 
-@pytest.mark.parametrize("kwargs,match", [({"optimizer": "AdamWW"}, "AdamWW"), ({"optimizer": "torch.nn.Linear"}, "Linear"),
-                                          ({"lr_schedule": "cosine_typo"}, "cosine_typo")])
+@pytest.mark.parametrize("kwargs,match", [({"optimizer": {"class_path": "AdamWW"}}, "AdamWW"),
+                                          ({"optimizer": {"class_path": "torch.nn.Linear"}}, "Linear"),
+                                          ({"optimizer": "AdamW"}, "class_path"),
+                                          ({"lr_scheduler": {"class_path": "cosine_typo"}}, "cosine_typo")])
 def test_unknown_optimizer_or_schedule_fails_at_construction(lm_path, kwargs, match):
     with pytest.raises(ValueError, match=match):
         make_module(lm_path, **kwargs)
@@ -130,14 +148,16 @@ def test_shuffled_pairs_each_sample_with_another_graph(lm_path):
     graphs = batch["graph"].to_data_list()
     shuffled = module.graph_tokens(batch["graph"])
     own = torch.cat([module.net(g) for g in graphs])
-    torch.testing.assert_close(shuffled, own.roll(1, 0), atol=1e-5, rtol=1e-5)
-    # with one sample per batch the previous batch's graph is used
+    torch.testing.assert_close(shuffled, own.roll(-1, 0), atol=1e-5, rtol=1e-5)  # sample i gets graph i + 1
+    assert not torch.allclose(shuffled, own, atol=1e-3)
+    # a batch of one gets the empty graph, as in serving
     from torch_geometric.data import Batch
 
-    first = module.graph_tokens(Batch.from_data_list(graphs[:1]))
-    second = module.graph_tokens(Batch.from_data_list(graphs[1:2]))
-    assert first.abs().sum() > 0 and not torch.allclose(first, own[:1])
-    torch.testing.assert_close(second, own[:1], atol=1e-5, rtol=1e-5)
+    from qgmem.activation.graph import empty_graph
+
+    alone = module.graph_tokens(Batch.from_data_list(graphs[:1]))
+    torch.testing.assert_close(alone, module.net(empty_graph(D, facts=True)), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(alone, own[:1], atol=1e-3)
 
 
 def test_gradient_checkpointing_keeps_loss_and_gradients(lm_path):
@@ -212,6 +232,25 @@ def test_load_refuses_a_checkpoint_of_another_shape(lm_path, tmp_path):
         deeper.on_load_checkpoint(ckpt)
 
 
+class RankWeights(Callback):
+    """At the first answer step (after the alignment stage), every rank writes a checksum of its
+    graph-token weights and the all-gathered ones, so the test can compare the ranks."""
+
+    def __init__(self, out_dir):
+        self.out_dir = str(out_dir)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step != 0 or batch_idx != 0:
+            return
+        local = torch.stack([p.detach().double().sum() for p in pl_module.net.parameters()]).cpu()
+        every = trainer.strategy.all_gather(local.to(pl_module.device)).cpu()
+        import json
+        import os
+
+        with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
+            json.dump({"local": local.tolist(), "all": every.tolist()}, f)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("settings", [{}, {"features": "node_words", "readout": "nodes", "num_queries": 3,
                                           "align_steps": 2, "align_weight": 0.5}], ids=["paper", "aligned"])
@@ -219,7 +258,15 @@ def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path, settings)
     """Also with the alignment stage, whose result rank 0 broadcasts before the first answer step."""
     module, data = make_module(lm_path, **settings), make_data(lm_path, n_train=8, n_eval=4)
     t = trainer(tmp_path, strategy="ddp_spawn", devices=2, max_steps=2, val_check_interval=1)
+    t.callbacks.append(RankWeights(tmp_path))
     t.fit(module, datamodule=data)
     best = t.checkpoint_callback.best_model_path
     assert best and torch.load(best, map_location="cpu", weights_only=True)["global_step"] in (1, 2)
     assert t.world_size == 2
+    import json
+
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["all"] == ranks[1]["all"] and len(ranks[0]["all"]) == 2  # both ranks saw both
+    assert ranks[0]["local"] == ranks[1]["local"]  # the same weights on every rank before the first step
+    if settings:  # the alignment stage ran (and moved the weights) before the comparison
+        assert module.hparams.align_steps == 2

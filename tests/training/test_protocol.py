@@ -222,6 +222,14 @@ def test_shuffled_graph_brings_its_own_node_words(tmp_path):
     scores, pairing = score_conditions(module, items, collator, batch_size=3)
     assert pairing["shuffled_same_graph"] == 0
     assert not np.allclose(scores.nll["own"], scores.nll["shuffled"])
+    # shuffled = the sample's own prompt with the partner's graph AND the partner's node words
+    partner = derangement([graph_signature(it["graph"]) for it in items], 0)
+    swapped = [{**it, "graph": items[p]["graph"], "node_text": items[p]["node_text"]} for it, p in zip(items, partner)]
+    words_kept = [{**it, "graph": items[p]["graph"]} for it, p in zip(items, partner)]
+    both, _ = score_conditions(module, swapped, collator, batch_size=3, conditions=["own"])
+    np.testing.assert_allclose(scores.nll["shuffled"], both.nll["own"], atol=1e-5)
+    with pytest.raises(ValueError, match="node texts"):  # a negative control: the graph without its words
+        score_conditions(module, words_kept, collator, batch_size=3, conditions=["own"])
 
 
 def test_ablated_condition_scores_the_ablated_graph_with_its_own_node_words(tmp_path):

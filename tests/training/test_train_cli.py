@@ -39,7 +39,9 @@ def tiny_args(root: Path, lm_path: str, *extra: str) -> list[str]:
         "trainer:\n  accelerator: cpu\n  devices: 1\n  max_steps: 3\n  val_check_interval: 2\n"
         "  check_val_every_n_epoch: null\n  num_sanity_val_steps: 0\n  enable_progress_bar: false\n"
         "  enable_model_summary: false\n  log_every_n_steps: 1\n"
-        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  max_new_tokens: 3\n  warmup_steps: 1\n")
+        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  max_new_tokens: 3\n"
+        "  features: text\n  readout: mean\n  num_queries: 1\n  align_steps: 0\n  align_weight: 0.0\n"
+        "lr_scheduler: {class_path: qgmem.training.schedule.WarmupCosine, init_args: {warmup_steps: 1}}\n")
     return ["--config", str(config), "--trainer.default_root_dir", str(root), "--model.lm", lm_path, *extra]
 
 
@@ -58,6 +60,12 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert (root / "checkpoints" / "last.ckpt").is_file() and any((root / "lightning_logs").rglob("events.*"))
     config = json.loads((root / "export" / "config.json").read_text())
     assert config["graph_token"]["encoder"]["layers"] == 3 and config["graph_token"]["feature_dim"] == 8
+    from qgmem import __version__
+    from qgmem.provenance import git_commit
+
+    # the code that made them: the package version and the checkout's commit (None outside a checkout)
+    assert saved["qgmem_version"] == config["qgmem_version"] == __version__
+    assert saved["git_commit"] == config["git_commit"] == git_commit()
     assert config["metrics"]["test"] == saved["test"] and config["lm"]["id"] == lm_path
     # the prompt contract is set on the data side and reaches the export through the model
     assert config["prompt"]["max_prompt_tokens"] == 96 and config["prompt"]["max_answer_tokens"] == 8
@@ -125,6 +133,34 @@ def test_shipped_configs_parse_by_name_or_path(config, expected, capsys):
     assert "construction: null" not in printed and "activation: null" not in printed
     assert "  construction:\n    window_size: 6\n" in printed and "    pool_size: 100\n" in printed
     assert ("extractor: llm" in printed) == ("qwen3" in config)
+
+
+def test_optimizer_and_lr_scheduler_follow_lightning_cli(capsys):
+    """``--optimizer`` / ``--lr_scheduler`` are LightningCLI's (class_path + init_args), linked into the model."""
+    with pytest.raises(SystemExit):
+        run_subcommand(["fit", "--help"])
+    usage = capsys.readouterr().out
+    assert "--optimizer" in usage and "--lr_scheduler" in usage
+    from qgmem.training.cli import resolved_config
+
+    cfg = resolved_config(["--optimizer", "SGD", "--optimizer.lr", "0.05", "--lr_scheduler.warmup_steps", "3"])
+    assert cfg["optimizer"]["class_path"] == "torch.optim.SGD" and cfg["optimizer"]["init_args"]["lr"] == 0.05
+    assert cfg["lr_scheduler"]["class_path"] == "qgmem.training.schedule.WarmupCosine"
+    assert cfg["lr_scheduler"]["init_args"]["warmup_steps"] == 3
+    assert "optimizer" not in cfg["model"] and "lr_scheduler" not in cfg["model"]  # linked, so not printed
+
+
+def test_the_linked_optimizer_reaches_the_model(lm_path, tmp_path):
+    from qgmem.training.cli import _cli
+
+    args = tiny_args(tmp_path / "run", lm_path, "--optimizer", "SGD", "--optimizer.lr", "0.05",
+                     "--optimizer.momentum", "0.9", "--lr_scheduler.warmup_steps", "0")
+    cli = _cli(args, run=False, datamodule_class=TinyData)  # builds the model and data, runs nothing
+    model = cli.model
+    model._trainer = type("T", (), {"estimated_stepping_batches": 4})()
+    optimizer = model.configure_optimizers()["optimizer"]
+    assert type(optimizer) is torch.optim.SGD and optimizer.param_groups[0]["momentum"] == 0.9
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)  # no warm-up: the peak rate at once
 
 
 @pytest.mark.parametrize("subcommand", ["fit", "validate", "test"])

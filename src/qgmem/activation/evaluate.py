@@ -234,6 +234,9 @@ def select_cases(cases: list[Case], limit: int | None = None, per_category: int 
     return cases[:limit] if limit is not None else cases
 
 
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+CONFIG_FILE = True
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data file or folder")

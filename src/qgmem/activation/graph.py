@@ -72,6 +72,15 @@ def add_reverse_edges(graph: LocalGraph) -> LocalGraph:
     )
 
 
+def empty_graph(feature_dim: int, edge_dim: int | None = None, facts: bool = False) -> Data:
+    """The graph of an empty working memory: one all-zero node and no edges (the encoder pools over at
+    least one node). The one home of that rule: the cache, the export's encoder and the ablations use it."""
+    edge_dim = feature_dim if edge_dim is None else edge_dim
+    extra = {"edge_fact": torch.zeros((0, edge_dim), dtype=torch.float32)} if facts else {}
+    return Data(x=torch.zeros((1, feature_dim), dtype=torch.float32), edge_index=torch.zeros((2, 0), dtype=torch.long),
+                edge_attr=torch.zeros((0, edge_dim), dtype=torch.float32), num_nodes=1, **extra)
+
+
 def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,
                   facts: Sequence[str] | None = None) -> Data:
     """``Data(x [N, dim], edge_index [2, E], edge_attr [E, dim], edge_unit [E])`` plus ``node_text``/``edge_text``.
@@ -86,16 +95,9 @@ def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,
         graph = add_reverse_edges(graph)
     dim = int(encoder.dim)
     if graph.num_nodes == 0:
-        return Data(
-            x=torch.zeros((1, dim), dtype=torch.float32),
-            edge_index=torch.zeros((2, 0), dtype=torch.long),
-            edge_attr=torch.zeros((0, dim), dtype=torch.float32),
-            edge_unit=torch.zeros(0, dtype=torch.long),
-            node_text=[""],
-            edge_text=[],
-            num_nodes=1,
-            **({} if facts is None else {"edge_fact": torch.zeros((0, dim), dtype=torch.float32)}),
-        )
+        empty = empty_graph(dim, facts=facts is not None)
+        empty.edge_unit, empty.node_text, empty.edge_text = torch.zeros(0, dtype=torch.long), [""], []
+        return empty
     x = torch.from_numpy(np.ascontiguousarray(encoder.encode(graph.node_text), dtype=np.float32))
     if graph.num_edges:
         edge_index = torch.tensor(graph.edge_index, dtype=torch.long).t().contiguous()

@@ -7,12 +7,12 @@ and an LLM one that follows the paper's query-parsing prompt through any chat ba
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from qgmem.timeexpr import MONTHS, WEEKDAYS, TimeSpan, parse_fact_time, resolve_time
+from qgmem.llm.parsing import extract_json
+from qgmem.timeexpr import MONTHS, WEEKDAYS, parse_fact_time, resolve_time
 
 
 @dataclass
@@ -110,26 +110,6 @@ Question: {question}
 JSON:"""
 
 
-def _extract_json(text: str) -> dict[str, Any]:
-    """The first JSON object in an LLM reply (tolerates code fences, <think> blocks and trailing prose)."""
-    text = re.sub(r"<think>.*?</think>", "", text, flags=re.S)
-    start = text.find("{")
-    while start != -1:
-        depth = 0
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                try:
-                    value = json.loads(text[start:i + 1])
-                except json.JSONDecodeError:
-                    break
-                if isinstance(value, dict):
-                    return value
-                break
-        start = text.find("{", start + 1)
-    raise ValueError(f"no JSON object in reply: {text[:200]!r}")
-
-
 class LLMQueryParser:
     """The paper's query parsing through a chat backend; falls back to the heuristic parser on bad output.
 
@@ -146,7 +126,7 @@ class LLMQueryParser:
     def parse(self, question: str, question_time: str | None = None) -> QueryConstraints:
         try:
             reply = self.complete(QUERY_PROMPT.format(question=question, question_time=question_time or "unknown"))
-            return self._from_json(_extract_json(reply))
+            return self._from_json(extract_json(reply))
         except (ValueError, TypeError, KeyError) as exc:
             self.fallbacks += 1
             self.errors.append(f"query {question[:60]!r}: {exc}")
@@ -202,11 +182,3 @@ def make_parser(kind: str, llm: Any = None) -> QueryParser:
         return LLMQueryParser(backend_completer(llm))
     raise ValueError(f"unknown parser {kind!r}")
 
-
-def span_of(constraints: QueryConstraints) -> TimeSpan | None:
-    """The constraint's interval as a ``TimeSpan`` (``None`` without a time constraint)."""
-    if not constraints.has_time:
-        return None
-    start = parse_fact_time(constraints.time_start)
-    end = parse_fact_time(constraints.time_end)
-    return TimeSpan(start[0], end[1], constraints.time_text) if start and end else None

@@ -5,7 +5,7 @@ Two on-disk forms are read:
 * core ``core_benchmark/evidence_questions/<category>/<N>_evidence/<person>_<Role>.json`` =
   ``{"evidence_items": [...], "checkpoint": ...}``. Each item holds only its own evidence
   conversation(s), so a history is built around it from other items of the same person
-  (:mod:`qgmem.data.history`);
+  (:mod:`qgmem.data.convomem_history`);
 * pre-mixed ``core_benchmark/pre_mixed_testcases/<category>/<N>_evidence/batched_NNN.json`` = a list
   of ``{"evidenceItems": [...], "conversations": [...], "contextSize": int}``; the mixed
   conversations are used as they are and every evidence item of a group shares that history.
@@ -23,9 +23,9 @@ from typing import Any
 
 from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadContext, LoadedData, need, need_text, read_json
 from qgmem.data.errors import DataFormatError
+from qgmem.data.convomem_history import (DEFAULT_DISTRACTORS, Conversation, Message, case_rng, draw_distractors,
+                                         interleave, to_dialogue)
 from qgmem.data.evidence import DEFAULT_FUZZY_THRESHOLD, SpanMatcher
-from qgmem.data.history import (DEFAULT_DISTRACTORS, Conversation, Message, case_rng, draw_distractors,
-                                interleave, to_dialogue)
 from qgmem.data.records import QA, Case, Dialogue
 
 BENCHMARK_CATEGORIES = (
@@ -36,7 +36,6 @@ BENCHMARK_CATEGORIES = (
     "preference_evidence",
     "implicit_connection_evidence",
 )
-HUB_ID = "Salesforce/ConvoMem"
 _N_DIR = re.compile(r"^(\d+)_evidence$")
 _ROLES = {"user": "user", "assistant": "assistant"}
 

@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_UNCLOSED_THINK = re.compile(r"^\s*<think>.*", re.DOTALL | re.IGNORECASE)
+from qgmem.text.answers import strip_thinking
+
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 _DECODER = json.JSONDecoder()
 
@@ -22,10 +22,8 @@ class JSONExtractionError(ValueError):
     """No JSON value could be decoded from the reply (the message says why, for a retry prompt)."""
 
 
-def strip_reasoning(text: str) -> str:
-    """Drop ``<think>`` blocks; a reply that is still inside an unclosed one has no answer yet."""
-    text = _THINK.sub("", text)
-    return _UNCLOSED_THINK.sub("", text)
+#: drop ``<think>`` blocks (an unclosed one runs to the end): the rule of :mod:`qgmem.text.answers`
+strip_reasoning = strip_thinking
 
 
 def extract_json(text: str, expect: type = dict) -> Any:

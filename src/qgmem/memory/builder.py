@@ -88,7 +88,7 @@ def dialogue_extent(dialogue: Dialogue, windows: int) -> dict[str, Any]:
 
 def renumber_sessions(sessions: list[Session], first_session: int, first_turn: int) -> list[Session]:
     """Copies of ``sessions`` numbered as sessions ``first_session``… of a history (the ids
-    :func:`~qgmem.serving.history.sessions_to_dialogue` gives: ``s3``, turn ``s3:0``), turn indices
+    :func:`~qgmem.serving.history_file.sessions_to_dialogue` gives: ``s3``, turn ``s3:0``), turn indices
     continuing from ``first_turn``."""
     from dataclasses import replace
 

@@ -1,8 +1,8 @@
 """The heuristic extractor: atomic units from rules, no LLM (its claims are what the parser extractor reads).
 
 It runs inside the training-data pipeline over hundreds of long dialogues, so it is a handful of
-compiled patterns per sentence and nothing else; ``dateparser`` is called only when a date pattern
-matched. Per new (non-overlap) turn of a window:
+compiled patterns per sentence and nothing else (factual time comes from :mod:`qgmem.timeexpr`'s own
+patterns; no date-parsing library is called). Per new (non-overlap) turn of a window:
 
 1. split into sentences; shared images (``[shares an image: …]``) become a claim of their own; drop
    questions, greetings/thanks, requests, reactions to the other speaker ("That's lovely.") and, on

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from qgmem.errors import InputPathError, IntegrityError
-from qgmem.integrity import manifest, remove_stale_temp, replace_dir, temp_path, verify_files
+from qgmem.integrity import manifest, publish_dir, remove_stale_temp, temp_path, verify_files
 from qgmem.memory.records import MemoryTrace, MemoryUnit
 
 STORE_FORMAT = "qgmem-memory-store"
@@ -153,7 +153,7 @@ class MemoryStore:
         (tmp / "meta.json").write_text(json.dumps(meta, ensure_ascii=False, indent=1, sort_keys=True),
                                        encoding="utf-8")
         with store_lock(directory):
-            return replace_dir(tmp, directory)
+            return publish_dir(tmp, directory, if_exists="replace")
 
     @classmethod
     def load(cls, directory: str | Path, expected_meta: dict[str, Any] | None = None,

@@ -19,6 +19,11 @@ from qgmem.model.projector import GraphProjector
 from qgmem.model.readout import GraphReadout
 
 
+#: how a ``config.json`` written before these fields existed reads (the paper's network); the product's
+#: defaults are :class:`~qgmem.training.module.QGMemModule`'s signature, so the network config has none
+LEGACY_EXPORT_FIELDS = {"features": "text", "readout": "mean", "num_queries": 1}
+
+
 @dataclass
 class GraphTokenConfig:
     """Everything needed to rebuild the network: input widths, features, encoder shape, readout, LM hidden size.
@@ -33,9 +38,9 @@ class GraphTokenConfig:
     lm_hidden: int
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     projector_hidden: int | None = None
-    features: str = "text"
-    readout: str = "mean"
-    num_queries: int = 1
+    features: str = field(kw_only=True)
+    readout: str = field(kw_only=True)
+    num_queries: int = field(kw_only=True)
 
     def __post_init__(self) -> None:
         edge_width(self.features, self.edge_dim)  # validates the option
@@ -51,7 +56,7 @@ class GraphTokenConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GraphTokenConfig:
-        d = dict(d)
+        d = {**LEGACY_EXPORT_FIELDS, **d}
         d["encoder"] = EncoderConfig(**d.get("encoder", {}))
         return cls(**d)
 

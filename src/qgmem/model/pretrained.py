@@ -32,6 +32,7 @@ from huggingface_hub import ModelHubMixin
 from safetensors.torch import load_file, save_file
 from torch_geometric.data import Batch, Data
 
+from qgmem.activation.graph import empty_graph
 from qgmem.errors import InputPathError, IntegrityError, UserError
 from qgmem.finite import nonfinite_names
 from qgmem.integrity import seal, verify_sealed
@@ -260,8 +261,7 @@ def _non_empty(graph: Data, dim: int, edge_dim: int) -> Data:
         if words is not None:
             extra["node_word_ids"] = words.long()
         return Data(x=graph.x.float(), edge_index=graph.edge_index.long(), edge_attr=edge_attr.float(), **extra)
-    return Data(x=torch.zeros(1, dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
-                edge_attr=torch.zeros(0, edge_dim), edge_fact=torch.zeros(0, edge_dim))
+    return empty_graph(dim, edge_dim, facts=True)
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -232,13 +232,15 @@ def row_to_data(row: dict[str, Any]):
     import torch
     from torch_geometric.data import Data
 
+    from qgmem.activation.graph import empty_graph
+
     n, e, d = int(row["num_nodes"]), int(row["num_edges"]), int(row["feature_dim"])
     x = torch.as_tensor(np.asarray(row["x"], dtype=np.float32)).reshape(n, d)
     edge_index = torch.as_tensor(np.asarray(row["edge_index"], dtype=np.int64)).reshape(2, e)
     edge_attr = torch.as_tensor(np.asarray(row["edge_attr"], dtype=np.float32)).reshape(e, d)
     edge_fact = torch.as_tensor(np.asarray(row["edge_fact"], dtype=np.float32)).reshape(e, d)
     if n == 0:
-        x = torch.zeros(1, d, dtype=torch.float32)
+        return empty_graph(d, facts=True)
     return Data(x=x, edge_index=edge_index, edge_attr=edge_attr, edge_fact=edge_fact)
 
 
@@ -328,7 +330,7 @@ def _row_of_flat_index(lengths: np.ndarray, index: int) -> int:
 def publish(tmp: Path, final: Path) -> None:
     """Seal a finished temporary folder and move it into place; a folder already there (another writer) wins."""
     seal(tmp)
-    publish_dir(tmp, final)
+    publish_dir(tmp, final, if_exists="keep")  # content-keyed: concurrent ranks build it alike
 
 
 def _save_rows(rows: list[dict[str, Any]], features: Any, path: Path) -> None:

@@ -38,7 +38,7 @@ class CacheSpec:
     split_ratios: tuple[float, float, float] = (0.7, 0.15, 0.15)
     group_key: Literal["person", "dialogue"] = "person"
     seed: int = 0
-    distractor_conversations: int | None = 2
+    distractor_conversations: int | None = None
     construction: ConstructionConfig = field(default_factory=ConstructionConfig)
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     construction_llm: LLMConfig | None = None
@@ -47,12 +47,12 @@ class CacheSpec:
     construction_cases_in_flight: int | None = None
     sentence_encoder: str = DEFAULT_SENTENCE_ENCODER
     lm: str = EMBEDDED_LM
-    answer_filter: Literal["none", "match", "llm"] = "match"
+    answer_filter: Literal["none", "match", "llm"] = "none"
     judge: LLMConfig | None = None
     match_rule: MatchRule = field(default_factory=MatchRule)
     cache_dir: Path = Path("data/cache")
     #: the run's prompt contract: the filter answers on exactly the prompt the model trains on
-    prompt: PromptSettings = field(default_factory=lambda: PromptSettings(max_prompt_tokens=320, max_answer_tokens=48))
+    prompt: PromptSettings = field(default_factory=PromptSettings)
     answer_batch_size: int = 8
     answer_max_new_tokens: int = 32
     answer_device: str | None = None
@@ -143,7 +143,7 @@ def _store_format_version() -> Any:
 
 def _resolve_distractors(dataset: str, value: int | None) -> int | None:
     if value is None and dataset == "convomem":
-        from qgmem.data.history import DEFAULT_DISTRACTORS
+        from qgmem.data.convomem_history import DEFAULT_DISTRACTORS
 
         return int(DEFAULT_DISTRACTORS)
     return value

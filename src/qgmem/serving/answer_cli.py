@@ -10,8 +10,12 @@ import argparse
 import json
 
 from qgmem.errors import UserError
+from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.serving.commands import add_export_arguments, load_pipeline
 
+
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+CONFIG_FILE = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_export_arguments(parser)
@@ -22,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialogue", default=None, help="which store of a --memory folder with several")
     parser.add_argument("--question", action="append", required=True, help="the question (repeat for a batch)")
     parser.add_argument("--time", default=None, help="when the question is asked (ISO-8601), for 'last week' etc.")
-    parser.add_argument("--graph", choices=("token", "none", "shuffled"), default="token",
+    parser.add_argument("--graph", choices=GRAPH_MODES, default="token",
                         help="graph token (default), no graph token, or another question's graph")
     parser.add_argument("--json", action="store_true", help="print the full answers as JSON")
 
@@ -37,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         store = pipe.load_memory(args.memory, args.dialogue)
         where = f"memory {args.memory}"
     else:
-        from qgmem.serving.history import load_history
+        from qgmem.serving.history_file import load_history
 
         case = load_history(args.history, case=args.case)
         store = pipe.remember(case)

@@ -14,6 +14,7 @@ import time
 from typing import Any, Sequence
 
 from qgmem.activation.serialize import count_tokens, serialize_graph_triples
+from qgmem.model.graph_modes import shuffled
 from qgmem.prompting import PromptSettings, build_messages, final_answer, memory_with_graph_text
 from qgmem.serving.records import Answer, cited_labels, graph_json, memory_json
 
@@ -35,7 +36,7 @@ class TextGraphBackbone:
     def generate(self, retrieved: Sequence[Any], graph: str = "token") -> list[Any]:
         sources = list(retrieved) if graph != "none" else [None] * len(retrieved)
         if graph == "shuffled":
-            sources = sources[1:] + sources[:1] if len(sources) > 1 else [None]
+            sources = shuffled(sources, alone=None)  # alone: no triples, the empty graph as text
         blocks = [self.memory_block(r, s) for r, s in zip(retrieved, sources)]
         conversations = [build_messages(block, r.question, self.prompt.system_prompt)
                          for block, r in zip(blocks, retrieved)]

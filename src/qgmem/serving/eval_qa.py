@@ -35,6 +35,9 @@ SPLITS = ("train", "val", "test", "all")
 STAGES = ("construction", "activation", "graph_features", "graph_encoding", "generation")
 
 
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+CONFIG_FILE = True
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from qgmem.data.loaders import DATASETS, add_load_arguments
 

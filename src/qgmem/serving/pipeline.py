@@ -21,23 +21,19 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.activation.config import ActivationConfig
+from qgmem.activation.graph import empty_graph
 from qgmem.activation.records import WorkingMemory
 from qgmem.errors import UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
 from qgmem.model.features import needs_words
+from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
-from qgmem.serving.records import GRAPH_MODES, Answer, Retrieved, cited_labels, graph_json, memory_json
+from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
 
 #: the answer when the history holds nothing at all (no memory unit was built): no LM call is made
 NO_MEMORY_ANSWER = "I don't know: there is no information in the conversation history yet."
-
-
-def empty_graph(feature_dim: int, edge_dim: int) -> Data:
-    """The empty-graph convention of training: one all-zero node, no edges."""
-    return Data(x=torch.zeros(1, feature_dim), edge_index=torch.zeros(2, 0, dtype=torch.long),
-                edge_attr=torch.zeros(0, edge_dim))
 
 
 class QGMemPipeline:
@@ -110,14 +106,14 @@ class QGMemPipeline:
     # -------------------------------------------------------------------------------------- memory
     def remember(self, history: Any, *, append: bool = False) -> MemoryStore:
         """Build the memory store of ``history``: a :class:`~qgmem.data.records.Dialogue` or ``Case``, a
-        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history`).
+        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history_file`).
 
         ``append=True`` adds ``history``'s sessions to the current store instead (new units, traces
         regrouped, indexes extended; the earlier history is not rebuilt): appending a history's sessions
         one call at a time gives the store of remembering it in one call.
         """
         from qgmem.data.records import Case, Dialogue
-        from qgmem.serving.history import load_history, sessions_to_dialogue
+        from qgmem.serving.history_file import load_history, sessions_to_dialogue
 
         if isinstance(history, (str, Path)):
             history = load_history(history)
@@ -215,8 +211,10 @@ class QGMemPipeline:
         """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
         (a single question gets the empty graph). ``streamer``: a ``transformers`` streamer given each
         decoding step's tokens (``[batch]``) of one batch; pass at most ``batch_size`` questions with it."""
-        if graph not in GRAPH_MODES:
-            raise UserError(f"graph must be one of {', '.join(GRAPH_MODES)}, got {graph!r}")
+        try:
+            check_mode(graph)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         if self.backbone is not None:
             return self.backbone.generate(retrieved, graph)
         graphs = self._graphs_for(retrieved, graph)
@@ -232,7 +230,7 @@ class QGMemPipeline:
         graphs = [r.graph for r in retrieved]
         if mode == "shuffled":
             cfg = self.encoder.config
-            graphs = graphs[1:] + graphs[:1] if len(graphs) > 1 else [empty_graph(cfg.feature_dim, cfg.edge_dim)]
+            graphs = shuffled(graphs, alone=empty_graph(cfg.feature_dim, cfg.edge_dim))
         return graphs
 
     def encode_prompts(self, retrieved: Sequence[Retrieved]):

@@ -11,13 +11,13 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from qgmem.model.graph_modes import GRAPH_MODES  # noqa: F401  importable from here as before
+
 if TYPE_CHECKING:
     from torch_geometric.data import Data
 
     from qgmem.activation.records import LocalGraph, WorkingMemory
 
-#: what the LM reads as the graph: the question's own, none (text only), or another question's
-GRAPH_MODES = ("token", "none", "shuffled")
 _CITATION = re.compile(r"\[M(\d+)\]")
 
 

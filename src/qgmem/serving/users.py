@@ -36,7 +36,7 @@ from typing import Any
 from qgmem.data.records import Session, Turn
 from qgmem.errors import IntegrityError, UserError
 from qgmem.memory.store import MemoryStore, clean_stale_temp
-from qgmem.serving.history import ASSISTANT_SPEAKERS
+from qgmem.serving.history_file import ASSISTANT_SPEAKERS
 
 #: what a user id may be: it names a folder, so nothing else (and never "." or "..")
 USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")

@@ -19,7 +19,7 @@ from collections import Counter
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = frozenset(string.punctuation)
-_THINK = re.compile(r"<think>.*?(</think>|$)", flags=re.DOTALL)
+_THINK = re.compile(r"<think>.*?(</think>|$)", flags=re.DOTALL | re.IGNORECASE)
 _QUOTES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u201c": '"', "\u201d": '"'})
 
 #: normalized phrases that say the memory does not hold the answer (matched at word boundaries)
@@ -57,7 +57,11 @@ def canonical_dates_and_numbers(text: str) -> str:
 
 
 def strip_thinking(text: str) -> str:
-    """``text`` without thinking blocks (an unclosed block runs to the end), whitespace trimmed."""
+    """``text`` without thinking blocks, whitespace trimmed: the one rule for every reply.
+
+    Case does not matter (``<THINK>``), and an unclosed block runs to the end, so a reply still inside
+    its reasoning has no answer yet.
+    """
     return _THINK.sub(" ", text or "").strip()
 
 

@@ -1,8 +1,10 @@
 """``qgmem build-cache``: build a run's training cache outside training, whole or one slice at a time.
 
-The config is the one ``qgmem fit`` reads (a file or a preset name): its ``data`` section, with
-``model.lm`` linked to ``data.lm`` as in training, fixes the cache key, so the cache built here is
-the one ``fit`` then reuses. Three ways to run it::
+The configuration is the one ``qgmem fit`` reads, through the same parser (LightningCLI's, with
+``--config`` and ``--print_config``; the ``default`` preset when no ``--config`` is given): its
+``data`` section, with ``model.lm`` linked into ``data.lm`` by the same link as in training, fixes the
+cache key, so the cache built here is the one ``fit`` then reuses. Only the data module is built (no
+LM is loaded). Any data setting is a flag (``--data.num_cases 20``). Three ways to run it::
 
     qgmem build-cache --config default                          # the whole cache, one process
     qgmem build-cache --config run.yaml --shard 3/16            # one slice (a job array's task) ...
@@ -10,72 +12,81 @@ the one ``fit`` then reuses. Three ways to run it::
     torchrun --nproc_per_node 8 -m qgmem.training.build_cache --config run.yaml --shard auto
 
 ``--shard auto`` takes the ranks of torchrun or SLURM through Lightning Fabric (gloo on CPU): every
-rank builds its slice, rank 0 merges and filters, all wait for the dataset. ``KEY=VALUE`` arguments
-override the ``data`` section (dotted keys reach nested settings, values are YAML).
+rank builds its slice, rank 0 merges and filters, all wait for the dataset.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
-from qgmem.errors import UserError, argparse_command, run_command, split_debug
+from qgmem.errors import UserError, run_command, split_debug
 
 PROG = "qgmem build-cache"
 DESCRIPTION = __doc__.splitlines()[0].replace("``", "")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", required=True, help="config file or preset name (as for `qgmem fit`)")
-    parser.add_argument("--shard", default=None,
+def add_build_arguments(parser) -> None:
+    """The build's own flags, beside the training configuration's."""
+    parser.add_argument("--shard", type=str | None, default=None,
                         help="I/N: build only the cases of slice I of N (0-based); 'auto': one slice per "
                              "rank of torchrun or SLURM, then rank 0 merges and filters")
     parser.add_argument("--rebuild", action="store_true", help="rewrite the filtered dataset (shards are kept)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="data settings, e.g. num_cases=20")
 
 
-def data_module(config: str, overrides: list[str] = ()):
-    """The config's :class:`~qgmem.training.datamodule.QGMemDataModule` (its ``data`` section)."""
-    import yaml
+def _cache_cli():
+    from qgmem.training.cli import QGMemCLI
+
+    class CacheCLI(QGMemCLI):
+        """The training parser (links included) plus the build's flags; it builds the data module only."""
+
+        def add_arguments_to_parser(self, parser) -> None:
+            super().add_arguments_to_parser(parser)
+            add_build_arguments(parser)
+
+        def instantiate_classes(self) -> None:
+            self.datamodule = _data_module(self.config["data"])
+
+    return CacheCLI
+
+
+def _data_module(data):
+    """The :class:`~qgmem.training.datamodule.QGMemDataModule` of a parsed ``data`` section."""
     from jsonargparse import ArgumentParser
 
-    from qgmem.configs import resolve_config
     from qgmem.training.datamodule import QGMemDataModule
 
-    path = Path(resolve_config(config))
-    if not path.is_file():
-        raise UserError(f"{path}: no such config file or preset")
-    try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from exc
-    data = cfg.get("data") or {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: data: expected a mapping, got {type(data).__name__}")
-    data = dict(data.get("init_args", data))
-    model_lm = (cfg.get("model") or {}).get("lm") if isinstance(cfg.get("model"), dict) else None
-    if model_lm is not None:
-        data["lm"] = model_lm  # training links model.lm to data.lm: the cache key must use the same LM
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"override {item!r}: expected KEY=VALUE (a data setting, e.g. num_cases=20)")
-        target = data
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target.setdefault(part, {})
-        target[leaf] = yaml.safe_load(value)
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(QGMemDataModule, "data", fail_untyped=False)
+    values = data.as_dict() if hasattr(data, "as_dict") else dict(data)
     try:
-        return parser.instantiate(parser.parse_object({"data": data})).data
+        return parser.instantiate_classes(parser.parse_object({"data": values})).data
     except Exception as exc:  # jsonargparse names the offending key
-        raise UserError(f"{path}: data: {exc}") from exc
+        raise UserError(f"data: {exc}") from exc
+
+
+def parse(argv: list[str]):
+    """``(cli, build flags)`` for ``argv`` (``--config FILE|PRESET``, data flags, ``--shard`` ...)."""
+    import warnings
+
+    from qgmem.training.cli import DEFAULT_PRESET, with_config
+    from qgmem.training.datamodule import QGMemDataModule
+    from qgmem.training.module import QGMemModule
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        cli = _cache_cli()(QGMemModule, QGMemDataModule, run=False, args=with_config(argv, DEFAULT_PRESET),
+                           seed_everything_default=0, auto_configure_optimizers=False,
+                           parser_kwargs={"prog": PROG, "description": DESCRIPTION})
+    return cli, cli.config
+
+
+def data_module(argv: list[str]):
+    """The data module ``qgmem build-cache ARGV`` would build from (e.g. ``["--config", "run.yaml"]``)."""
+    return parse(argv)[0].datamodule
 
 
 def _fabric():
@@ -113,11 +124,16 @@ def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> tu
     return summary, fabric.global_rank == 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(argv: list[str]) -> int:
+    """``qgmem build-cache ARGV``: parse (``--help`` and ``--print_config`` exit here), then build."""
     from qgmem.samples import cache as C
     from qgmem.samples.build import Shard, build_cache
 
-    dm = data_module(args.config, args.overrides)
+    try:
+        cli, args = parse(argv)
+    except SystemExit as exc:  # --help, --print_config (0) or a bad flag (2, the parser said why)
+        return int(exc.code or 0)
+    dm = cli.datamodule
     spec, progress = dm.cache_spec, not args.no_progress
     if args.shard == "auto":
         summary, main_rank = build_with_fabric(spec, dm.prepare_data_per_node, args.rebuild, progress)
@@ -145,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``python -m qgmem.training.build_cache`` (what torchrun launches): ``qgmem build-cache``."""
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
-    return run_command(PROG, argparse_command(PROG, DESCRIPTION, add_arguments, run), argv, debug)
+    return run_command(PROG, run, argv, debug)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,12 +22,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
 from qgmem.configs import resolve_config
+from qgmem.provenance import provenance
 from qgmem.training.callbacks import PREDICTIONS_FILE, default_callbacks
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
+from qgmem.training.module import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
 
 DEFAULT_ROOT = "checkpoints"
 DEFAULT_PRESET = "default"
@@ -58,6 +61,14 @@ class QGMemCLI(LightningCLI):
                              "trainer.default_root_dir": DEFAULT_ROOT})
         # fixed folder under the run root, so `--ckpt_path last` finds the previous run's last.ckpt
         parser.link_arguments("trainer.default_root_dir", "checkpoint.dirpath", compute_fn=_checkpoint_dir)
+        # LightningCLI's --optimizer / --lr_scheduler (class_path + init_args), handed to the model, which
+        # builds them over its trainable parameters and steps the schedule every optimizer step
+        # (auto_configure_optimizers is off, so LightningCLI leaves configure_optimizers to the model)
+        parser.add_optimizer_args((torch.optim.Optimizer,))
+        parser.add_lr_scheduler_args((torch.optim.lr_scheduler.LRScheduler,))
+        parser.set_defaults({"optimizer": DEFAULT_OPTIMIZER, "lr_scheduler": DEFAULT_LR_SCHEDULER})
+        parser.link_arguments("optimizer", "model.optimizer", compute_fn=_class_spec)
+        parser.link_arguments("lr_scheduler", "model.lr_scheduler", compute_fn=_class_spec)
         parser.link_arguments("model.lm", "data.lm")
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
         parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
@@ -76,6 +87,12 @@ class QGMemCLI(LightningCLI):
 
     def after_fit(self) -> None:
         save_last(self.trainer)
+
+
+def _class_spec(value: Any) -> dict[str, Any] | None:
+    """A parsed ``--optimizer``/``--lr_scheduler`` as the plain ``{class_path, init_args}`` the model keeps."""
+    as_dict = getattr(value, "as_dict", None)
+    return as_dict() if callable(as_dict) else value
 
 
 def _show_resolved_defaults(parser) -> None:
@@ -153,6 +170,7 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         "graph": model.hparams.graph,
         "data": _jsonable(getattr(data, "summary", None)),
         "nonfinite": _nonfinite_report(trainer),
+        **provenance(),
     }
     if trainer.is_global_zero:
         root.mkdir(parents=True, exist_ok=True)
@@ -279,6 +297,32 @@ def main(args: list[str] | None = None, default_config: str | Path | None = DEFA
     return run_training(_cli(args, run=False, datamodule_class=datamodule_class))
 
 
+def resolved_config(args: list[str] | None = None, default_config: str | Path | None = DEFAULT_PRESET,
+                    subcommand: str | None = None) -> dict[str, Any]:
+    """The configuration a run would use (``--print_config``'s, as data), without building anything.
+
+    ``subcommand`` (``fit``, ``validate``, ``test``) resolves that stage's instead of ``train.py``'s job;
+    ``default_config=None`` gives the signature defaults alone.
+    """
+    import contextlib
+    import io
+
+    import yaml
+
+    args = [*(args or []), "--print_config"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            if subcommand is None:
+                main(args, default_config=default_config)
+            else:
+                run_subcommand([subcommand, *args])
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+    return yaml.safe_load(out.getvalue())
+
+
 def script_main(argv: list[str] | None = None, default_config: str | Path | None = DEFAULT_PRESET) -> int:
     """``train.py``'s entry point: :func:`main` under the user-error convention of the ``qgmem`` command.
 
@@ -297,8 +341,12 @@ def script_main(argv: list[str] | None = None, default_config: str | Path | None
 
 
 def run_subcommand(args: list[str], datamodule_class: type | None = None) -> int:
-    """``qgmem fit|validate|test [--config FILE|PRESET] ...``: one Lightning stage through its subcommand."""
-    if args and args[0] in SUBCOMMANDS:
-        args = [args[0], *with_config(args[1:], None)]
+    """``qgmem fit|validate|test [--config FILE|PRESET] ...``: one Lightning stage through its subcommand.
+
+    Without ``--config`` the stage reads the ``default`` preset, so it resolves to the configuration
+    ``python train.py`` runs.
+    """
+    if args and args[0] in SUBCOMMANDS:  # the default preset when no --config is given, as in train.py
+        args = [args[0], *with_config(args[1:], DEFAULT_PRESET)]
     _cli(args, run=True, datamodule_class=datamodule_class)
     return 0

@@ -144,9 +144,10 @@ class GraphTextDataModule(L.LightningDataModule):
 class QGMemDataModule(GraphTextDataModule):
     """Training samples for the graph token: cached replay of construction + activation + answer filter.
 
-    Defaults are the embedded setting (the real ConvoMem sample, heuristic extractor, MiniLM,
-    SmolLM2-135M-Instruct, ``match`` filter) sized to build in a few minutes on a 2-core CPU; the
-    paper's setting raises ``num_cases`` to 1,200 and swaps the models. ``answer_batch_size``,
+    Defaults are the embedded setting (the real ConvoMem sample, parser extractor, MiniLM,
+    SmolLM2-135M-Instruct, no answer filter); the ``default`` preset adds only its CPU budget (fewer
+    distractor conversations, a shorter prompt cap). The paper's setting (preset ``qwen3_8b``) raises
+    ``num_cases`` to 1,200, swaps the models and filters with an LLM judge. ``answer_batch_size``,
     ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
     local copies). ``rebuild=True`` discards this key's dataset folder (not its shards or answers).
@@ -160,7 +161,8 @@ class QGMemDataModule(GraphTextDataModule):
         group_key: What no two splits share: a ``person`` (falls back to ``dialogue`` when too few).
         seed: Seed of the case sampling and the split.
         distractor_conversations: Unrelated conversations of the same person added to each ConvoMem
-            history (``None`` = the data layer's default).
+            history (``None`` = the data layer's default,
+            :data:`qgmem.data.convomem_history.DEFAULT_DISTRACTORS`).
         construction: Offline memory construction settings (windows, extractor, traces).
         activation: Query-time activation settings (channels, pool, k, reranker).
         construction_llm: LLM backend of the ``llm`` extractor (``None`` = no LLM construction).
@@ -169,7 +171,8 @@ class QGMemDataModule(GraphTextDataModule):
             backend's ``max_concurrency`` bounds their requests together; not part of the cache key.
         sentence_encoder: Frozen sentence encoder of node and edge features (id, folder or ``embedded:``).
         lm: Frozen LM whose tokenizer and answers the samples use (linked from ``model.lm``).
-        answer_filter: Which training samples are kept: ``none`` (all with a reference answer),
+        answer_filter: Which training samples are kept: ``none`` (all with a reference answer; with
+            SmolLM2-135M, ``match`` keeps only 3 of the 32 training questions of the embedded sample),
             ``match`` (the frozen LM answered correctly by the match rule) or ``llm`` (a judge says so).
         judge: LLM backend of the ``llm`` answer filter.
         match_min_tokens: Fewest tokens of a prediction contained in the reference that still matches.
@@ -207,14 +210,14 @@ class QGMemDataModule(GraphTextDataModule):
         split_ratios: tuple[float, float, float] = (0.7, 0.15, 0.15),
         group_key: Literal["person", "dialogue"] = "person",
         seed: int = 0,
-        distractor_conversations: int | None = 2,
+        distractor_conversations: int | None = None,
         construction: ConstructionConfig | None = None,
         activation: ActivationConfig | None = None,
         construction_llm: LLMConfig | None = None,
         construction_cases_in_flight: int | None = None,
         sentence_encoder: str = DEFAULT_SENTENCE_ENCODER,
         lm: str = EMBEDDED_LM,
-        answer_filter: Literal["none", "match", "llm"] = "match",
+        answer_filter: Literal["none", "match", "llm"] = "none",
         judge: LLMConfig | None = None,
         match_min_tokens: int = 2,
         match_f1_threshold: float | None = None,
@@ -222,8 +225,8 @@ class QGMemDataModule(GraphTextDataModule):
         batch_size: int = 4,
         eval_batch_size: int = 8,
         num_workers: int = 0,
-        max_prompt_tokens: int = 320,
-        max_answer_tokens: int = 48,
+        max_prompt_tokens: int = PromptSettings.max_prompt_tokens,
+        max_answer_tokens: int = PromptSettings.max_answer_tokens,
         enable_thinking: bool = False,
         answer_batch_size: int = 8,
         answer_max_new_tokens: int = 32,
@@ -349,9 +352,11 @@ class InMemoryDataModule(GraphTextDataModule):
 
     def __init__(self, train_items: Sequence[dict[str, Any]], val_items: Sequence[dict[str, Any]] = (),
                  test_items: Sequence[dict[str, Any]] = (), *, tokenizer=None, lm: str = EMBEDDED_LM,
-                 batch_size: int = 2, eval_batch_size: int | None = None, max_prompt_tokens: int = 256,
-                 max_answer_tokens: int = 32, feature_dim: int | None = None, graph_only: bool = False,
-                 memory_units: int | None = None, order_seed: int | None = None):
+                 batch_size: int = 4, eval_batch_size: int | None = None,
+                 max_prompt_tokens: int = PromptSettings.max_prompt_tokens,
+                 max_answer_tokens: int = PromptSettings.max_answer_tokens, feature_dim: int | None = None,
+                 graph_only: bool = False, memory_units: int | None = PromptSettings.memory_units,
+                 order_seed: int | None = None):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
                          graph_only=graph_only, memory_units=memory_units, order_seed=order_seed)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from qgmem.errors import UserError
-from qgmem.serving.history import load_history, sessions_to_dialogue
+from qgmem.serving.history_file import load_history, sessions_to_dialogue
 
 
 def test_plain_sessions_both_forms():
