@@ -65,21 +65,19 @@ def test_api_failure_is_an_empty_answer_with_its_error(api_pipeline):
 
 
 def _default_graph_token_settings() -> dict:
-    """``features`` / ``readout`` / ``num_queries`` of the default preset (what ``python train.py`` exports)."""
+    """``features`` / ``readout`` / ``num_queries`` of what ``python train.py`` exports: the module's
+    signature defaults, with whatever the default preset sets over them."""
+    import inspect
+
     import yaml
 
     from qgmem.configs import preset_path
+    from qgmem.training.module import QGMemModule
 
-    found = {}
-
-    def walk(node):
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key in ("features", "readout", "num_queries") and not isinstance(value, (dict, list)):
-                    found[key] = value
-                walk(value)
-    walk(yaml.safe_load(preset_path("default").read_text()))
-    return found
+    keys = ("features", "readout", "num_queries")
+    params = inspect.signature(QGMemModule).parameters
+    model = (yaml.safe_load(preset_path("default").read_text()) or {}).get("model") or {}
+    return {key: model.get(key, params[key].default) for key in keys}
 
 
 def test_api_backbone_with_the_default_export(tiny_lm_path):
