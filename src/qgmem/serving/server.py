@@ -27,12 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from qgmem.errors import IntegrityError, UserError
+from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.users import BadUserId, UnknownUser, UserMemories
 
 log = logging.getLogger("qgmem.serve")
 STAGES = ("activation", "graph_features", "graph_encoding", "generation", "total")  # "queue": the batcher's
-GRAPH_MODES = ("token", "none", "shuffled")
+
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
