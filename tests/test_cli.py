@@ -114,10 +114,16 @@ def test_data_commands_list_is_complete():
     """A new command with a --dataset flag must be added to DATA_COMMANDS (and so take --lenient)."""
     reading = set()
     for name, (module, _) in COMMANDS.items():
-        parser = argparse.ArgumentParser()
-        if not hasattr(importlib.import_module(module), "add_arguments"):
-            continue  # a jsonargparse command (build-cache): its data flags are the data module's
-        importlib.import_module(module).add_arguments(parser)
+        mod = importlib.import_module(module)
+        if not hasattr(mod, "add_arguments"):
+            continue  # a command with its own jsonargparse parser (build-cache): its data flags are the data module's
+        if getattr(mod, "CONFIG_FILE", False):  # typed flags (``str | None``) need jsonargparse's parser
+            from jsonargparse import ArgumentParser
+
+            parser = ArgumentParser()
+        else:
+            parser = argparse.ArgumentParser()
+        mod.add_arguments(parser)
         if any("--dataset" in a.option_strings for a in parser._actions):
             reading.add(name)
     assert reading == set(DATA_COMMANDS)
@@ -149,7 +155,7 @@ def test_user_error_hint_is_part_of_the_message():
 
 
 @pytest.mark.parametrize("command,flag,value", [("eval-qa", "limit", 3), ("answer", "max_new_tokens", 7),
-                                                ("eval-retrieval", "k", 4)])
+                                                ("eval-retrieval", "k", 4), ("serve", "max_batch", 3)])
 def test_commands_that_read_settings_take_config_and_print_config(command, flag, value, tmp_path, capsys):
     """``--print_config`` shows the resolved flags as YAML, and that YAML is a ``--config`` file."""
     import yaml

@@ -108,8 +108,17 @@ def test_serve_flags_follow_the_cli_conventions(tmp_path, monkeypatch, capsys):
     (tmp_path / "serve.yaml").write_text("max_batch: 4\nport: 9000\n")
     assert main(["serve", "--config", str(tmp_path / "serve.yaml"), "--export", "x", "--port", "9001",
                  "--print_config"]) == 0
-    out = capsys.readouterr().out
-    assert "max_batch: 4" in out and "port: 9001" in out and "host: 127.0.0.1" in out
+    import yaml
+
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert (printed["max_batch"], printed["port"], printed["host"], printed["threads"]) == (4, 9001, "127.0.0.1", None)
     (tmp_path / "bad.yaml").write_text("max_batchs: 4\n")
     assert main(["serve", "--config", str(tmp_path / "bad.yaml"), "--export", "x"]) == 2
-    assert "unknown settings ['max_batchs']" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "max_batchs" in err and "Traceback" not in err
+    assert main(["serve", "--export", "x", "--max-batch", "many"]) == 2  # typed from ServeSettings' hints
+    err = capsys.readouterr().err
+    assert "max_batch" in err and "Traceback" not in err
+    assert main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--store-root" in out and "--print_config" in out and "questions answered in one LM forward" in out

@@ -1,8 +1,8 @@
 """``qgmem serve``: the export as a memory service over HTTP (see :mod:`qgmem.serving.server`).
 
-Every setting is a field of :class:`ServeSettings` and a flag (``--store-root``, ``--max-batch`` …);
-``--config FILE`` reads them from YAML (flags given on the line win) and ``--print_config`` prints the
-resolved settings. Needs the ``serve`` extra: ``pip install -e '.[serve]'``.
+Every setting is a field of :class:`ServeSettings` and a typed flag (``--store-root``, ``--max-batch`` …),
+parsed by jsonargparse as the other commands are: ``--config FILE`` reads them from YAML (keys are the
+field names; flags given after it win) and ``--print_config`` prints the resolved settings. Needs the ``serve`` extra: ``pip install -e '.[serve]'``.
 """
 
 from __future__ import annotations
@@ -10,18 +10,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import MISSING, asdict, dataclass, fields
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import get_type_hints
 
-from qgmem.errors import InputPathError, UserError
+from qgmem.errors import UserError
 
 
 @dataclass
 class ServeSettings:
     """What ``qgmem serve`` runs with; one field per flag."""
 
-    export: str = ""  #: export folder (``python train.py`` writes checkpoints/export) or hub id
+    export: str | None = None  #: export folder (``python train.py`` writes checkpoints/export) or hub id
     store_root: str = "memories"  #: where the users' memories persist (journal + store snapshots per user)
     host: str = "127.0.0.1"  #: address to bind (default: this machine only)
     port: int = 8000  #: TCP port
@@ -39,6 +38,10 @@ class ServeSettings:
     log_level: str = "info"  #: uvicorn's log level (request lines hold method, path and status, never bodies)
 
 
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse, as LightningCLI)
+CONFIG_FILE = True
+
+
 def _field_help() -> dict[str, str]:
     """The ``#:`` comments of :class:`ServeSettings`, as each flag's help."""
     import inspect
@@ -51,43 +54,17 @@ def _field_help() -> dict[str, str]:
     return helps
 
 
-def _type(field) -> Any:
-    kind = str(field.type)
-    return int if "int" in kind else float if "float" in kind else str
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    helps = _field_help()
-    parser.add_argument("--config", default=None, help="YAML file of these settings (flags on the line win)")
-    parser.add_argument("--print_config", action="store_true", help="print the resolved settings as YAML and exit")
+def add_arguments(parser) -> None:
+    """One typed flag per :class:`ServeSettings` field (its type hint, default and ``#:`` comment)."""
+    helps, hints = _field_help(), get_type_hints(ServeSettings)
     for f in fields(ServeSettings):
-        default = f.default if f.default is not MISSING else None
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=_type(f), default=argparse.SUPPRESS,
-                            help=f"{helps.get(f.name, '')} (default: {default})")
+        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=hints[f.name], default=f.default,
+                            help=helps.get(f.name, ""))
 
 
 def resolve(args: argparse.Namespace) -> ServeSettings:
-    """Defaults, then ``--config``, then the flags given."""
-    import yaml
-
-    values: dict[str, Any] = {}
-    if args.config:
-        path = Path(args.config)
-        if not path.is_file():
-            raise InputPathError(f"--config {path}: no such file")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise UserError(f"{path}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise UserError(f"{path}: expected a mapping of settings, got {type(loaded).__name__}")
-        known = {f.name for f in fields(ServeSettings)}
-        unknown = sorted(set(loaded) - known)
-        if unknown:
-            raise UserError(f"{path}: unknown settings {unknown} (known: {', '.join(sorted(known))})")
-        values.update(loaded)
-    values.update({f.name: getattr(args, f.name) for f in fields(ServeSettings) if hasattr(args, f.name)})
-    settings = ServeSettings(**values)
+    """The settings the parser resolved (defaults, then ``--config``, then the flags given), checked."""
+    settings = ServeSettings(**{f.name: getattr(args, f.name) for f in fields(ServeSettings)})
     check(settings)
     return settings
 
@@ -129,11 +106,6 @@ def build_service(settings: ServeSettings):
 
 def run(args: argparse.Namespace) -> int:
     settings = resolve(args)
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(asdict(settings), sort_keys=False), end="")
-        return 0
     try:
         import fastapi  # noqa: F401
         import uvicorn
