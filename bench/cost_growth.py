@@ -137,7 +137,7 @@ def main() -> None:
         print("fit:", json.dumps(fits), flush=True)
 
     net = GraphTokenNet(GraphTokenConfig(feature_dim=base.feature_dim, edge_dim=base.feature_dim, lm_hidden=576,
-                                         features="text", readout="mean", num_queries=1))
+                                         features="text", readout="mean", num_graph_tokens=1))
     encoder = []
     for k in (int(x) for x in args.ks.split(",") if "encoder" in parts):
         spec = dataclasses.replace(base, activation=ActivationConfig(k=k, pool_size=max(100, k)))

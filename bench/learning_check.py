@@ -64,7 +64,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--features", default=None, help="model.features (default: the config's)")
     p.add_argument("--readout", default=None, help="model.readout (default: the config's)")
-    p.add_argument("--num-queries", type=int, default=None)
+    p.add_argument("--num-graph-tokens", type=int, default=None)
     p.add_argument("--align-steps", type=int, default=None, help="model.align_steps (default: the config's)")
     p.add_argument("--align-weight", type=float, default=None, help="model.align_weight (default: the config's)")
     p.add_argument("--lora-r", type=int, default=8, help="--protocol lora: adapter rank (q/k/v/o projections)")
@@ -124,7 +124,7 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
         model_cfg["lr_scheduler"] = {"class_path": "qgmem.training.schedule.WarmupCosine",
                                      "init_args": {"warmup_steps": args.warmup}}
     for key, value in (("features", args.features),
-                       ("readout", args.readout), ("num_queries", args.num_queries),
+                       ("readout", args.readout), ("num_graph_tokens", args.num_graph_tokens),
                        ("align_steps", args.align_steps), ("align_weight", args.align_weight)):
         if value is not None:
             model_cfg[key] = value
@@ -187,7 +187,7 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
                    lr=((model_cfg.get("optimizer") or {}).get("init_args") or {}).get("lr", module_default("lr")),
                    features=model_cfg.get("features", module_default("features")),
                    readout=model_cfg.get("readout", module_default("readout")),
-                   num_queries=model_cfg.get("num_queries", module_default("num_queries")),
+                   num_graph_tokens=model_cfg.get("num_graph_tokens", module_default("num_graph_tokens")),
                    memory_units=overrides.get("memory_units"), seed_list=list(args.seeds), seed_runs=seeds_info,
                    data_s=round(data_s, 1), ablation=ablation_counts(dm.split(args.split)), **tokens)
     summary["_scores"] = [s.to_dict() for s in scores]
@@ -213,7 +213,7 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
 
     enc = dm.collator.encoder
     encoded = [enc.prompt(it["memory_text"], it["question"]) for it in items]
-    k = 0 if model_cfg.get("graph") == "none" else int(model_cfg.get("num_queries", module_default("num_queries")))
+    k = 0 if model_cfg.get("graph") == "none" else int(model_cfg.get("num_graph_tokens", module_default("num_graph_tokens")))
     whole = []  # entries [M1]..[Mj] that fit in the prompt's memory text whole (what a budget of m amounts to)
     for it, e in zip(items, encoded):
         text = first_entries(it["memory_text"], enc.settings.memory_units)
@@ -224,7 +224,7 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
         whole.append(j)
     n = max(1, len(encoded))
     return {"prompt_tokens": sum(len(e.ids) for e in encoded) / n, "memory_tokens": sum(e.memory_tokens for e in encoded) / n,
-            "graph_tokens": k, "entries_whole": sum(whole) / n}
+            "num_graph_tokens": k, "entries_whole": sum(whole) / n}
 
 
 def ablation_counts(split) -> dict[str, int]:
@@ -363,7 +363,7 @@ def ci(result: dict[str, Any] | None) -> str:
 def print_tables(name: str, s: dict[str, Any]) -> None:
     print(f"\n### {name}: {s['n']} {s['split']} samples, {s['seeds']} seeds, {s['train_samples']} train samples, "
           f"{s['steps']} steps of {s['batch_size']}, lr {s['lr']}, features `{s['features']}`, readout "
-          f"`{s['readout']}` (K={s['num_queries']}); prompt text {s['prompt_tokens']:.0f} tokens, memory "
+          f"`{s['readout']}` (K={s['num_graph_tokens']}); prompt text {s['prompt_tokens']:.0f} tokens, memory "
           f"{s['memory_tokens']:.0f}, entries kept whole {s['entries_whole']:.1f}\n")
     print("| condition | answer NLL | EM | F1 |\n| --- | --- | --- | --- |")
     for c, v in s["nll"].items():
@@ -402,7 +402,7 @@ def brief(s: dict[str, Any]) -> dict[str, Any]:
                              for k in CONTRAST_KEYS if k in s},
                prompt_tokens=round(s["prompt_tokens"], 1), memory_tokens=round(s["memory_tokens"], 1),
                entries_whole=round(s["entries_whole"], 2),
-               graph_tokens=s["graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"],
+               num_graph_tokens=s["num_graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"],
                ablation=s["ablation"])
     if "probe" in s:
         out["probe"] = s["probe"]

@@ -64,7 +64,7 @@ def main() -> None:
     # the one-token network these figures were measured with (the defaults insert 16 node tokens)
     module = QGMemModule(lm=dm.cache_spec.lm, lm_dtype=model_cfg.get("lm_dtype", "auto"),
                          feature_dim=dm.feature_dim, prompt=dm.prompt_settings, features="text", readout="mean",
-                         num_queries=1).to(args.device)
+                         num_graph_tokens=1).to(args.device)
     module.train()
     dm.num_workers = 0
     batch = next(iter(dm.train_dataloader()))

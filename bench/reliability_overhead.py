@@ -58,7 +58,7 @@ def default_shaped_export(folder: Path):
     from qgmem.prompting import PromptSettings
 
     config = GraphTokenConfig(feature_dim=384, edge_dim=384, lm_hidden=576, features="node_words", readout="nodes",
-                              num_queries=16, encoder=EncoderConfig(hidden=256, heads=4, layers=2, dropout=0.0))
+                              num_graph_tokens=16, encoder=EncoderConfig(hidden=256, heads=4, layers=2, dropout=0.0))
     export = {"lm": {"id": "embedded:SmolLM2-135M-Instruct", "hidden_size": 576, "load_dtype": "auto"},
               "prompt": PromptSettings().to_dict(),
               "sentence_encoder": {"id": "embedded:all-MiniLM-L6-v2", "dim": 384},

@@ -139,7 +139,7 @@ def main() -> None:
         # the one-token network these figures were measured with (the defaults insert 16 node tokens)
         module = module_lib.QGMemModule(lm_dtype="bfloat16" if precision == "bf16" else "float32",
                                         feature_dim=args.feature_dim, encoder=EncoderConfig(), features="text",
-                                        readout="mean", num_queries=1).to(args.device)
+                                        readout="mean", num_graph_tokens=1).to(args.device)
     module.train()
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if cuda and precision == "bf16" else nullcontext()
     params = [p for p in module.parameters() if p.requires_grad]

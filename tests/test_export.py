@@ -24,7 +24,7 @@ from qgmem.training.datamodule import QGMemDataModule, synthetic_items
 from qgmem.training.module import QGMemModule
 
 D = 8
-PAPER = dict(features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0)  # not the defaults
+PAPER = dict(features="text", readout="mean", num_graph_tokens=1, align_steps=0, align_weight=0.0)  # not the defaults
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,9 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
     return str(path)
 
 
-NETS = {"mean": {}, "queries": {"readout": "queries", "num_queries": 2, "features": "edge_fact_sum"},
-        "nodes": {"readout": "nodes", "num_queries": 3, "features": "node_words"},
-        "summary_nodes": {"readout": "summary_nodes", "num_queries": 3, "features": "node_words"}}
+NETS = {"mean": {}, "queries": {"readout": "queries", "num_graph_tokens": 2, "features": "edge_fact_sum"},
+        "nodes": {"readout": "nodes", "num_graph_tokens": 3, "features": "node_words"},
+        "summary_nodes": {"readout": "summary_nodes", "num_graph_tokens": 3, "features": "node_words"}}
 ALIGN = {"align_steps": 3, "align_weight": 0.5}
 TRAINING = {"nodes": ALIGN, "summary_nodes": ALIGN}  # module settings that are not the network's
 
@@ -83,20 +83,20 @@ def test_export_reproduces_the_checkpoint_graph_tokens(exported):
             served.encode(graphs)
         served.use_word_embedding(module.lm.get_input_embeddings())
     tokens = served.encode(graphs)
-    assert tokens.shape == (5, served.config.num_tokens, 32) and not tokens.requires_grad
+    assert tokens.shape == (5, served.config.num_graph_tokens, 32) and not tokens.requires_grad
     torch.testing.assert_close(tokens, expected.detach())
 
 
 def test_export_config_and_model_card(exported):
     _, out = exported
     config = json.loads((out / CONFIG_FILE).read_text())
-    net = {"features": "text", "readout": "mean", "num_queries": 1, **NETS[config["graph_token"]["readout"]]}
+    net = {"features": "text", "readout": "mean", "num_graph_tokens": 1, **NETS[config["graph_token"]["readout"]]}
     assert config["graph_token"] == {"feature_dim": D, "edge_dim": D, "lm_hidden": 32, "projector_hidden": None,
                                      "encoder": {"hidden": 16, "heads": 2, "layers": 2, "dropout": 0.0,
                                                  "attention_dropout": 0.0}, **net}
-    assert config["readout"] == {"kind": net["readout"], "graph_tokens": net["num_queries"]}
+    assert config["readout"] == {"kind": net["readout"], "num_graph_tokens": net["num_graph_tokens"]}
     assert config["features"] == net["features"] and config["prompt"]["include_memory_text"] is True
-    assert config["prompt"]["graph_tokens"] == net["num_queries"]
+    assert config["prompt"]["num_graph_tokens"] == net["num_graph_tokens"]
     assert config["lm"]["hidden_size"] == 32 and config["lm"]["dtype"] == "float32"
     assert config["qgmem_version"] and config["graph_mode"] == "token" and config["lora"] is None
     assert config["metrics"]["val"]["val/em"] == 0.25  # picked up from the run's metrics.json

@@ -89,6 +89,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
     graph_token = dict(ckpt.get("qgmem_graph_token") or {})
     if not graph_token:
         raise ValueError(f"{ckpt_path}: the checkpoint has no graph-token config ('qgmem_graph_token')")
+    graph_token = GraphTokenConfig.from_dict(graph_token).to_dict()  # older checkpoints' field names read too
     has_adapter = any(k.startswith("lm.") for k in ckpt["state_dict"])
     activation = info.get("activation") or {}
     return {
@@ -97,7 +98,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "git_commit": (ckpt.get("qgmem_provenance") or {}).get("git_commit", git_commit()),
         "graph_token": graph_token,
         "graph_mode": hp.get("graph", "token"),
-        "readout": {"kind": graph_token.get("readout", "mean"), "graph_tokens": graph_token.get("num_queries", 1)},
+        "readout": {"kind": graph_token["readout"], "num_graph_tokens": graph_token["num_graph_tokens"]},
         "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},

@@ -29,7 +29,7 @@ def graph(n: int, e: int, seed: int) -> Data:
 def make_net(readout="mean", k=1, features="text", layers=2, seed=0):
     torch.manual_seed(seed)  # initial weights must not depend on which tests ran before
     net = GraphTokenNet(GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=10, features=features, readout=readout,
-                                         num_queries=k,
+                                         num_graph_tokens=k,
                                          encoder=EncoderConfig(hidden=8, heads=2, layers=layers, dropout=0.0)))
     net.use_word_embedding(WORDS)
     return net
@@ -91,7 +91,7 @@ def test_word_features_reach_the_token_only_when_chosen(features):
 
 def test_word_features_need_the_lm_embeddings_and_never_save_them():
     net = GraphTokenNet(GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=10, features="node_words",
-                                         readout="mean", num_queries=1,
+                                         readout="mean", num_graph_tokens=1,
                                          encoder=EncoderConfig(hidden=8, heads=2, layers=1, dropout=0.0)))
     with pytest.raises(RuntimeError, match="use_word_embedding"):
         net(graph(3, 2, 0))
@@ -133,7 +133,7 @@ def test_queries_readout_differs_per_query():
 
 
 def test_nodes_readout_keeps_the_first_k_nodes_in_order_and_fills_the_rest():
-    readout = GraphReadout("nodes", 3, num_queries=4)
+    readout = GraphReadout("nodes", 3, num_graph_tokens=4)
     with torch.no_grad():
         readout.fill.copy_(torch.tensor([7.0, 7.0, 7.0]))
     h = torch.arange(18, dtype=torch.float32).view(6, 3)  # graph 0: nodes 0-4 (cut to 4), graph 1: node 5
@@ -145,7 +145,7 @@ def test_nodes_readout_keeps_the_first_k_nodes_in_order_and_fills_the_rest():
 
 
 def test_summary_nodes_readout_puts_the_mean_first():
-    readout = GraphReadout("summary_nodes", 3, num_queries=3)
+    readout = GraphReadout("summary_nodes", 3, num_graph_tokens=3)
     h = torch.arange(15, dtype=torch.float32).view(5, 3)
     out = readout(h, torch.tensor([0, 0, 0, 1, 1]), 2)
     assert out.shape == (2, 3, 3)
@@ -184,15 +184,15 @@ def test_invalid_encoder_config(kwargs, match):
 @pytest.mark.parametrize("readout,k", READOUTS)
 def test_config_round_trip(readout, k):
     cfg = GraphTokenConfig(D, D + 1, 12, EncoderConfig(hidden=8, heads=2, layers=3), projector_hidden=20,
-                           features="edge_fact_concat", readout=readout, num_queries=k)
+                           features="edge_fact_concat", readout=readout, num_graph_tokens=k)
     again = GraphTokenConfig.from_dict(cfg.to_dict())
-    assert again == cfg and isinstance(again.encoder, EncoderConfig) and again.num_tokens == k
+    assert again == cfg and isinstance(again.encoder, EncoderConfig) and again.num_graph_tokens == k
 
 
 def test_config_without_readout_fields_is_the_paper_model():
     old = {"feature_dim": D, "edge_dim": D, "lm_hidden": 12, "encoder": {"hidden": 8, "heads": 2}}
     cfg = GraphTokenConfig.from_dict(old)
-    assert (cfg.features, cfg.readout, cfg.num_queries) == ("text", "mean", 1)
+    assert (cfg.features, cfg.readout, cfg.num_graph_tokens) == ("text", "mean", 1)
 
 
 @pytest.mark.parametrize("target", [0.05, 1.0])

@@ -21,7 +21,7 @@ def test_graph_only_prompt_leaves_memory_text_out():
 
 
 def test_settings_round_trip_and_refuse_unknown_fields():
-    settings = PromptSettings(max_prompt_tokens=96, enable_thinking=True, graph_tokens=4, include_memory_text=False,
+    settings = PromptSettings(max_prompt_tokens=96, enable_thinking=True, num_graph_tokens=4, include_memory_text=False,
                               system_prompt=None)
     assert PromptSettings.from_dict(settings.to_dict()) == settings
     assert PromptSettings.from_dict({}) == PromptSettings()
@@ -29,7 +29,7 @@ def test_settings_round_trip_and_refuse_unknown_fields():
         PromptSettings.from_dict({"max_promt_tokens": 3})
 
 
-@pytest.mark.parametrize("field,value", [("max_prompt_tokens", 0), ("max_answer_tokens", 0), ("graph_tokens", 0)])
+@pytest.mark.parametrize("field,value", [("max_prompt_tokens", 0), ("max_answer_tokens", 0), ("num_graph_tokens", 0)])
 def test_settings_refuse_non_positive_sizes(field, value):
     with pytest.raises(ValueError, match=field):
         PromptSettings(**{field: value})

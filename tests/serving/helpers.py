@@ -30,7 +30,7 @@ def export_config(lm_path: str, feature_dim: int, **extra) -> dict:
 def make_encoder(lm_path: str, feature_dim: int = 8, layers: int = 2, seed: int = 0, **extra) -> GraphTokenEncoder:
     torch.manual_seed(seed)
     config = GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=HIDDEN,
-                              features="text", readout="mean", num_queries=1,
+                              features="text", readout="mean", num_graph_tokens=1,
                               encoder=EncoderConfig(hidden=16, heads=2, layers=layers, dropout=0.0))
     return GraphTokenEncoder(config, export_config(lm_path, feature_dim, **extra)).eval()
 

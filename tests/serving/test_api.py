@@ -65,7 +65,7 @@ def test_api_failure_is_an_empty_answer_with_its_error(api_pipeline):
 
 
 def _default_graph_token_settings() -> dict:
-    """``features`` / ``readout`` / ``num_queries`` of what ``python train.py`` exports: the module's
+    """``features`` / ``readout`` / ``num_graph_tokens`` of what ``python train.py`` exports: the module's
     signature defaults, with whatever the default preset sets over them."""
     import inspect
 
@@ -74,7 +74,7 @@ def _default_graph_token_settings() -> dict:
     from qgmem.configs import preset_path
     from qgmem.training.module import QGMemModule
 
-    keys = ("features", "readout", "num_queries")
+    keys = ("features", "readout", "num_graph_tokens")
     params = inspect.signature(QGMemModule).parameters
     model = (yaml.safe_load(preset_path("default").read_text()) or {}).get("model") or {}
     return {key: model.get(key, params[key].default) for key in keys}

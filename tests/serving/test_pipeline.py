@@ -127,7 +127,7 @@ def test_node_word_features_and_node_tokens_through_serving(tiny_lm_path, monkey
     from .helpers import HIDDEN, export_config
 
     config = GraphTokenConfig(feature_dim=8, edge_dim=8, lm_hidden=HIDDEN, features="node_words", readout="nodes",
-                              num_queries=4, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0))
+                              num_graph_tokens=4, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0))
     encoder = GraphTokenEncoder(config, export_config(tiny_lm_path, 8)).eval()
     tokenizer = load_tokenizer(tiny_lm_path, padding_side="left")
     pipe = QGMemPipeline(encoder, load_causal_lm(tiny_lm_path), tokenizer, HashEncoder(8), max_new_tokens=3)

@@ -98,7 +98,7 @@ def _edit_config(folder, edit):
      r"config field graph_token\.encoder\.layers = 3 disagrees with the weights, which have 2 'encoder.convs\.\*' layers"),
     (lambda c: c["graph_token"].update(feature_dim=12),
      r"config field graph_token\.feature_dim = 12 disagrees with the weights: 'encoder.input.weight' has size 8"),
-    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2, 3\]"),
+    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2, 3, 4\]"),
     (lambda c: c.update(format="other"), r"field 'format' is 'other'"),
 ])
 def test_mismatched_export_is_refused_by_name(tiny_lm_path, tmp_path, edit, message):
@@ -203,6 +203,38 @@ def test_a_version_2_export_loads_unverified_with_a_warning(tiny_lm_path, tmp_pa
     with caplog.at_level("WARNING", logger="qgmem.model"):
         assert GraphTokenEncoder.from_pretrained(folder).config.lm_hidden == HIDDEN
     assert "carries no checksums and is loaded unverified" in caplog.text
+
+
+def test_a_version_3_export_with_the_old_names_of_k_loads_the_same(tiny_lm_path, tmp_path):
+    """Version 3 named K ``num_queries`` (network) and ``graph_tokens`` (prompt, readout); it still loads."""
+    from qgmem.model.encoder import EncoderConfig
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.prompting import PromptSettings
+
+    from .helpers import export_config
+
+    torch.manual_seed(0)
+    net = GraphTokenConfig(feature_dim=8, edge_dim=8, lm_hidden=HIDDEN, features="text", readout="nodes",
+                           num_graph_tokens=3, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0))
+    encoder = GraphTokenEncoder(net, export_config(tiny_lm_path, 8, prompt=PromptSettings(num_graph_tokens=3).to_dict(),
+                                                   readout={"kind": "nodes", "num_graph_tokens": 3})).eval()
+    folder = tmp_path / "export"
+    encoder.save_pretrained(folder)
+
+    def to_v3(c):
+        c["format_version"] = 3
+        c["graph_token"]["num_queries"] = c["graph_token"].pop("num_graph_tokens")
+        c["prompt"]["graph_tokens"] = c["prompt"].pop("num_graph_tokens")
+        c["readout"] = {"kind": "nodes", "graph_tokens": 3}
+
+    _edit_config(folder, to_v3)
+    assert "num_queries" in (folder / CONFIG_FILE).read_text()
+    loaded = GraphTokenEncoder.from_pretrained(folder)
+    assert loaded.config.num_graph_tokens == 3 and loaded.config.readout == "nodes"
+    assert loaded.export_config["readout"] == {"kind": "nodes", "num_graph_tokens": 3}
+    assert PromptSettings.from_dict(loaded.export_config["prompt"]).num_graph_tokens == 3
+    graphs = [it["graph"] for it in synthetic_items(2, 8, seed=1)]
+    torch.testing.assert_close(loaded.encode(graphs), encoder.encode(graphs))
 
 
 def test_answer_command_on_a_damaged_export_exits_2_naming_the_file(tiny_lm_path, tmp_path, capsys):

@@ -40,7 +40,7 @@ def test_alignment_lowers_the_loss_and_is_seeded(lm_path, features):
     nets = []
     for _ in range(2):
         torch.manual_seed(0)
-        net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features=features, readout="nodes", num_queries=4))
+        net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features=features, readout="nodes", num_graph_tokens=4))
         net.use_word_embedding(table)
         before, before_held_out = (node_word_loss(net, collator, x, table) for x in (items, held_out))
         result = align_node_tokens(net, items, collator, table, steps=60, batch_size=4, lr=1e-2, seed=3)
@@ -58,7 +58,7 @@ def test_alignment_lowers_the_loss_and_is_seeded(lm_path, features):
 def test_alignment_needs_node_texts(lm_path):
     collator = GraphTextCollator(load_tokenizer(lm_path), max_prompt_tokens=96, max_answer_tokens=8)
     items = [{k: v for k, v in it.items() if k != "node_text"} for it in synthetic_items(4, D, seed=1)]
-    net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features="text", readout="mean", num_queries=1))
+    net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features="text", readout="mean", num_graph_tokens=1))
     with pytest.raises(ValueError, match="node_text"):
         align_node_tokens(net, items, collator, torch.randn(10, 32), steps=2)
     assert align_node_tokens(net, items, collator, torch.randn(10, 32), steps=0) == {}
@@ -69,7 +69,7 @@ def fit(lm_path, root, **kwargs):
     module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=0,
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                        "init_args": {"warmup_steps": 1}},
-                         **{"features": "node_words", "readout": "nodes", "num_queries": 4,
+                         **{"features": "node_words", "readout": "nodes", "num_graph_tokens": 4,
                             "align_steps": 0, "align_weight": 0.0, **kwargs})
     data = QGMemDataModule.from_items(synthetic_items(6, D, seed=1), synthetic_items(2, D, seed=2), lm=lm_path,
                                       batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)

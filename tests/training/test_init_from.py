@@ -17,7 +17,7 @@ from qgmem.training.synthetic import synthetic_items
 
 D = 8
 NET = dict(feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0), features="node_words",
-           readout="nodes", num_queries=3, max_new_tokens=2, val_generate_batches=0, align_weight=0.0)
+           readout="nodes", num_graph_tokens=3, max_new_tokens=2, val_generate_batches=0, align_weight=0.0)
 
 
 @pytest.fixture(scope="module")

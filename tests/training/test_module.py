@@ -20,7 +20,7 @@ def warmup(steps: int, **init_args) -> dict:
 
 
 #: the paper's network, not the defaults
-PAPER = dict(features="text", readout="mean", num_queries=1, align_steps=0, align_weight=0.0)
+PAPER = dict(features="text", readout="mean", num_graph_tokens=1, align_steps=0, align_weight=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -252,7 +252,7 @@ class RankWeights(Callback):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("settings", [{}, {"features": "node_words", "readout": "nodes", "num_queries": 3,
+@pytest.mark.parametrize("settings", [{}, {"features": "node_words", "readout": "nodes", "num_graph_tokens": 3,
                                           "align_steps": 2, "align_weight": 0.5}], ids=["paper", "aligned"])
 def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path, settings):
     """Also with the alignment stage, whose result rank 0 broadcasts before the first answer step."""

@@ -152,7 +152,7 @@ def tiny(tmp_path_factory):
     lm = str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny", hidden_size=32, layers=2))
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         max_new_tokens=3, features="edge_fact_sum", readout="queries", num_queries=2)
+                         max_new_tokens=3, features="edge_fact_sum", readout="queries", num_graph_tokens=2)
     return module, load_tokenizer(lm)
 
 
@@ -214,7 +214,7 @@ def test_shuffled_graph_brings_its_own_node_words(tmp_path):
     lm = str(save_random_lm(tmp_path / "lm", hidden_size=32, layers=1))
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         max_new_tokens=3, features="node_words", readout="nodes", num_queries=3)
+                         max_new_tokens=3, features="node_words", readout="nodes", num_graph_tokens=3)
     items = synthetic_items(6, 8, seed=7, max_nodes=5)
     assert len({len(it["node_text"]) for it in items}) > 1  # graphs of different sizes get paired
     collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,
@@ -238,7 +238,7 @@ def test_ablated_condition_scores_the_ablated_graph_with_its_own_node_words(tmp_
     lm = str(save_random_lm(tmp_path / "lm", hidden_size=32, layers=1))
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         max_new_tokens=3, features="node_words", readout="nodes", num_queries=4)
+                         max_new_tokens=3, features="node_words", readout="nodes", num_graph_tokens=4)
     items = control_items(5, 8, kind="positive")
     items[4] = {k: v for k, v in items[4].items() if not k.startswith("ablated")}  # one sample without
     collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,
@@ -268,7 +268,7 @@ def _aligned_control_scores(kind: str, seeds=(0, 1)):
     tok = load_tokenizer(EMBEDDED_LM)
     for seed in seeds:
         torch.manual_seed(seed)
-        module = QGMemModule(lm=EMBEDDED_LM, feature_dim=8, features="node_words", readout="nodes", num_queries=4,
+        module = QGMemModule(lm=EMBEDDED_LM, feature_dim=8, features="node_words", readout="nodes", num_graph_tokens=4,
                              encoder=EncoderConfig(hidden=64, heads=2, layers=1, dropout=0.0))
         collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=False,
                                      system_prompt=None)

@@ -21,7 +21,9 @@ from qgmem.model.readout import GraphReadout
 
 #: how a ``config.json`` written before these fields existed reads (the paper's network); the product's
 #: defaults are :class:`~qgmem.training.module.QGMemModule`'s signature, so the network config has none
-LEGACY_EXPORT_FIELDS = {"features": "text", "readout": "mean", "num_queries": 1}
+LEGACY_EXPORT_FIELDS = {"features": "text", "readout": "mean", "num_graph_tokens": 1}
+#: fields renamed since: old name -> name (K was ``num_queries`` before it had one name everywhere)
+RENAMED_FIELDS = {"num_queries": "num_graph_tokens"}
 
 
 @dataclass
@@ -29,7 +31,7 @@ class GraphTokenConfig:
     """Everything needed to rebuild the network: input widths, features, encoder shape, readout, LM hidden size.
 
     ``features``: which memory content the encoder reads (see :mod:`qgmem.model.features`).
-    ``readout``: ``mean`` (one token), ``queries``, ``nodes`` or ``summary_nodes`` (``num_queries``
+    ``readout``: ``mean`` (one token), ``queries``, ``nodes`` or ``summary_nodes`` (``num_graph_tokens``
     tokens, see :mod:`qgmem.model.readout`).
     """
 
@@ -40,22 +42,19 @@ class GraphTokenConfig:
     projector_hidden: int | None = None
     features: str = field(kw_only=True)
     readout: str = field(kw_only=True)
-    num_queries: int = field(kw_only=True)
+    num_graph_tokens: int = field(kw_only=True)
 
     def __post_init__(self) -> None:
         edge_width(self.features, self.edge_dim)  # validates the option
-        if self.readout == "mean" and self.num_queries != 1:
-            raise ValueError(f"readout 'mean' gives one token; num_queries must be 1, got {self.num_queries}")
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_queries
+        if self.readout == "mean" and self.num_graph_tokens != 1:
+            raise ValueError(f"readout 'mean' gives one token; num_graph_tokens must be 1, got {self.num_graph_tokens}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> GraphTokenConfig:
+        d = {RENAMED_FIELDS.get(k, k): v for k, v in d.items()}
         d = {**LEGACY_EXPORT_FIELDS, **d}
         d["encoder"] = EncoderConfig(**d.get("encoder", {}))
         return cls(**d)
@@ -70,7 +69,7 @@ class GraphTokenNet(nn.Module):
         self.encoder = RelationalGraphEncoder(node_width(config.features, config.feature_dim, config.lm_hidden),
                                               edge_width(config.features, config.edge_dim), config.encoder)
         object.__setattr__(self, "_word_source", None)  # the LM's input embeddings, for ``node_words`` (not saved)
-        self.readout = GraphReadout(config.readout, config.encoder.hidden, config.num_queries, config.encoder.heads)
+        self.readout = GraphReadout(config.readout, config.encoder.hidden, config.num_graph_tokens, config.encoder.heads)
         self.projector = GraphProjector(config.encoder.hidden, config.lm_hidden, config.projector_hidden)
 
     def use_word_embedding(self, embedding: nn.Module | torch.Tensor) -> None:

@@ -43,10 +43,11 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 ADAPTER_DIR = "lora_adapter"
 FORMAT = "qgmem-graph-token"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: versions this code reads: 1 (prompt settings mixed with notes, LoRA as a bare safetensors file), 2 (no
-#: checksums) and 3 (``checksums.json`` of the weight files)
-READABLE_VERSIONS = (1, 2, 3)
+#: checksums), 3 (``checksums.json`` of the weight files) and 4 (K named ``num_graph_tokens`` in every
+#: block: ``graph_token``, ``prompt`` and ``readout``, where 3 said ``num_queries`` / ``graph_tokens``)
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: the first version whose exports carry ``checksums.json`` (older ones load unverified, with a warning)
 SEALED_VERSION = 3
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -326,4 +327,8 @@ def read_export_config(folder: Path) -> dict[str, Any]:
         if config.get("lora"):
             raise ExportFormatError(f"{path}: field 'lora' is set, but a version-1 export keeps its LoRA adapter "
                                     "outside PEFT's format and serving cannot apply it; re-export the checkpoint")
+    readout = config.get("readout")
+    if version < 4 and isinstance(readout, dict) and "graph_tokens" in readout:  # K's legacy name (format 3)
+        # the network and prompt blocks are renamed by their own from_dict; this block is only a record
+        readout["num_graph_tokens"] = readout.pop("graph_tokens")  # legacy name
     return config

@@ -34,23 +34,23 @@ NODE_READOUTS = ("nodes", "summary_nodes")
 class GraphReadout(nn.Module):
     """``forward(h, batch, num_graphs) -> [num_graphs, K, C]``."""
 
-    def __init__(self, kind: str, channels: int, num_queries: int = 1, heads: int = 1):
+    def __init__(self, kind: str, channels: int, num_graph_tokens: int = 1, heads: int = 1):
         super().__init__()
         if kind not in READOUTS:
             raise ValueError(f"readout must be one of {READOUTS}, got {kind!r}")
-        if num_queries < 1 or (kind == "mean" and num_queries != 1) or (kind == "summary_nodes" and num_queries < 2):
-            raise ValueError(f"readout {kind!r} cannot give {num_queries} tokens (mean gives 1, queries/nodes >= 1, "
+        if num_graph_tokens < 1 or (kind == "mean" and num_graph_tokens != 1) or (kind == "summary_nodes" and num_graph_tokens < 2):
+            raise ValueError(f"readout {kind!r} cannot give {num_graph_tokens} tokens (mean gives 1, queries/nodes >= 1, "
                              "summary_nodes >= 2)")
-        self.kind, self.num_queries = kind, num_queries
+        self.kind, self.num_graph_tokens = kind, num_graph_tokens
         self.attend = None
         self.fill = nn.Parameter(torch.zeros(channels)) if kind in NODE_READOUTS else None
         if kind == "queries":
-            self.attend = SetTransformerAggregation(channels, num_seed_points=num_queries, num_encoder_blocks=0,
+            self.attend = SetTransformerAggregation(channels, num_seed_points=num_graph_tokens, num_encoder_blocks=0,
                                                     num_decoder_blocks=0, heads=heads, concat=True, layer_norm=True)
 
     def forward(self, h: torch.Tensor, batch: torch.Tensor, num_graphs: int) -> torch.Tensor:
         if self.kind in NODE_READOUTS:  # PyG batches keep each graph's nodes contiguous and in their own order
-            k = self.num_queries - (self.kind == "summary_nodes")
+            k = self.num_graph_tokens - (self.kind == "summary_nodes")
             dense, present = to_dense_batch(h, batch, batch_size=num_graphs, max_num_nodes=k)
             if dense.size(1) < k:
                 dense = torch.cat([dense, dense.new_zeros(num_graphs, k - dense.size(1), h.size(-1))], 1)
@@ -62,4 +62,4 @@ class GraphReadout(nn.Module):
         if self.attend is None:
             return global_mean_pool(h, batch, size=num_graphs).unsqueeze(1)
         out = self.attend(h, batch, dim_size=num_graphs)  # [G, K * C]; PyG batches keep ``batch`` sorted
-        return out.view(num_graphs, self.num_queries, h.size(-1))
+        return out.view(num_graphs, self.num_graph_tokens, h.size(-1))

@@ -24,6 +24,10 @@ GRAPH_ONLY_SYSTEM_PROMPT = ("You answer questions about a user's conversation hi
                             "Answer in one short sentence.")
 
 
+#: prompt settings renamed since: old name -> name (saved with older checkpoints and exports)
+RENAMED_SETTINGS = {"graph_tokens": "num_graph_tokens"}
+
+
 @dataclass
 class PromptSettings:
     """How a (memory, question) pair becomes the LM's prompt and how its answer is read back.
@@ -34,7 +38,7 @@ class PromptSettings:
         max_answer_tokens: supervised answer length, end-of-turn token included.
         enable_thinking: the chat template's thinking switch (Qwen3); off for answers in one sentence.
         system_prompt: the system turn (``None``: no system turn).
-        graph_tokens: ``K``, the graph-token slots placed together right before the user content.
+        num_graph_tokens: ``K``, the graph-token slots placed together right before the user content.
         include_memory_text: ``False`` is the graph-only prompt: the textual working memory is left out
             and the graph tokens are the only memory the LM sees.
         first_line: an answer is its first non-empty line (generation stops at a line break when thinking
@@ -48,7 +52,7 @@ class PromptSettings:
     max_answer_tokens: int = 64
     enable_thinking: bool = False
     system_prompt: str | None = SYSTEM_PROMPT
-    graph_tokens: int = 1
+    num_graph_tokens: int = 1
     include_memory_text: bool = True
     first_line: bool = True
     memory_units: int | None = None
@@ -60,8 +64,8 @@ class PromptSettings:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.max_answer_tokens < 1:
             raise ValueError(f"max_answer_tokens must be >= 1, got {self.max_answer_tokens}")
-        if self.graph_tokens < 1:
-            raise ValueError(f"graph_tokens must be >= 1, got {self.graph_tokens}")
+        if self.num_graph_tokens < 1:
+            raise ValueError(f"num_graph_tokens must be >= 1, got {self.num_graph_tokens}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,7 +73,7 @@ class PromptSettings:
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> PromptSettings:
         """Settings from a saved dict; unknown keys are refused by name, missing ones take defaults."""
-        data = dict(data or {})
+        data = {RENAMED_SETTINGS.get(k, k): v for k, v in (data or {}).items()}
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -69,7 +69,7 @@ class LMAnswerer:
         """What the answers depend on besides the prompt text (part of the answer-cache key)."""
         # the answer length cap and the graph-token slots never change a text-only answer
         prompt = {k: v for k, v in self.prompt_settings.to_dict().items()
-                  if k not in ("max_answer_tokens", "graph_tokens")}
+                  if k not in ("max_answer_tokens", "num_graph_tokens")}
         return {"lm": self.lm, "max_new_tokens": self.max_new_tokens, "decoding": "greedy", "dtype": self.dtype,
                 "prompt": prompt}
 

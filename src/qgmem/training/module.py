@@ -70,7 +70,7 @@ class QGMemModule(LightningModule):
     """Graph-token training over a frozen LM; batches come from ``GraphTextCollator``.
 
     The defaults are the product's: ``python train.py`` trains them, and its preset changes only the
-    CPU budget. The paper's network is ``features: text``, ``readout: mean``, ``num_queries: 1``,
+    CPU budget. The paper's network is ``features: text``, ``readout: mean``, ``num_graph_tokens: 1``,
     ``align_steps: 0``, ``align_weight: 0`` (preset ``qwen3_8b``). The default readout,
     ``summary_nodes`` with 17 tokens (the paper's pooled token, then the first 16 nodes), had the lowest
     validation answer NLL in the setting ``train.py`` runs among the paper's token, ``nodes`` (16) and
@@ -85,11 +85,11 @@ class QGMemModule(LightningModule):
         features: Memory content the encoder reads (``text`` = the paper's node/predicate texts;
             ``edge_fact_sum``/``edge_fact_concat``/``node_fact`` add each unit's fact embedding, see
             :mod:`qgmem.model.features`).
-        readout: ``mean`` (one token, the paper), ``queries`` (``num_queries`` learned queries over
-            the nodes → that many graph tokens), ``nodes`` (the first ``num_queries`` nodes in
+        readout: ``mean`` (one token, the paper), ``queries`` (``num_graph_tokens`` learned queries over
+            the nodes → that many graph tokens), ``nodes`` (the first ``num_graph_tokens`` nodes in
             working-memory order, one token each) or ``summary_nodes`` (the mean token, then the first
-            ``num_queries - 1`` nodes).
-        num_queries: Graph tokens of the ``queries``, ``nodes`` and ``summary_nodes`` readouts (1 with ``mean``).
+            ``num_graph_tokens - 1`` nodes).
+        num_graph_tokens: Graph tokens of the ``queries``, ``nodes`` and ``summary_nodes`` readouts (1 with ``mean``).
         align_steps: Steps of the node-token alignment stage run before answer training (0 = off): the
             projector's per-node output is fitted to the LM's word embedding of each node's text
             (:mod:`qgmem.training.alignment`); no LM forward pass, seconds on a CPU.
@@ -121,7 +121,7 @@ class QGMemModule(LightningModule):
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
-                 features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_queries: int = 17,
+                 features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
                  align_steps: int = 300, align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
                  graph: GraphMode = "token",
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
@@ -136,7 +136,7 @@ class QGMemModule(LightningModule):
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
-        prompt = replace(prompt, graph_tokens=num_queries)  # the prompt holds as many slots as the readout gives
+        prompt = replace(prompt, num_graph_tokens=num_graph_tokens)  # the prompt holds as many slots as the readout gives
         check_mode(graph)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
@@ -148,7 +148,7 @@ class QGMemModule(LightningModule):
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
                                                   encoder=encoder, projector_hidden=projector_hidden,
-                                                  features=features, readout=readout, num_queries=num_queries))
+                                                  features=features, readout=readout, num_graph_tokens=num_graph_tokens))
         self.net.use_word_embedding(self.lm.get_input_embeddings())
         if match_embedding_scale:
             target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
@@ -394,7 +394,7 @@ class QGMemModule(LightningModule):
         """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
         if settings is None:
             return
-        settings = replace(settings, graph_tokens=self.net.config.num_tokens)
+        settings = replace(settings, num_graph_tokens=self.net.config.num_graph_tokens)
         if settings.to_dict() == self.hparams["prompt"]:
             return
         self.prompt_encoder = PromptEncoder(self.tokenizer, settings)
