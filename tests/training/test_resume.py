@@ -42,24 +42,27 @@ def loader(epoch: int = 0) -> ResumableDataLoader:
     return ResumableDataLoader(list(range(7)), batch_size=2, sampler=sampler)
 
 
+def state_after(consumed: int, epoch: int = 0) -> dict:
+    """The state of a loader of ``epoch`` that handed out ``consumed`` batches (as a checkpoint holds it)."""
+    it = iter(source := loader(epoch))
+    for _ in range(consumed):
+        next(it)
+    return source.state_dict()
+
+
 @pytest.mark.parametrize("consumed", [0, 1, 3])
 def test_loader_resumes_at_its_position_in_the_same_epoch(consumed):
     full = [b.tolist() for b in loader()]
     assert len(full) == 4
-    it = iter(loader_a := loader())
-    for _ in range(consumed):
-        next(it)
-    state = loader_a.state_dict()
-    assert state == {"epoch": 0, "batches": consumed}
     resumed = loader()
-    resumed.load_state_dict(state)
+    resumed.load_state_dict(state_after(consumed))
     assert [b.tolist() for b in resumed] == full[consumed:]
     assert [b.tolist() for b in resumed] == full  # the restored position applies to one iteration only
 
 
 def test_loader_state_from_a_finished_epoch_does_not_skip_the_next():
     done = loader(epoch=0)
-    assert len(list(done)) == 4 and done.state_dict() == {"epoch": 0, "batches": 4}
+    assert len(list(done)) == 4
     nxt = loader(epoch=1)
     nxt.load_state_dict(done.state_dict())
     assert [b.tolist() for b in nxt] == [b.tolist() for b in loader(epoch=1)]
@@ -67,17 +70,55 @@ def test_loader_state_from_a_finished_epoch_does_not_skip_the_next():
 
 def test_loader_reads_the_epoch_at_the_first_batch_as_lightning_sets_it_after_iter():
     resumed = loader(epoch=0)
-    resumed.load_state_dict({"epoch": 1, "batches": 2})
+    resumed.load_state_dict(state_after(2, epoch=1))
     batches = iter(resumed)  # Lightning creates the iterator, then calls set_epoch, then fetches
     resumed.sampler.set_epoch(1)
     assert [b.tolist() for b in batches] == [b.tolist() for b in loader(epoch=1)][2:]
+    assert [b.tolist() for b in loader(epoch=1)] != [b.tolist() for b in loader(epoch=0)]  # the epochs differ
+
+
+def test_loader_resume_passes_over_indices_without_loading_their_samples():
+    loaded = []
+
+    class Recording(list):
+        def __getitem__(self, i):
+            loaded.append(i)
+            return super().__getitem__(i)
+
+    data = Recording(range(7))
+    resumed = ResumableDataLoader(data, batch_size=2, sampler=EpochRandomSampler(data, seed=0))
+    resumed.load_state_dict(state_after(3))
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in loader()][3:]
+    assert len(loaded) == 1  # only the last batch's one sample was read, not the six passed over
+
+
+def test_sampler_ranks_share_one_order_and_resume_alike():
+    data = list(range(7))
+    whole = list(EpochRandomSampler(data, seed=5))
+    assert whole == torch.randperm(7, generator=torch.Generator().manual_seed(5)).tolist()  # as before: (seed, epoch)
+    shares = [list(EpochRandomSampler(data, seed=5, num_replicas=2, rank=r)) for r in (0, 1)]
+    assert shares[0] == (whole + whole[:1])[0::2] and shares[1] == (whole + whole[:1])[1::2]  # DistributedSampler's split
+    part = EpochRandomSampler(data, seed=5, num_replicas=2, rank=1)
+    it = iter(part)
+    next(it), next(it)
+    again = EpochRandomSampler(data, seed=5, num_replicas=2, rank=1)
+    again.load_state_dict(part.state_dict())
+    assert list(again) == shares[1][2:]
+
+
+def test_loader_resumes_from_the_state_older_checkpoints_hold():
+    """Checkpoints written before the torchdata loader hold ``{"epoch", "batches"}``; they resume alike."""
+    resumed = loader(epoch=1)
+    resumed.load_state_dict({"epoch": 1, "batches": 2})
+    assert [b.tolist() for b in resumed] == [b.tolist() for b in loader(epoch=1)][2:]
 
 
 def test_loader_resume_leaves_the_global_rng_where_it_was():
+    state = state_after(2)
     torch.manual_seed(0)
     before = torch.get_rng_state()
     resumed = loader()
-    resumed.load_state_dict({"epoch": 0, "batches": 2})
+    resumed.load_state_dict(state)
     next(iter(resumed))
     assert torch.equal(torch.get_rng_state(), before)
 

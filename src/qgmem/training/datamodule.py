@@ -124,8 +124,11 @@ class GraphTextDataModule(L.LightningDataModule):
         if shuffle:  # the train loader: an order fixed by (seed, epoch) and a position saved in checkpoints
             from qgmem.training.resume import EpochRandomSampler, ResumableDataLoader
 
+            trainer = getattr(self, "trainer", None)  # this rank's share under DDP (Lightning keeps the sampler)
+            replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
             return ResumableDataLoader(self.split(name), batch_size=batch_size,
-                                       sampler=EpochRandomSampler(self.split(name), self.order_seed),
+                                       sampler=EpochRandomSampler(self.split(name), self.order_seed,
+                                                                  num_replicas=replicas, rank=rank),
                                        num_workers=self.num_workers, collate_fn=self.collator,
                                        persistent_workers=self.num_workers > 0)
         return DataLoader(self.split(name), batch_size=batch_size, shuffle=False, num_workers=self.num_workers,

@@ -3,12 +3,12 @@
 Lightning restores weights, optimizer, scheduler and loop counters, but not what decides *which* samples
 come next and *which* dropout masks they get. Two pieces add that:
 
-- :class:`EpochRandomSampler` shuffles with a generator seeded by ``(seed, epoch)`` only, as
-  ``DistributedSampler`` does (and under DDP Lightning swaps it for one), instead of drawing each epoch's
-  order from the global RNG at the moment the epoch starts.
-- :class:`ResumableDataLoader` counts the batches it handed out this epoch and reports them through
-  the ``state_dict`` / ``load_state_dict`` pair Lightning saves for a stateful train loader; after a
-  restore, the next iteration of the same epoch passes over that many batches of the (same) order.
+- :class:`EpochRandomSampler` shuffles with a generator seeded by ``(seed, epoch)`` only (it is a
+  ``DistributedSampler``, this rank's share), instead of drawing each epoch's order from the global RNG
+  at the moment the epoch starts, and saves how many indices it gave out this epoch.
+- :class:`ResumableDataLoader` is torchdata's ``StatefulDataLoader``: Lightning saves its state (the
+  sampler's among it) for a stateful train loader, and after a restore the next iteration of the same
+  epoch passes over the indices already used, without loading their samples.
 - :class:`RandomStates` saves the torch (CPU and CUDA), numpy and Python RNG states in the checkpoint and
   puts them back on resume, so dropout continues with the same draws.
 
@@ -21,69 +21,72 @@ only matters to a dataset or collator that draws random numbers (ours draw none)
 from __future__ import annotations
 
 import random
+from itertools import islice
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 
-class EpochRandomSampler(RandomSampler):
-    """A random order that depends on ``(seed, epoch)`` only; Lightning calls ``set_epoch`` each epoch."""
+class EpochRandomSampler(DistributedSampler):
+    """This rank's share of a random order that depends on ``(seed, epoch)`` only, with its position saved.
 
-    def __init__(self, data_source, seed: int = 0):
-        super().__init__(data_source)
-        self.seed, self.epoch = int(seed), 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
-
-
-class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position within the epoch is part of the checkpoint.
-
-    The state is ``{"epoch", "batches"}``: the sampler's epoch and the batches yielded in it. A restored
-    state applies to the next iteration only if that iteration is of the same epoch (a checkpoint at an
-    epoch's end resumes with the next epoch, from its start). The batches passed over are loaded and
-    dropped, which keeps this exact under any sampler (the DDP one included) at the cost of reading them.
+    It is a ``DistributedSampler`` (one replica by default), so under DDP Lightning keeps it instead of
+    wrapping it; Lightning calls ``set_epoch`` each epoch. ``state_dict`` / ``load_state_dict`` hold
+    ``{"epoch", "yielded"}``: a restored position applies to the next iteration if it is of the same epoch
+    (a state saved at an epoch's end starts the next epoch from its start). The order is drawn at the
+    first index, not when the iterator is made, because Lightning makes the train iterator of a resumed
+    run before it sets the epoch.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._epoch: int | None = None
+    def __init__(self, data_source, seed: int = 0, num_replicas: int = 1, rank: int = 0):
+        super().__init__(data_source, num_replicas=num_replicas, rank=rank, shuffle=True, seed=int(seed))
+        self.data_source = data_source
         self._yielded = 0
-        self._restored: dict[str, Any] | None = None
+        self._restored: dict[str, int] | None = None
 
-    def _sampler_epoch(self) -> int | None:
-        sampler = self.sampler if self.batch_sampler is None else getattr(self.batch_sampler, "sampler", self.sampler)
-        epoch = getattr(sampler, "epoch", None)
-        return None if epoch is None else int(epoch)
+    def __iter__(self) -> Iterator[int]:
+        restored, self._restored = self._restored, None
+        skip = int(restored["yielded"]) if restored and restored.get("epoch") == self.epoch else 0
+        self._yielded = skip
+        for index in islice(super().__iter__(), skip, None):
+            self._yielded += 1
+            yield index
 
-    def __iter__(self) -> Iterator[Any]:
-        # a generator: the body runs at the first ``next``, after Lightning's ``set_epoch`` for this epoch
-        epoch, restored, self._restored = self._sampler_epoch(), self._restored, None
-        skip = int(restored["batches"]) if restored and restored.get("epoch") == epoch else 0
-        self._epoch, self._yielded = epoch, 0
-        rng = torch.get_rng_state() if skip else None
-        iterator = super().__iter__()  # draws the workers' base seed from the global RNG ...
-        if rng is not None:  # ... which the uninterrupted run did at the epoch's start, before the checkpoint
-            torch.set_rng_state(rng)
-        for index, batch in enumerate(iterator):
-            self._yielded = index + 1
-            if index >= skip:
-                yield batch
-
-    def state_dict(self) -> dict[str, Any]:
-        epoch = self._epoch if self._epoch is not None else self._sampler_epoch()
-        return {"epoch": epoch, "batches": self._yielded}
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": int(self.epoch), "yielded": self._yielded}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._restored = dict(state_dict)
+        self._restored = {"epoch": int(state_dict["epoch"]), "yielded": int(state_dict["yielded"])}
+
+
+class ResumableDataLoader(StatefulDataLoader):
+    """torchdata's ``StatefulDataLoader``: its position in the epoch is part of the checkpoint.
+
+    Lightning saves its ``state_dict`` for a stateful train loader and restores it on resume. With
+    :class:`EpochRandomSampler` the restored iteration passes over the indices already used without
+    loading their samples. Making the restored iterator draws the workers' base seed from the global RNG,
+    which the uninterrupted run did at the epoch's start, before the checkpoint; that draw is undone so
+    dropout continues as it would have.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if set(state_dict) == {"epoch", "batches"}:  # a checkpoint of qgmem <= 0.1's own loader: batches of the epoch
+            self.sampler.load_state_dict({"epoch": state_dict["epoch"],
+                                          "yielded": int(state_dict["batches"]) * int(self.batch_size or 1)})
+            return
+        super().load_state_dict(state_dict)
+
+    def __iter__(self):
+        restoring = getattr(self, "next_iter_state", None) is not None
+        rng = torch.get_rng_state() if restoring else None
+        iterator = super().__iter__()
+        if rng is not None:
+            torch.set_rng_state(rng)
+        return iterator
 
 
 def collect_rng_states() -> dict[str, Any]:
