@@ -247,8 +247,10 @@ class RankWeights(Callback):
         import json
         import os
 
+        sampler = trainer.train_dataloader.sampler  # the data module's, kept by Lightning under DDP
         with open(os.path.join(self.out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
-            json.dump({"local": local.tolist(), "all": every.tolist()}, f)
+            json.dump({"local": local.tolist(), "all": every.tolist(), "sampler": type(sampler).__name__,
+                       "share": list(sampler)}, f)
 
 
 @pytest.mark.slow
@@ -268,5 +270,7 @@ def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path, settings)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["all"] == ranks[1]["all"] and len(ranks[0]["all"]) == 2  # both ranks saw both
     assert ranks[0]["local"] == ranks[1]["local"]  # the same weights on every rank before the first step
+    assert ranks[0]["sampler"] == ranks[1]["sampler"] == "EpochRandomSampler"
+    assert len(ranks[0]["share"]) == 4 and sorted(ranks[0]["share"] + ranks[1]["share"]) == list(range(8))
     if settings:  # the alignment stage ran (and moved the weights) before the comparison
         assert module.hparams.align_steps == 2
