@@ -42,6 +42,9 @@ VARIANTS: dict[str, dict] = {
     "trained@100": {"reranker": "trained", "rerank_depth": 0},
     "llm@20": {"reranker": "llm", "rerank_depth": 20},
 }
+#: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
+VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
+                 for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
     "locomo_form": ROOT / "tests" / "activation" / "fixtures" / "locomo_form.json",

@@ -133,7 +133,8 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
         model_cfg["lora"] = overrides["lora"]
     if model_cfg["graph"] == "none":  # nothing of the graph network is trained or scored
         model_cfg.update(align_steps=0, align_weight=0.0)
-    data_cfg.setdefault("lm", model_cfg.get("lm"))
+    if data_cfg.get("lm") is None:  # linked from model.lm, as LightningCLI does (the signature when unset)
+        data_cfg["lm"] = model_cfg.get("lm") or module_default("lm")
     conditions = ["none"] if model_cfg["graph"] == "none" else list(args.conditions)
     steps = args.steps or DEFAULT_STEPS[kind_of(name)]
     trainer_cfg = cfg.get("trainer") or {}
