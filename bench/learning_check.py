@@ -171,7 +171,8 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
             result = json.loads(path.read_text())
             print(f"[{name}] seed {seed}: reused {path}", flush=True)
         else:
-            result = train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, conditions, args)
+            result = train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, conditions, args,
+                                     root=out / f"seed-{seed}")
             path.write_text(json.dumps(result, default=str) + "\n")
             print(f"[{name}] seed {seed}: train {result['train_s']:.0f} s, score {result['score_s']:.0f} s, "
                   f"load {result['load_start']:.1f}->{result['load_end']:.1f}; mean NLL "
@@ -300,8 +301,12 @@ def progress_callback(every: int, label: str):
     return Progress()
 
 
-def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, conditions, args) -> dict[str, Any]:
-    """One seed: initialisation, dropout, data order and alignment order all follow ``seed``."""
+def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, conditions, args,
+                    root: Path) -> dict[str, Any]:
+    """One seed: initialisation, dropout, data order and alignment order all follow ``seed``.
+
+    ``root``: the seed's folder (the alignment stage saves its weights there, not in the working folder).
+    """
     import torch
     from lightning.pytorch import Trainer, seed_everything
 
@@ -314,6 +319,7 @@ def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, cond
     module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
     accelerator = trainer_cfg.get("accelerator", "cpu")
     trainer = Trainer(accelerator=accelerator, devices=1, max_steps=steps, max_epochs=-1, logger=False,
+                      default_root_dir=str(root),
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       limit_val_batches=0, num_sanity_val_steps=0, log_every_n_steps=max(1, steps // 10),
                       gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
