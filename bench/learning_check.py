@@ -226,7 +226,7 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
         whole.append(j)
     n = max(1, len(encoded))
     return {"prompt_tokens": sum(len(e.ids) for e in encoded) / n, "memory_tokens": sum(e.memory_tokens for e in encoded) / n,
-            "num_graph_tokens": k, "entries_whole": sum(whole) / n}
+            "prompt_graph_tokens": k, "entries_whole": sum(whole) / n}
 
 
 def ablation_counts(split) -> dict[str, int]:
@@ -409,7 +409,7 @@ def brief(s: dict[str, Any]) -> dict[str, Any]:
                              for k in CONTRAST_KEYS if k in s},
                prompt_tokens=round(s["prompt_tokens"], 1), memory_tokens=round(s["memory_tokens"], 1),
                entries_whole=round(s["entries_whole"], 2),
-               num_graph_tokens=s["num_graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"],
+               prompt_graph_tokens=s["prompt_graph_tokens"], steps=s["steps"], cache_key=s["cache_key"], results=s["results"],
                ablation=s["ablation"])
     if "probe" in s:
         out["probe"] = s["probe"]
