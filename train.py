@@ -8,7 +8,11 @@ resumes. One stage at a time: ``qgmem fit|validate|test --config ...``.
 
 import sys
 
-from qgmem.training.cli import script_main
+from qgmem.omp import prefer_passive_waiting
+
+prefer_passive_waiting()  # before torch is imported
+
+from qgmem.training.cli import script_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(script_main(default_config="default"))

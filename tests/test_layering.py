@@ -22,7 +22,7 @@ import qgmem
 #: package's own ``__init__``; ``__main__`` runs the command line.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("qgmem", "errors", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting",
-     "bootstrap", "provenance"),
+     "bootstrap", "provenance", "omp"),
     ("data",),
     ("llm",),
     ("memory",),

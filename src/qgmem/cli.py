@@ -42,6 +42,9 @@ TRAINING_COMMANDS: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    from qgmem.omp import prefer_passive_waiting
+
+    prefer_passive_waiting()  # before a subcommand imports torch
     argv, debug = split_debug(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="qgmem", description=__doc__.splitlines()[0],
                                      epilog=f"{DEBUG_FLAG}: show the traceback of an error (any command)")
