@@ -38,7 +38,8 @@ class PromptSettings:
         max_answer_tokens: supervised answer length, end-of-turn token included.
         enable_thinking: the chat template's thinking switch (Qwen3); off for answers in one sentence.
         system_prompt: the system turn (``None``: no system turn).
-        num_graph_tokens: ``K``, the graph-token slots placed together right before the user content.
+        num_graph_tokens: ``K``, the graph-token slots placed together right before the user content
+            (``None``: not fixed here; the model sets it to its readout's K, whose default is the module's).
         include_memory_text: ``False`` is the graph-only prompt: the textual working memory is left out
             and the graph tokens are the only memory the LM sees.
         first_line: an answer is its first non-empty line (generation stops at a line break when thinking
@@ -52,7 +53,7 @@ class PromptSettings:
     max_answer_tokens: int = 64
     enable_thinking: bool = False
     system_prompt: str | None = SYSTEM_PROMPT
-    num_graph_tokens: int = 1
+    num_graph_tokens: int | None = None
     include_memory_text: bool = True
     first_line: bool = True
     memory_units: int | None = None
@@ -64,7 +65,7 @@ class PromptSettings:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.max_answer_tokens < 1:
             raise ValueError(f"max_answer_tokens must be >= 1, got {self.max_answer_tokens}")
-        if self.num_graph_tokens < 1:
+        if self.num_graph_tokens is not None and self.num_graph_tokens < 1:
             raise ValueError(f"num_graph_tokens must be >= 1, got {self.num_graph_tokens}")
 
     def to_dict(self) -> dict[str, Any]:
