@@ -186,11 +186,18 @@ def test_an_outage_stops_the_build_and_a_later_run_recovers(tmp_path, convomem_p
     assert after["reused_dialogues"] == 0 and after["units"] > 0 and after["skipped_windows"] == 0
 
 
-def test_failed_windows_under_the_threshold_are_asked_again_on_resume(tmp_path, convomem_path, capsys, fake_encoder):
-    def flaky(request):
+def _failing_on_friday(status: int, body: str):
+    """A server that answers ``status`` to every window mentioning Friday and the recorded reply otherwise."""
+    def handler(request):
         if any("Friday" in m["content"] for m in request["messages"]):
-            return 500, "down for this one"
+            return status, body
         return completion(_recorded(request["messages"]))
+
+    return handler
+
+
+def test_failed_windows_under_the_threshold_are_asked_again_on_resume(tmp_path, convomem_path, capsys, fake_encoder):
+    flaky = _failing_on_friday(500, "down for this one")
 
     with StubServer(flaky) as server:
         assert main(_llm_args(server.url, convomem_path, tmp_path, deadline="0.5")) == 0
@@ -207,10 +214,7 @@ def test_failed_windows_under_the_threshold_are_asked_again_on_resume(tmp_path, 
 
 
 def test_max_failed_windows_zero_stops_at_one_failed_window(tmp_path, convomem_path, capsys, fake_encoder):
-    def flaky(request):
-        if any("Friday" in m["content"] for m in request["messages"]):
-            return 401, "no"
-        return completion(_recorded(request["messages"]))
+    flaky = _failing_on_friday(401, "no")
 
     with StubServer(flaky) as server:
         assert main(_llm_args(server.url, convomem_path, tmp_path, "--max-failed-windows", "0")) == 2
