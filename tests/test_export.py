@@ -158,6 +158,29 @@ def test_export_subcommand(exported, tmp_path):
         export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "x")
 
 
+def test_export_over_an_existing_one_replaces_it_whole(exported, tmp_path, monkeypatch):
+    from qgmem.integrity import verify_sealed
+
+    ckpt, _ = exported
+    out = tmp_path / "export"
+    export_checkpoint(ckpt, out)
+    (out / "stale.txt").write_text("from an older export")
+    export_checkpoint(ckpt, out)  # the old folder goes whole: nothing of it is left beside the new files
+    assert not (out / "stale.txt").exists() and verify_sealed(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp or .old- folder left
+
+    def dies_half_way(self, folder):  # a write that fails after its first file
+        (Path(folder) / WEIGHTS_FILE).write_bytes(b"half")
+        raise OSError("disk full")
+
+    (out / "marker.txt").write_text("the export being served")
+    monkeypatch.setattr(GraphTokenEncoder, "_save_pretrained", dies_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        export_checkpoint(ckpt, out)
+    assert (out / "marker.txt").exists() and verify_sealed(out)  # the served export is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_export_refuses_nonfinite_weights(exported, tmp_path, value):
     ckpt = torch.load(exported[0], map_location="cpu", weights_only=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 from qgmem import __version__
 from qgmem.provenance import git_commit
 from qgmem.finite import nonfinite_names
+from qgmem.integrity import fresh_temp_dir, publish_dir
 from qgmem.model.graph_token import GraphTokenConfig
 from qgmem.model.pretrained import (CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, GraphTokenEncoder,
                                     peft_adapter_state)
@@ -129,7 +131,7 @@ def _data_split(info: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
-    """Write the export folder for ``ckpt_path``; returns ``out_dir``.
+    """Write the export folder for ``ckpt_path``; returns ``out_dir`` (an existing one is replaced whole).
 
     ``metrics`` default to the checkpoint's own run's (:func:`find_metrics`); none found, the card says so.
     """
@@ -146,8 +148,15 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     encoder = GraphTokenEncoder(GraphTokenConfig.from_dict(config["graph_token"]), config,
                                 adapter=peft_adapter_state(adapter) if adapter else None)
     encoder.load_state_dict(weights, strict=True)
-    encoder.save_pretrained(out)
-    return out
+    # built beside and renamed into place: an export killed half-way, or written over one that is
+    # being served, never leaves a half-written folder under ``out``
+    tmp = fresh_temp_dir(out)
+    try:
+        encoder.save_pretrained(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return publish_dir(tmp, out, if_exists="replace")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
