@@ -5,6 +5,9 @@ PNG plus the Markdown table that goes beside it::
 
     python bench/learning_check.py --protocol budget --memory-units 1 3 ... | tail -1 > budget.json
     python bench/plot_budget.py budget.json --out docs/learning_check_budget.png
+
+Several files (runs of the sweep at other m) are merged into one curve, and the merged JSON line is
+written with ``--merged FILE``. Each file must come from the same split, seeds and test samples.
 """
 
 from __future__ import annotations
@@ -35,17 +38,40 @@ def table(budget: dict) -> str:
     return "\n".join(rows)
 
 
+def merge(results: list[dict]) -> dict:
+    """One sweep from several runs: their ``budget`` entries side by side (an m given twice is refused)."""
+    first, budget = dict(results[0]), {}
+    for r in results:
+        for key in ("split", "seed_list", "n_test"):
+            if r[key] != first[key]:
+                raise ValueError(f"the runs differ in {key}: {first[key]!r} and {r[key]!r}")
+        for m, entry in r["budget"].items():
+            if m in budget:
+                raise ValueError(f"m = {m} is in two of the files")
+            budget[m] = entry
+    first["budget"] = budget
+    first["budget_target_met"] = any(e.get("target_met") for m, e in budget.items() if m in ("1", "3"))
+    first["wall_s"] = sum(r.get("wall_s", 0.0) for r in results)
+    return first
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("result", help="file holding the learning check's JSON line")
+    p.add_argument("results", nargs="+", help="files holding the learning check's JSON line")
     p.add_argument("--out", default="docs/learning_check_budget.png")
+    p.add_argument("--merged", default=None, help="write the merged JSON line here")
     args = p.parse_args(argv)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    result = json.loads(Path(args.result).read_text().strip().splitlines()[-1])
+    try:
+        result = merge([json.loads(Path(f).read_text().strip().splitlines()[-1]) for f in args.results])
+    except ValueError as e:
+        p.error(str(e))
+    if args.merged:
+        Path(args.merged).write_text(json.dumps(result) + "\n")
     budget = result["budget"]
     ms = sorted(budget, key=int)
     fig, ax = plt.subplots(figsize=(6, 4))
