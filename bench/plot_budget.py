@@ -34,7 +34,7 @@ def table(budget: dict) -> str:
         rows.append(f"| {m} | {e['prompt_tokens']:.0f} | {e['memory_tokens']:.0f} | "
                     + " | ".join("-" if nll.get(c) is None else f"{nll[c]:.3f}" for c in CONDITIONS) + " | "
                     + " | ".join(ci(e.get(k)) for k in ("own_vs_none", "own_vs_ablated", "own_vs_shuffled"))
-                    + f" | {'yes' if e.get('target_met') else 'no'} |")
+                    + f" | {'-' if e.get('target_met') is None else 'yes' if e['target_met'] else 'no'} |")
     return "\n".join(rows)
 
 
