@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from qgmem.model.random_lm import save_random_lm
@@ -21,6 +22,14 @@ from .test_datamodule import write_convomem
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow  # builds a small cache with the embedded sentence encoder
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """The script sets torch's thread count for the whole process; later tests must not inherit it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 def load_script():

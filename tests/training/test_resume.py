@@ -174,7 +174,10 @@ def uninterrupted(lm_path, tmp_path_factory):
 def test_a_sigkilled_run_resumed_from_last_matches_the_uninterrupted_run(uninterrupted, lm_path, tmp_path, kill_at):
     reference, reference_root = uninterrupted
     root = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    # the child computes the first steps and this process the rest: with another thread count their float
+    # sums differ in the last bits, so the child gets this process's count, whatever set it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}
     child = subprocess.run([sys.executable, str(HERE / "resume_child.py"), *run_args(root, lm_path),
                             "--trainer.callbacks+=__main__.KillAt", "--trainer.callbacks.init_args.step", str(kill_at)],
                            env=env, capture_output=True, text=True, timeout=600)
