@@ -42,6 +42,19 @@ VARIANTS: dict[str, dict] = {
     "trained@100": {"reranker": "trained", "rerank_depth": 0},
     "llm@20": {"reranker": "llm", "rerank_depth": 20},
 }
+#: round 5: the units' source turns (a fourth channel; a reranker term) and turn diversity
+SOURCE = ("lexical", "semantic", "attribute", "source")
+VARIANTS.update({
+    "source_channel": {"channels": SOURCE},
+    "source_w0.3": {"source_weight": 0.3},
+    "source_w0.7": {"source_weight": 0.7},
+    "source_channel+w0.3": {"channels": SOURCE, "source_weight": 0.3},
+    "source_channel+w0.7": {"channels": SOURCE, "source_weight": 0.7},
+    "per_turn1": {"max_units_per_turn": 1},
+    "per_turn2": {"max_units_per_turn": 2},
+    # the best source variant with the better per-turn setting, named from the first round-5 run
+    "combo": {"channels": SOURCE, "source_weight": 0.7, "max_units_per_turn": 1},
+})
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
@@ -183,6 +196,24 @@ def main() -> int:
             for b in ("baseline_bm25_turns", "baseline_dense_turns"):
                 print(f"| {b[len('baseline_'):]} R@10 | "
                       + " | ".join(f"{s['per_category'][c][b]['recall@10']:.3f}" for c in categories) + " |")
+    slices = [name for name in ("convomem_val1", "convomem_val2") if name in per_question]
+    if len(slices) == 2 and "default" in per_question[slices[0]]:
+        print("\n## ConvoMem validation, both slices pooled")
+        print("| variant | n | R@10 | nDCG@10 | ΔR@10 vs default [95 % CI] | ΔnDCG@10 vs default [95 % CI] |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for variant in results[slices[0]]:
+            rows = {metric: ([], []) for metric in ("recall@10", "ndcg@10")}
+            for name in slices:
+                default = per_question[name]["default"]
+                for qid, record in default.items():
+                    other = per_question[name][variant][qid]
+                    for metric, (a, b) in rows.items():
+                        a.append(record[metric])
+                        b.append(other[metric])
+            (ra, rb), (na, nb) = rows["recall@10"], rows["ndcg@10"]
+            dr, dn = paired_interval(ra, rb), paired_interval(na, nb)
+            print(f"| {variant} | {len(rb)} | {np.mean(rb):.3f} | {np.mean(nb):.3f} | "
+                  f"{dr[0]:+.3f} [{dr[1]:+.3f}, {dr[2]:+.3f}] | {dn[0]:+.3f} [{dn[1]:+.3f}, {dn[2]:+.3f}] |")
     payload = json.dumps(results)
     if args.json_out:
         Path(args.json_out).write_text(payload)

@@ -72,6 +72,7 @@ def test_per_question_file(small_store, hash_encoder, tmp_path):
     assert q1["activated"][0]["unit_id"] == "u5" and q1["activated"][0]["source_turn_ids"] == ["t11"]
     assert q1["activated"][0]["speaker"] == "Caroline" and len(q1["activated"]) == 2
     assert q1["gold_rank"] == {"t11": 1} and q1["recall@5"] == 1.0
+    assert q1["ndcg@2"] == 1.0 and q1["precision@2"] == 0.5  # the gold unit first, one of two slots
     units = {u.id: u.source_turn_ids for u in small_store.units}
     assert all(a["source_turn_ids"] == units[a["unit_id"]] for r in rows for a in r["activated"])
     # t99 is grounded by no unit: never ranked by activation, first for BM25 over the raw turns

@@ -15,7 +15,8 @@ import time
 
 import numpy as np
 
-from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel, normalize_name
+from qgmem.activation.channels import (AttributeChannel, Hits, LexicalChannel, SemanticChannel, normalize_name,
+                                       source_turn_embeddings)
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.fuse import reciprocal_rank_fusion
 from qgmem.activation.graph import build_local_graph
@@ -38,6 +39,30 @@ def superseded_map(store: MemoryStore) -> dict[str, str]:
             if uid != trace.latest_unit_id and "update" in trace.transitions[i + 1:]:
                 out[uid] = trace.latest_unit_id
     return out
+
+
+def diversify_turns(ranked: list[tuple[Candidate, float]], per_turn: int) -> list[tuple[Candidate, float]]:
+    """``ranked`` with every unit whose source turns each already have ``per_turn`` units above it moved
+    below the rest (both groups keep their order; the moved ones are scored below the lowest kept score).
+
+    Several facts of one turn fill several of the k slots with one piece of the dialogue; moving the
+    repeats down lets the next-best turns in. A unit without source turns is never moved.
+    """
+    counts: dict[str, int] = {}
+    kept: list[tuple[Candidate, float]] = []
+    moved: list[Candidate] = []
+    for candidate, score in ranked:
+        turns = candidate.unit.source_turn_ids
+        if turns and all(counts.get(t, 0) >= per_turn for t in turns):
+            moved.append(candidate)
+            continue
+        for t in turns:
+            counts[t] = counts.get(t, 0) + 1
+        kept.append((candidate, score))
+    if not moved:
+        return ranked
+    floor = (kept[-1][1] if kept else 0.0) - 1.0
+    return kept + [(c, floor - i * 1e-3) for i, c in enumerate(moved)]
 
 
 class Activator:
@@ -73,13 +98,19 @@ class Activator:
                              if "semantic" in channels else None)
         self.attribute = (AttributeChannel(units, encoder, config.attribute_threshold)
                           if "attribute" in channels else None)
+        # the units' source turns, embedded once per store (each distinct turn once)
+        self.source_embeddings = source_turn_embeddings(units, encoder) if config.uses_source_turns else None
+        self.source = (SemanticChannel(self.source_embeddings, config.ann_min_units, config.hnsw_m,
+                                       config.hnsw_ef_search)
+                       if "source" in channels else None)
+        blend = dict(weight=config.embedding_weight, lexical_weight=config.lexical_weight,
+                     source_embeddings=self.source_embeddings, source_weight=config.source_weight)
         self.reranker = reranker if reranker is not None else make_reranker(
             config.reranker, embeddings=embeddings, encoder=encoder, path=config.reranker_path,
-            batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens,
-            weight=config.embedding_weight, lexical_weight=config.lexical_weight,
+            batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens, **blend,
         )
         # two-stage reranking: the embedding reranker orders the pool, the model rescores its top
-        self.first_stage = (EmbeddingReranker(embeddings, encoder, config.embedding_weight, config.lexical_weight)
+        self.first_stage = (EmbeddingReranker(embeddings, encoder, **blend)
                             if config.rerank_depth and config.reranker != "embedding" else None)
         self.parser = parser if parser is not None else make_parser(config.parser, llm)
         self.superseded = superseded_map(store) if config.superseded != "keep" else {}
@@ -131,6 +162,10 @@ class Activator:
             t = time.perf_counter()
             hits["attribute"] = self.attribute.search(constraints, depth, entity_vecs, location_vecs)
             timings["attribute"] = (time.perf_counter() - t) * 1e3
+        if self.source is not None:
+            t = time.perf_counter()
+            hits["source"] = self.source.search(query_vec, depth)
+            timings["source"] = (time.perf_counter() - t) * 1e3
         return hits
 
     def pool(self, hits: dict[str, Hits]) -> list[Candidate]:
@@ -194,6 +229,8 @@ class Activator:
         if rest:
             floor = ranked[-1][1] - 1.0
             ranked += [(c, floor - i * 1e-3) for i, c in enumerate(rest)]
+        if self.config.max_units_per_turn:
+            ranked = diversify_turns(ranked, self.config.max_units_per_turn)
         return ranked
 
     @staticmethod

@@ -13,7 +13,9 @@ SupersededMode = Literal["attach", "fold", "keep"]
 
 #: fields added after caches were first keyed by these settings (see ``ActivationConfig.key_dict``)
 LATER_FIELDS = ("lexical_speaker_once", "rerank_depth", "expansion_seeds", "expansion_max_entity_units",
-                "feedback_seeds")
+                "feedback_seeds", "source_weight", "max_units_per_turn")
+#: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
+CHANNELS = ("lexical", "semantic", "attribute", "source")
 
 
 @dataclass
@@ -48,6 +50,8 @@ class ActivationConfig:
     reranker_max_doc_tokens: int = 256
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
     lexical_weight: float = 0.2  # embedding reranker: added weight of the normalized BM25 score
+    # embedding reranker: added weight of the cosine between the question and the unit's source turn
+    source_weight: float = 0.0
     # Superseded trace members (followed by a later "update"): "attach" keeps them and pulls their trace's
     # latest state into the pool beside them; "fold" replaces them by the latest state; "keep" does neither.
     superseded: SupersededMode = "attach"
@@ -63,6 +67,9 @@ class ActivationConfig:
     # second round: lexical and semantic retrieval again with the question plus the facts of the first
     # round's top ``feedback_seeds`` reranked units (pseudo-relevance feedback), fused with the first round.
     feedback_seeds: int = 0
+    # turn diversity: after reranking, a unit whose source turns each already have this many units
+    # ranked above it moves below the others (0 = off), so the k slots cover more of the dialogue
+    max_units_per_turn: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -74,19 +81,25 @@ class ActivationConfig:
             raise ValueError(f"superseded must be attach|fold|keep, got {self.superseded!r}")
         if self.parser not in ("heuristic", "llm"):
             raise ValueError(f"parser must be heuristic|llm, got {self.parser!r}")
-        unknown = set(self.channels) - {"lexical", "semantic", "attribute"}
+        unknown = set(self.channels) - set(CHANNELS)
         if unknown or not self.channels:
-            raise ValueError(f"channels must be a non-empty subset of lexical/semantic/attribute, got {self.channels}")
+            raise ValueError(f"channels must be a non-empty subset of {'/'.join(CHANNELS)}, got {self.channels}")
         if not 0.0 <= self.embedding_weight <= 1.0:
             raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
-        if self.lexical_weight < 0.0:
-            raise ValueError(f"lexical_weight must be >= 0, got {self.lexical_weight}")
-        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth"):
+        for name in ("lexical_weight", "source_weight"):
+            if getattr(self, name) < 0.0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth", "max_units_per_turn"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.expansion_max_entity_units < 1:
             raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
+
+    @property
+    def uses_source_turns(self) -> bool:
+        """Whether activation needs the units' source-turn embeddings (source channel or reranker term)."""
+        return "source" in self.channels or self.source_weight > 0
 
     def key_dict(self) -> dict[str, Any]:
         """The settings as a cache key holds them: every field, except that the fields added after

@@ -22,7 +22,7 @@ import numpy as np
 
 from qgmem.activation.activator import Activator
 from qgmem.activation.baseline import BM25TurnBaseline, DenseTurnBaseline
-from qgmem.activation.config import RERANKERS, ActivationConfig
+from qgmem.activation.config import CHANNELS, RERANKERS, ActivationConfig
 from qgmem.activation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
 from qgmem.activation.rerank import make_reranker
 from qgmem.activation.serialize import count_tokens
@@ -109,6 +109,7 @@ def question_record(case: Case, qa, activator: Activator, k: int, gold: set[str]
                       for c, score in ranking[:k]],
         "gold_rank": gold_ranks(entries, gold),
         **{f"recall@{depth}": r for depth, r in _depth_recalls(entries, gold).items()},
+        **{f"{name}@{k}": value for name, value in evidence_metrics(entries[:k], gold, k).items() if name != "recall"},
         "pool_size": len(activator.last_pool), "pool_recall": pools,
         **{f"gold_rank_{name}": gold_ranks(b_entries, gold) for name, b_entries in baselines.items()},
     }
@@ -252,6 +253,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feedback-seeds", type=int, default=defaults.feedback_seeds,
                         help="multi-hop: a second retrieval round seeded by this many top units' facts "
                              f"(default {defaults.feedback_seeds}; 0 = off)")
+    parser.add_argument("--source-weight", type=float, default=defaults.source_weight,
+                        help="embedding reranker: weight of the question's cosine with each unit's source turn "
+                             f"(default {defaults.source_weight})")
+    parser.add_argument("--max-units-per-turn", type=int, default=defaults.max_units_per_turn,
+                        help="turn diversity: units whose source turns already have this many units above them move "
+                             f"down (default {defaults.max_units_per_turn}; 0 = off)")
     parser.add_argument("--out", default=None,
                         help="write one JSON line per question: gold turns, activated units, gold-turn ranks")
     parser.add_argument("--no-dense-baseline", action="store_true",
@@ -272,7 +279,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokenizer that counts working-memory tokens ('none' to skip)")
     parser.add_argument("--superseded", default=defaults.superseded, choices=["attach", "fold", "keep"],
                         help="superseded trace members: keep and attach the latest state (default), fold into it, or keep")
-    parser.add_argument("--channels", default="lexical,semantic,attribute", help="comma-separated channel subset")
+    parser.add_argument("--channels", default=",".join(defaults.channels),
+                        help=f"comma-separated subset of {','.join(CHANNELS)} (default {','.join(defaults.channels)})")
     parser.add_argument("--device", default=None, help="device for model rerankers (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch/FAISS CPU threads (1 avoids oversubscription on a busy machine)")
@@ -344,7 +352,8 @@ def run(args: argparse.Namespace) -> int:
         config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
                                   reranker_path=args.reranker_path, superseded=args.superseded,
                                   expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
-                                  rerank_depth=args.rerank_depth,
+                                  rerank_depth=args.rerank_depth, source_weight=args.source_weight,
+                                  max_units_per_turn=args.max_units_per_turn,
                                   channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
     encoder = SentenceEncoder(args.encoder)
     tokenizer = None

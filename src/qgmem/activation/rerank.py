@@ -86,11 +86,16 @@ class EmbeddingReranker:
     the question may name an earlier value ("still a nurse?").
     """
 
-    def __init__(self, embeddings: np.ndarray, encoder=None, weight: float = 0.7, lexical_weight: float = 0.0):
+    def __init__(self, embeddings: np.ndarray, encoder=None, weight: float = 0.7, lexical_weight: float = 0.0,
+                 source_embeddings: np.ndarray | None = None, source_weight: float = 0.0):
+        if source_weight > 0 and source_embeddings is None:
+            raise ValueError("EmbeddingReranker: source_weight > 0 needs the units' source-turn embeddings")
         self.embeddings = embeddings
         self.encoder = encoder
         self.weight = weight
         self.lexical_weight = lexical_weight
+        self.source_embeddings = source_embeddings
+        self.source_weight = source_weight
 
     def score(self, question: str, candidates: list[Candidate], query_vec: np.ndarray | None = None) -> np.ndarray:
         if not candidates:
@@ -109,7 +114,10 @@ class EmbeddingReranker:
         fused = np.asarray([c.fused for c in candidates], dtype=np.float32)
         fused = fused / fused.max() if fused.max() > 0 else fused
         lexical = np.asarray([c.lexical for c in candidates], dtype=np.float32)
-        return (self.weight * cosine + (1.0 - self.weight) * fused + self.lexical_weight * lexical).astype(np.float32)
+        score = self.weight * cosine + (1.0 - self.weight) * fused + self.lexical_weight * lexical
+        if self.source_weight > 0:
+            score = score + self.source_weight * (self.source_embeddings[idx] @ q)
+        return score.astype(np.float32)
 
 
 class CrossEncoderReranker:
@@ -263,10 +271,11 @@ class LLMReranker:
 
 def make_reranker(kind: str, *, embeddings: np.ndarray, encoder=None, path: str | None = None,
                   batch_size: int = 16, max_doc_tokens: int = 256, weight: float = 0.7, lexical_weight: float = 0.0,
+                  source_embeddings: np.ndarray | None = None, source_weight: float = 0.0,
                   device: str | None = None):
     """Build a backend from settings; ``path`` is the cross-encoder folder or the causal LM (default SmolLM2)."""
     if kind == "embedding":
-        return EmbeddingReranker(embeddings, encoder, weight, lexical_weight)
+        return EmbeddingReranker(embeddings, encoder, weight, lexical_weight, source_embeddings, source_weight)
     if kind in ("cross-encoder", "trained"):
         if not path:
             raise ValueError(f"reranker={kind!r} needs reranker_path (a sentence-transformers cross-encoder folder"
