@@ -214,6 +214,11 @@ def main() -> int:
             dr, dn = paired_interval(ra, rb), paired_interval(na, nb)
             print(f"| {variant} | {len(rb)} | {np.mean(rb):.3f} | {np.mean(nb):.3f} | "
                   f"{dr[0]:+.3f} [{dr[1]:+.3f}, {dr[2]:+.3f}] | {dn[0]:+.3f} [{dn[1]:+.3f}, {dn[2]:+.3f}] |")
+        for b in ("baseline_bm25_turns", "baseline_dense_turns"):  # question-weighted over the slices
+            rows = [results[name]["default"] for name in slices]
+            n = sum(r["n_questions"] for r in rows)
+            mean = {m: sum(r[b][m] * r["n_questions"] for r in rows) / n for m in ("recall@10", "ndcg@10")}
+            print(f"| {b[len('baseline_'):]} | {n} | {mean['recall@10']:.3f} | {mean['ndcg@10']:.3f} | | |")
     payload = json.dumps(results)
     if args.json_out:
         Path(args.json_out).write_text(payload)

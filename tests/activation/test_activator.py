@@ -146,7 +146,7 @@ def _multi_hop_store(encoder) -> MemoryStore:
 def _multi_hop_ids(encoder, **mechanism) -> list[str]:
     # lexical channel only and a fused-order reranker, so which units reach the pool decides the outcome
     config = ActivationConfig(k=4, pool_size=10, channels=("lexical",), embedding_weight=0.0, lexical_weight=0.0,
-                              expansion_max_entity_units=3, **mechanism)
+                              source_weight=0.0, max_units_per_turn=0, expansion_max_entity_units=3, **mechanism)
     return [u.id for u in Activator(_multi_hop_store(encoder), encoder, config).activate(MULTI_HOP_QUESTION).units]
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qgmem.activation.activator import Activator, diversify_turns
-from qgmem.activation.channels import source_turn_embeddings, source_turn_text
+from qgmem.memory.source_turns import source_turn_embeddings, source_turn_text
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.rerank import Candidate, EmbeddingReranker
 
@@ -42,8 +42,9 @@ def test_source_turn_embeddings_encode_each_distinct_turn_once(hash_encoder):
 
 def test_source_turn_vectors_are_built_only_when_used(hash_encoder):
     store = _puppy_store(hash_encoder)
-    assert Activator(store, hash_encoder, ActivationConfig()).source_embeddings is None
-    assert Activator(store, hash_encoder, ActivationConfig(source_weight=0.5)).source_embeddings.shape == (2, 64)
+    off = ActivationConfig(channels=("lexical", "semantic", "attribute"), source_weight=0.0)
+    assert Activator(store, hash_encoder, off).source_embeddings is None
+    assert Activator(store, hash_encoder, ActivationConfig()).source_embeddings.shape == (2, 64)
 
 
 @pytest.mark.parametrize("channel,first", [("semantic", "distractor"), ("source", "evidence")])
@@ -107,23 +108,57 @@ def test_max_units_per_turn_in_activation(hash_encoder):
     units = [make_unit(f"u{i}", f"garden fact number {i}", "s", "p", "o", ["t1" if i < 3 else f"t{i}"])
              for i in range(5)]
     store = store_of(units, hash_encoder)
-    plain = Activator(store, hash_encoder, ActivationConfig(k=3)).activate("garden fact number 0 1 2")
-    diverse = Activator(store, hash_encoder, ActivationConfig(k=3, max_units_per_turn=1)).activate(
-        "garden fact number 0 1 2")
+    base = dict(k=3, channels=("lexical", "semantic"), source_weight=0.0)
+    question = "garden fact number 0 1 2"
+    plain = Activator(store, hash_encoder, ActivationConfig(**base, max_units_per_turn=0)).activate(question)
+    diverse = Activator(store, hash_encoder, ActivationConfig(**base, max_units_per_turn=1)).activate(question)
     assert [u.source_turn_ids[0] for u in plain.units] == ["t1", "t1", "t1"]  # control: all from one turn
     assert [u.source_turn_ids[0] for u in diverse.units][0] == "t1"
     assert len({u.source_turn_ids[0] for u in diverse.units}) == 3
 
 
 def test_settings_validate_and_key():
-    assert ActivationConfig(channels=("lexical", "source")).uses_source_turns
-    assert not ActivationConfig().uses_source_turns
+    assert ActivationConfig().uses_source_turns  # the default since round 5
+    assert ActivationConfig(channels=("lexical", "source"), source_weight=0.0).uses_source_turns
+    assert not ActivationConfig(channels=("lexical", "semantic"), source_weight=0.0).uses_source_turns
     with pytest.raises(ValueError, match="channels"):
         ActivationConfig(channels=("lexical", "turns"))
     for bad in ({"source_weight": -0.1}, {"max_units_per_turn": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ActivationConfig(**bad)
     base = ActivationConfig().key_dict()
-    assert "source_weight" not in base and "max_units_per_turn" not in base  # old cache keys hold
+    assert base["source_weight"] == 0.7 and base["max_units_per_turn"] == 1
+    off = ActivationConfig(source_weight=0.0, max_units_per_turn=0).key_dict()
+    assert "source_weight" not in off and "max_units_per_turn" not in off  # the earlier behaviour, the earlier key
     assert ActivationConfig(source_weight=0.3).key_dict() != base
-    assert ActivationConfig(max_units_per_turn=1).key_dict() != base
+
+
+def test_settings_recorded_before_round5_keep_their_activation():
+    """An export written before the source settings existed loads with them off, not with today's defaults."""
+    current = ActivationConfig(k=7)
+    assert ActivationConfig.from_dict(current.to_dict()) == current  # a round trip keeps every field
+    old = current.to_dict()
+    for name in ("source_weight", "max_units_per_turn"):
+        del old[name]
+    old["channels"] = ["lexical", "semantic", "attribute"]
+    loaded = ActivationConfig.from_dict(old)
+    assert (loaded.source_weight, loaded.max_units_per_turn, loaded.k) == (0.0, 0, 7)
+    assert not loaded.uses_source_turns
+    with pytest.raises(TypeError):
+        ActivationConfig.from_dict({"no_such_setting": 1})
+
+
+def test_activator_uses_the_stores_vectors_and_extends_them_in_place(hash_encoder):
+    store = _puppy_store(hash_encoder)
+    store.source_embeddings = source_turn_embeddings(store.units, hash_encoder)
+    calls = hash_encoder.calls
+    act = Activator(store, hash_encoder, ActivationConfig())
+    assert hash_encoder.calls == calls  # the store's vectors, no turn embedded again
+    assert act.source_embeddings is not None and np.array_equal(act.source_embeddings, store.source_embeddings)
+    more = store_of([*store.units, make_unit("late", "Biscuit chewed a shoe", "Biscuit", "chewed", "shoe", ["t3"],
+                                             source_text="the puppy chewed my garden shoe")], hash_encoder)
+    more.source_embeddings = source_turn_embeddings(more.units, hash_encoder)
+    source_index = act.source
+    grown = act.extended(more)
+    assert grown.source is source_index and grown.source.size == 3  # the same index, the new row added
+    assert [u.id for u in grown.activate("puppy garden shoe").units][0] == "late"

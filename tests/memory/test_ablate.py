@@ -29,6 +29,12 @@ def test_without_units_rebuilds_the_traces_over_what_is_left():
     assert reduced.unit("u3").trace_id is None or len(reduced.trace_of(reduced.unit("u3")).unit_ids) >= 2
     assert ([u.trace_id for u in store.units], [t.unit_ids for t in store.traces]) == before  # untouched
     assert reduced.meta["ablated_units"] == 1
+    from qgmem.memory.source_turns import source_turn_embeddings
+
+    store.source_embeddings = source_turn_embeddings(store.units, encoder)
+    reduced = without_units(store, {"u4"}, encoder.encode, ConstructionConfig())
+    assert reduced.source_embeddings.shape == (7, store.embeddings.shape[1])
+    assert (reduced.source_embeddings[4] == store.source_embeddings[5]).all()  # u5's source row moved with it
 
 
 def test_evidence_only_nodes_leave_out_nodes_other_units_also_give():

@@ -37,6 +37,8 @@ def _assert_same(one, inc) -> None:
     assert [u.to_dict() for u in inc.units] == [u.to_dict() for u in one.units]
     assert [t.to_dict() for t in inc.traces] == [t.to_dict() for t in one.traces]
     np.testing.assert_allclose(inc.embeddings, one.embeddings, atol=1e-5)
+    assert inc.source_embeddings.shape == inc.embeddings.shape  # the source-turn vectors grow with the store
+    np.testing.assert_allclose(inc.source_embeddings, one.source_embeddings, atol=1e-5)
     assert inc.meta["extent"] == one.meta["extent"]
     assert inc.meta["counts"]["units"] == one.meta["counts"]["units"]
     assert inc.meta["counts"]["traces"] == one.meta["counts"]["traces"]

@@ -131,6 +131,39 @@ def test_garbled_meta_is_an_integrity_error(built):
         MemoryStore.load(folder)
 
 
+def test_source_turn_embeddings_are_built_saved_and_checked(built, tmp_path):
+    from safetensors.numpy import save_file
+
+    from qgmem.integrity import manifest
+    from qgmem.memory.source_turns import source_turn_embeddings
+    from qgmem.memory.store import DATA_FILES
+
+    builder, store, folder = built
+    assert store.source_embeddings.shape == store.embeddings.shape
+    np.testing.assert_array_equal(store.source_embeddings, source_turn_embeddings(store.units, builder.encoder))
+    back = MemoryStore.load(folder)
+    np.testing.assert_array_equal(back.source_embeddings, store.source_embeddings)
+
+    def rewrite(tensors):  # a hand-edited file whose checksums were updated, so only the shape check can see it
+        save_file(tensors, str(folder / "embeddings.safetensors"))
+        meta = json.loads((folder / "meta.json").read_text())
+        (folder / "meta.json").write_text(json.dumps({**meta, "files": manifest(folder, DATA_FILES)}))
+
+    rewrite({"embeddings": store.embeddings})  # a store from before stores kept them: loads without
+    assert MemoryStore.load(folder).source_embeddings is None
+    rewrite({"embeddings": store.embeddings, "source_embeddings": store.source_embeddings[:-1]})
+    with pytest.raises(IntegrityError, match="source-turn embeddings"):
+        MemoryStore.load(folder)
+    bad = store.source_embeddings.copy()
+    bad[0, 0] = np.inf
+    rewrite({"embeddings": store.embeddings, "source_embeddings": bad})
+    with pytest.raises(IntegrityError, match="non-finite source-turn"):
+        MemoryStore.load(folder)
+    store.source_embeddings = store.source_embeddings[:, :3]
+    with pytest.raises(ValueError, match="source-turn embeddings"):
+        store.save(tmp_path / "other")
+
+
 def test_nan_embeddings_written_by_hand_are_refused(built):
     from safetensors.numpy import save_file
 

@@ -14,11 +14,17 @@ def _spec(activation: ActivationConfig) -> CacheSpec:
     return CacheSpec(activation=activation, answer_filter="none", data_fingerprint="stat")
 
 
-def test_default_key_holds_no_later_field():
-    key = _spec(ActivationConfig()).sample_settings()["activation"]
+def test_later_fields_enter_the_key_only_away_from_their_earlier_behaviour():
+    before = ActivationConfig(channels=("lexical", "semantic", "attribute"), **LATER_FIELDS)
+    key = _spec(before).sample_settings()["activation"]
     assert not set(LATER_FIELDS) & set(key) and "reranker_weights" not in key
-    # a later setting away from its default is in the key
+    # a later setting away from its earlier value is in the key
     assert _spec(ActivationConfig(expansion_seeds=3)).samples_key != _spec(ActivationConfig()).samples_key
+    # the round-5 defaults (source channel, its reranker weight, turn diversity) are in the default key
+    default = _spec(ActivationConfig()).sample_settings()["activation"]
+    assert default["source_weight"] == 0.7 and default["max_units_per_turn"] == 1
+    assert "source" in default["channels"]
+    assert _spec(ActivationConfig()).samples_key != _spec(before).samples_key
 
 
 def test_key_covers_the_reranker_weights(tmp_path):

@@ -70,7 +70,7 @@ class Activator:
 
     def __init__(self, store: MemoryStore, encoder, config: ActivationConfig | None = None,
                  reranker: Reranker | None = None, parser: QueryParser | None = None, llm=None,
-                 semantic: SemanticChannel | None = None):
+                 semantic: SemanticChannel | None = None, source: SemanticChannel | None = None):
         self.store = store
         self.encoder = encoder
         self.config = config = config or ActivationConfig()
@@ -98,11 +98,14 @@ class Activator:
                              if "semantic" in channels else None)
         self.attribute = (AttributeChannel(units, encoder, config.attribute_threshold)
                           if "attribute" in channels else None)
-        # the units' source turns, embedded once per store (each distinct turn once)
-        self.source_embeddings = source_turn_embeddings(units, encoder) if config.uses_source_turns else None
-        self.source = (SemanticChannel(self.source_embeddings, config.ann_min_units, config.hnsw_m,
-                                       config.hnsw_ef_search)
-                       if "source" in channels else None)
+        # the units' source turns: the store's own vectors (built with it), else embedded now
+        self.source_embeddings = self._source_embeddings(store, encoder) if config.uses_source_turns else None
+        if source is not None and "source" in channels:  # given by extended(), like ``semantic``
+            self.source = source
+        else:
+            self.source = (SemanticChannel(self.source_embeddings, config.ann_min_units, config.hnsw_m,
+                                           config.hnsw_ef_search)
+                           if "source" in channels else None)
         blend = dict(weight=config.embedding_weight, lexical_weight=config.lexical_weight,
                      source_embeddings=self.source_embeddings, source_weight=config.source_weight)
         self.reranker = reranker if reranker is not None else make_reranker(
@@ -121,18 +124,28 @@ class Activator:
         self.last_query_vec: np.ndarray | None = None
         self._owners: dict[str, list[int]] | None = None
 
+    @staticmethod
+    def _source_embeddings(store: MemoryStore, encoder) -> np.ndarray:
+        stored = store.source_embeddings
+        if stored is not None and stored.shape == (len(store), encoder.dim):
+            return np.asarray(stored, dtype=np.float32)
+        return source_turn_embeddings(store.units, encoder)  # a store built before it kept them
+
     def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
         """An activator over ``store``, this one's store with units appended (``MemoryBuilder.append``).
 
-        The dense index gets the new rows in place instead of being rebuilt (at 100k units an HNSW
+        The dense indexes (facts and source turns) get the new rows in place instead of being rebuilt (at 100k units an HNSW
         build takes minutes on a CPU); BM25, whose statistics change with every document, and the
         attribute index (its name vectors come from the encoder's memo) are rebuilt. This activator
         must not be used afterwards: its dense index now holds the new rows too.
         """
-        semantic = None
+        semantic = source = None
         if self.semantic is not None and len(store) >= len(self.store):
             semantic = self.semantic.extend(store.embeddings, self.config.ann_min_units)
-        return Activator(store, self.encoder, self.config, reranker=reranker, parser=self.parser, semantic=semantic)
+        if self.source is not None and len(store) >= len(self.store):
+            source = self.source.extend(self._source_embeddings(store, self.encoder), self.config.ann_min_units)
+        return Activator(store, self.encoder, self.config, reranker=reranker, parser=self.parser, semantic=semantic,
+                         source=source)
 
     # -- stages (public so benchmarks and diagnostics can time and inspect them) -----------------------
     def parse(self, question: str, question_time: str | None = None) -> QueryConstraints:

@@ -17,6 +17,7 @@ import numpy as np
 from qgmem.activation.query import QueryConstraints
 from qgmem.timeexpr import parse_fact_time, parse_iso_date
 from qgmem.memory.records import MemoryUnit
+from qgmem.memory.source_turns import source_turn_embeddings, source_turn_text  # noqa: F401  (re-exported)
 
 Hits = list[tuple[int, float]]
 
@@ -147,26 +148,6 @@ class SemanticChannel:
             self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, n)
         scores, ids = self.index.search(q, min(n, self.size))
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
-
-
-def source_turn_text(unit: MemoryUnit) -> str:
-    """A unit's source turn as the dense turn baseline embeds a turn: ``speaker: text``."""
-    return f"{unit.speaker}: {unit.source_text}" if unit.speaker else unit.source_text
-
-
-def source_turn_embeddings(units: list[MemoryUnit], encoder) -> np.ndarray:
-    """One normalized embedding of each unit's source turn, ``[U, dim]``, each distinct turn encoded once.
-
-    Construction rewrites a turn into facts and drops words the question may share with the turn
-    (dense retrieval over raw turns beats the facts on ConvoMem); the source-turn vectors keep them.
-    """
-    texts = [source_turn_text(u) for u in units]
-    if not texts:
-        return np.zeros((0, encoder.dim), dtype=np.float32)
-    distinct = list(dict.fromkeys(texts))
-    vectors = np.asarray(encoder.encode(distinct), dtype=np.float32)
-    row = {t: i for i, t in enumerate(distinct)}
-    return np.ascontiguousarray(vectors[[row[t] for t in texts]])
 
 
 def normalize_name(text: str) -> str:

@@ -11,9 +11,12 @@ ParserKind = Literal["heuristic", "llm"]
 SupersededMode = Literal["attach", "fold", "keep"]
 
 
-#: fields added after caches were first keyed by these settings (see ``ActivationConfig.key_dict``)
-LATER_FIELDS = ("lexical_speaker_once", "rerank_depth", "expansion_seeds", "expansion_max_entity_units",
-                "feedback_seeds", "source_weight", "max_units_per_turn")
+#: fields added after caches were first keyed by these settings, each with the value that reproduces
+#: activation as it was before the field existed (see ``ActivationConfig.key_dict``)
+LATER_FIELDS: dict[str, object] = {
+    "lexical_speaker_once": False, "rerank_depth": 0, "expansion_seeds": 0, "expansion_max_entity_units": 20,
+    "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0,
+}
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
 
@@ -33,7 +36,7 @@ class ActivationConfig:
     channel_depth: int = 100  # candidates each channel contributes before fusion
     rrf_k: float = 60.0
     attribute_threshold: float = 0.60
-    channels: tuple[str, ...] = ("lexical", "semantic", "attribute")
+    channels: tuple[str, ...] = CHANNELS  # ``source`` joined the paper's three in round 5 (docs/activation.md)
     ann_min_units: int = 50_000
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
@@ -51,7 +54,7 @@ class ActivationConfig:
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
     lexical_weight: float = 0.2  # embedding reranker: added weight of the normalized BM25 score
     # embedding reranker: added weight of the cosine between the question and the unit's source turn
-    source_weight: float = 0.0
+    source_weight: float = 0.7
     # Superseded trace members (followed by a later "update"): "attach" keeps them and pulls their trace's
     # latest state into the pool beside them; "fold" replaces them by the latest state; "keep" does neither.
     superseded: SupersededMode = "attach"
@@ -69,7 +72,7 @@ class ActivationConfig:
     feedback_seeds: int = 0
     # turn diversity: after reranking, a unit whose source turns each already have this many units
     # ranked above it moves below the others (0 = off), so the k slots cover more of the dialogue
-    max_units_per_turn: int = 0
+    max_units_per_turn: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -102,21 +105,33 @@ class ActivationConfig:
         return "source" in self.channels or self.source_weight > 0
 
     def key_dict(self) -> dict[str, Any]:
-        """The settings as a cache key holds them: every field, except that the fields added after
-        caches were first keyed are left out while at their default, so adding a setting does not
-        invalidate every existing cache; a model reranker adds its weights' digest, so a retrained
-        reranker in the same folder rebuilds the cache."""
+        """The settings as a cache key holds them: every field, except that a field added after caches
+        were first keyed is left out while it has the value that reproduces the activation before it
+        existed, so adding a setting does not invalidate every existing cache (and the old settings still
+        find their caches); a model reranker adds its weights' digest, so a retrained reranker in the same
+        folder rebuilds the cache."""
         from qgmem.activation.rerank import reranker_fingerprint
 
         d = asdict(self)
-        defaults = ActivationConfig()
-        for name in LATER_FIELDS:
-            if d[name] == getattr(defaults, name):
+        for name, before in LATER_FIELDS.items():
+            if d[name] == before:
                 del d[name]
         weights = reranker_fingerprint(self.reranker, self.reranker_path)
         if weights is not None:
             d["reranker_weights"] = weights
         return d
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ActivationConfig:
+        """Settings as an export or a cache recorded them. A later field the record does not hold takes
+        the value that reproduces activation before the field existed, not today's default: an export
+        written then keeps activating as it was trained."""
+        values = dict(values)
+        for name, before in LATER_FIELDS.items():
+            values.setdefault(name, before)
+        if isinstance(values.get("channels"), list):
+            values["channels"] = tuple(values["channels"])
+        return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

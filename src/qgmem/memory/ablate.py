@@ -32,8 +32,9 @@ def without_units(store: MemoryStore, drop: set[str], encode: Callable[[list[str
     embeddings = store.embeddings[keep] if len(store.embeddings) else store.embeddings
     report = build_traces(units, embeddings, encode, config, llm=llm)
     meta = {**store.meta, "ablated_units": len(store.units) - len(units)}
+    source = store.source_embeddings[keep] if store.source_embeddings is not None else None
     return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=report.traces,
-                       embeddings=np.asarray(embeddings, dtype=np.float32), meta=meta)
+                       embeddings=np.asarray(embeddings, dtype=np.float32), meta=meta, source_embeddings=source)
 
 
 def evidence_only_nodes(graph: Any, units: list[Any], drop: set[str]) -> set[str]:

@@ -18,6 +18,7 @@ from qgmem.memory.extract_heuristic import HeuristicExtractor
 from qgmem.memory.extract_llm import LLMExtractor
 from qgmem.memory.extract_parser import ParserExtractor
 from qgmem.memory.records import MemoryUnit
+from qgmem.memory.source_turns import source_turn_embeddings
 from qgmem.memory.store import STORE_FORMAT_VERSION, MemoryStore
 from qgmem.memory.traces import TraceIndex, build_traces
 from qgmem.memory.windows import Window, make_windows
@@ -225,7 +226,8 @@ class MemoryBuilder:
                     extent=dialogue_extent(dialogue, stats.windows))
         self.stats.merge(stats)
         return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
-                           embeddings=embeddings, meta=meta)
+                           embeddings=embeddings, meta=meta,
+                           source_embeddings=source_turn_embeddings(units, self.encoder))
 
     def check_failures(self, dialogue_id: str, stats: BuildStats) -> None:
         """Raise :class:`ConstructionFailed` when too many windows of one dialogue got no usable reply.
@@ -300,8 +302,14 @@ class MemoryBuilder:
                 "extent": {"sessions": extent["sessions"] + len(renumbered),
                            "turns": extent["turns"] + dialogue.num_turns(),
                            "windows": extent["windows"] + len(windows), "user": user}}
+        old_source = store.source_embeddings
+        if old_source is None or old_source.shape[0] != len(store):  # a store built before it kept them
+            old_source = source_turn_embeddings(store.units, self.encoder)
+        source = np.concatenate([np.asarray(old_source, np.float32).reshape(len(store), -1),
+                                 source_turn_embeddings(new_units, self.encoder)]).astype(np.float32) \
+            if len(store) else source_turn_embeddings(new_units, self.encoder)
         return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=trace_report.traces,
-                           embeddings=embeddings, meta=meta), index
+                           embeddings=embeddings, meta=meta, source_embeddings=source), index
 
     def _add_llm_usage(self, stats: BuildStats, before: dict[str, int] | None) -> None:
         """Add this thread's LLM calls since ``before`` (other threads' calls are theirs to count)."""

@@ -97,7 +97,9 @@ def meta_differences(expected: dict[str, Any], actual: dict[str, Any], prefix: s
 class MemoryStore:
     """Everything offline construction produced for one dialogue.
 
-    ``embeddings[i]`` is the normalized fact-level embedding of ``units[i]`` (float32, ``[U, dim]``).
+    ``embeddings[i]`` is the normalized fact-level embedding of ``units[i]`` (float32, ``[U, dim]``);
+    ``source_embeddings[i]`` that of its source turn (``qgmem.memory.source_turns``), or ``None`` for a
+    store built before stores kept them (activation then embeds the turns itself).
     ``meta`` records how it was built (extractor, models, parameters, counts) so a store built with
     other parameters can be recognized on load.
     """
@@ -107,6 +109,7 @@ class MemoryStore:
     traces: list[MemoryTrace] = field(default_factory=list)
     embeddings: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     meta: dict[str, Any] = field(default_factory=dict)
+    source_embeddings: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self._reindex()
@@ -145,7 +148,14 @@ class MemoryStore:
             "".join(json.dumps(u.to_dict(), ensure_ascii=False) + "\n" for u in self.units), encoding="utf-8")
         (tmp / "traces.jsonl").write_text(
             "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n" for t in self.traces), encoding="utf-8")
-        save_file({"embeddings": embeddings}, str(tmp / "embeddings.safetensors"), metadata={"format": STORE_FORMAT})
+        tensors = {"embeddings": embeddings}
+        if self.source_embeddings is not None:
+            source = np.ascontiguousarray(self.source_embeddings, dtype=np.float32)
+            if source.shape != embeddings.shape:
+                raise ValueError(f"store {self.dialogue_id!r}: source-turn embeddings {source.shape}, "
+                                 f"fact embeddings {embeddings.shape}")
+            tensors["source_embeddings"] = source
+        save_file(tensors, str(tmp / "embeddings.safetensors"), metadata={"format": STORE_FORMAT})
         meta = {**self.meta, "format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                 "dialogue_id": self.dialogue_id, "num_units": len(self.units), "num_traces": len(self.traces),
                 "embedding_dim": int(embeddings.shape[1]) if embeddings.ndim == 2 else 0,
@@ -216,7 +226,8 @@ class MemoryStore:
         traces = read_jsonl("traces.jsonl", MemoryTrace)
         emb_path = directory / "embeddings.safetensors"
         try:
-            embeddings = load_file(str(emb_path))["embeddings"]
+            tensors = load_file(str(emb_path))
+            embeddings = tensors["embeddings"]
         except (SafetensorError, OSError, KeyError) as exc:
             raise IntegrityError(f"{emb_path}: unreadable ({type(exc).__name__}: {exc})", hint=REBUILD_HINT) from None
         if len(units) != meta.get("num_units", len(units)) or embeddings.shape[0] != len(units):
@@ -224,4 +235,12 @@ class MemoryStore:
                                  f"{meta.get('num_units')}: the store is incomplete or was edited", hint=REBUILD_HINT)
         if embeddings.size and not np.isfinite(embeddings).all():
             raise IntegrityError(f"{emb_path}: non-finite embedding values", hint=REBUILD_HINT)
-        return cls(dialogue_id=meta["dialogue_id"], units=units, traces=traces, embeddings=embeddings, meta=meta)
+        source = tensors.get("source_embeddings")
+        if source is not None:
+            if source.shape != embeddings.shape:
+                raise IntegrityError(f"{emb_path}: source-turn embeddings {tuple(source.shape)} do not match the "
+                                     f"fact embeddings {tuple(embeddings.shape)}", hint=REBUILD_HINT)
+            if source.size and not np.isfinite(source).all():
+                raise IntegrityError(f"{emb_path}: non-finite source-turn embedding values", hint=REBUILD_HINT)
+        return cls(dialogue_id=meta["dialogue_id"], units=units, traces=traces, embeddings=embeddings, meta=meta,
+                   source_embeddings=source)

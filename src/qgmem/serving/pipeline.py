@@ -324,6 +324,6 @@ def _tokenizer_or_none(lm_id: str | None):
 
 def _settings(kind, values: dict[str, Any] | None, name: str, source: Any):
     try:
-        return kind(**(values or {}))
+        return kind.from_dict(values) if values else kind()
     except (TypeError, ValueError) as exc:
         raise ExportFormatError(f"{source}: field '{name}' cannot be read by this qgmem: {exc}") from exc
