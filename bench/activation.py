@@ -1,8 +1,8 @@
 """Activation latency against store size: each channel, fusion + reranking, and the whole path.
 
 Synthetic stores of templated units (names, places, dates drawn from fixed vocabularies, so BM25
-postings and attribute matches look like real ones); unit embeddings are random unit vectors because
-encoding 100k facts would dominate the run, while questions and attribute names go through the real
+postings and attribute matches look like real ones); unit embeddings (facts and source turns) are random
+unit vectors because encoding 100k facts would dominate the run, while questions and attribute names go through the real
 sentence encoder. No model reranker (the embedding reranker, the default). Prints one table and, with
 ``--json``, one JSON object as the last line.
 
@@ -46,9 +46,13 @@ def synthetic_store(n: int, dim: int, seed: int = 0):
             subject=who, predicate=verb, object=obj, source_turn_ids=[f"t{i}"], source_text=f"I think {fact}.",
             speaker=who, entities=[who, rng.choice(entity_pool)], location=place, fact_time=day, order=i,
         ))
-    emb = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    return MemoryStore(dialogue_id="bench", units=units, embeddings=emb)
+    def unit_vectors(rng_seed: int) -> np.ndarray:
+        v = np.random.default_rng(rng_seed).standard_normal((n, dim)).astype(np.float32)
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+    # fact and source-turn vectors both random, as construction would have stored them
+    return MemoryStore(dialogue_id="bench", units=units, embeddings=unit_vectors(seed),
+                       source_embeddings=unit_vectors(seed + 1))
 
 
 def questions(count: int, seed: int = 1) -> list[tuple[str, str]]:
@@ -113,7 +117,7 @@ def main() -> None:
     rows = []
     for i, n in enumerate(args.sizes):
         rows.append(run_size(n, encoder, questions(args.queries, seed=100 + i), args.ann_min_units))
-    cols = ["parse_encode", "lexical", "semantic", "attribute", "fuse_rerank", "assemble", "total"]
+    cols = ["parse_encode", "lexical", "semantic", "attribute", "source", "fuse_rerank", "assemble", "total"]
     print(f"{'units':>8} {'index':>6} {'build s':>8} " + " ".join(f"{c + ' p50/p95':>22}" for c in cols))
     for r in rows:
         cells = " ".join(f"{r[c + '_ms'][0]:10.2f}/{r[c + '_ms'][1]:<10.2f}" for c in cols)
