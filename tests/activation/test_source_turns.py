@@ -162,3 +162,19 @@ def test_activator_uses_the_stores_vectors_and_extends_them_in_place(hash_encode
     grown = act.extended(more)
     assert grown.source is source_index and grown.source.size == 3  # the same index, the new row added
     assert [u.id for u in grown.activate("puppy garden shoe").units][0] == "late"
+
+
+def test_a_large_store_without_source_vectors_is_warned_about(hash_encoder, caplog, monkeypatch):
+    import qgmem.activation.activator as activator_module
+
+    store = _puppy_store(hash_encoder)  # no source_embeddings: built before stores kept them
+    monkeypatch.setattr(activator_module, "SOURCE_WARN_UNITS", 2)
+    with caplog.at_level("WARNING", logger="qgmem.activation.activator"):
+        act = Activator(store, hash_encoder, ActivationConfig())
+    assert act.source_embeddings.shape == (2, hash_encoder.dim)
+    assert "no source-turn vectors" in caplog.text and "2 units" in caplog.text
+    caplog.clear()
+    store.source_embeddings = act.source_embeddings  # with them: no warning
+    with caplog.at_level("WARNING", logger="qgmem.activation.activator"):
+        Activator(store, hash_encoder, ActivationConfig())
+    assert "no source-turn vectors" not in caplog.text

@@ -11,6 +11,7 @@ once, and a shared model reranker can be passed in so it is loaded once for many
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -25,6 +26,11 @@ from qgmem.activation.records import WorkingMemory
 from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, candidate_document, make_reranker
 from qgmem.activation.serialize import serialize_working_memory
 from qgmem.memory.store import MemoryStore
+
+log = logging.getLogger(__name__)
+
+#: a store without source-turn vectors at least this large is worth a warning (embedding it takes seconds)
+SOURCE_WARN_UNITS = 1000
 
 
 def superseded_map(store: MemoryStore) -> dict[str, str]:
@@ -129,6 +135,10 @@ class Activator:
         stored = store.source_embeddings
         if stored is not None and stored.shape == (len(store), encoder.dim):
             return np.asarray(stored, dtype=np.float32)
+        if len(store) >= SOURCE_WARN_UNITS:
+            log.warning("store %r holds no source-turn vectors (built before stores kept them): embedding its "
+                        "%d units' turns now, at every start; rebuild it, or save it after an append, to keep them",
+                        store.dialogue_id, len(store))
         return source_turn_embeddings(store.units, encoder)  # a store built before it kept them
 
     def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
