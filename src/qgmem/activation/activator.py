@@ -16,8 +16,7 @@ import time
 
 import numpy as np
 
-from qgmem.activation.channels import (AttributeChannel, Hits, LexicalChannel, SemanticChannel, normalize_name,
-                                       source_turn_embeddings)
+from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel, normalize_name
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.fuse import reciprocal_rank_fusion
 from qgmem.activation.graph import build_local_graph
@@ -25,6 +24,7 @@ from qgmem.activation.query import QueryConstraints, QueryParser, make_parser
 from qgmem.activation.records import WorkingMemory
 from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, candidate_document, make_reranker
 from qgmem.activation.serialize import serialize_working_memory
+from qgmem.memory.source_turns import source_turn_embeddings
 from qgmem.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,10 @@ class Activator:
     def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
         """An activator over ``store``, this one's store with units appended (``MemoryBuilder.append``).
 
-        The dense indexes (facts and source turns) get the new rows in place instead of being rebuilt (at 100k units an HNSW
-        build takes minutes on a CPU); BM25, whose statistics change with every document, and the
-        attribute index (its name vectors come from the encoder's memo) are rebuilt. This activator
-        must not be used afterwards: its dense index now holds the new rows too.
+        The dense indexes (facts and source turns) get the new rows in place instead of being rebuilt
+        (at 100k units an HNSW build takes minutes on a CPU); BM25, whose statistics change with every
+        document, and the attribute index (its name vectors come from the encoder's memo) are rebuilt.
+        This activator must not be used afterwards: its dense indexes now hold the new rows too.
         """
         semantic = source = None
         if self.semantic is not None and len(store) >= len(self.store):

@@ -17,7 +17,6 @@ import numpy as np
 from qgmem.activation.query import QueryConstraints
 from qgmem.timeexpr import parse_fact_time, parse_iso_date
 from qgmem.memory.records import MemoryUnit
-from qgmem.memory.source_turns import source_turn_embeddings, source_turn_text  # noqa: F401  (re-exported)
 
 Hits = list[tuple[int, float]]
 

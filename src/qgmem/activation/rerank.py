@@ -77,13 +77,15 @@ class Reranker(Protocol):
 
 
 class EmbeddingReranker:
-    """``weight · cos(question, fact) + (1 − weight) · fused / max(fused) + lexical_weight · lexical``.
+    """``weight · cos(question, fact) + (1 − weight) · fused / max(fused) + lexical_weight · lexical
+    + source_weight · cos(question, source turn)``.
 
     No extra model call. ``lexical`` is the candidate's BM25 score over the best one for the question:
     rank fusion alone forgets how strong the lexical evidence was (a rare name matched vs one common
     word), and BM25 over the source turn is what plain turn retrieval relies on. A latest trace state
     that stands in for superseded members takes the best cosine over the states it represents, because
-    the question may name an earlier value ("still a nurse?").
+    the question may name an earlier value ("still a nurse?"). The source-turn term gives back what the
+    rewrite into a fact dropped (``source_embeddings``: one row per unit, as the store keeps them).
     """
 
     def __init__(self, embeddings: np.ndarray, encoder=None, weight: float = 0.7, lexical_weight: float = 0.0,
