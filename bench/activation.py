@@ -1,9 +1,9 @@
 """Activation latency against store size: each channel, fusion + reranking, and the whole path.
 
 Synthetic stores of templated units (names, places, dates drawn from fixed vocabularies, so BM25
-postings and attribute matches look like real ones); unit embeddings (facts and source turns) are random
-unit vectors because encoding 100k facts would dominate the run, while questions and attribute names go through the real
-sentence encoder. No model reranker (the embedding reranker, the default). Prints one table and, with
+postings and attribute matches look like real ones); unit embeddings (facts and source turns) are
+random unit vectors because encoding 100k facts would dominate the run, while questions and attribute
+names go through the real sentence encoder. No model reranker (the embedding reranker, the default). Prints one table and, with
 ``--json``, one JSON object as the last line.
 
     python bench/activation.py --sizes 1000 10000 100000 --queries 200 --threads 1

@@ -302,12 +302,12 @@ class MemoryBuilder:
                 "extent": {"sessions": extent["sessions"] + len(renumbered),
                            "turns": extent["turns"] + dialogue.num_turns(),
                            "windows": extent["windows"] + len(windows), "user": user}}
-        old_source = store.source_embeddings
-        if old_source is None or old_source.shape[0] != len(store):  # a store built before it kept them
-            old_source = source_turn_embeddings(store.units, self.encoder)
-        source = np.concatenate([np.asarray(old_source, np.float32).reshape(len(store), -1),
-                                 source_turn_embeddings(new_units, self.encoder)]).astype(np.float32) \
-            if len(store) else source_turn_embeddings(new_units, self.encoder)
+        source = source_turn_embeddings(new_units, self.encoder)
+        if len(store):
+            old_source = store.source_embeddings
+            if old_source is None or old_source.shape[0] != len(store):  # a store built before it kept them
+                old_source = source_turn_embeddings(store.units, self.encoder)
+            source = np.concatenate([np.asarray(old_source, np.float32), source])
         return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta, source_embeddings=source), index
 
