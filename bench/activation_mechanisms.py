@@ -4,7 +4,10 @@ Sets: ConvoMem's validation split (the whole-data split that ``qgmem train-reran
 trained reranker saw these cases), reported as two slices (the first 10 validation cases of each
 category and the next 10, like the earlier per-category slices) and together; the LoCoMo-form
 fixtures ``tests/fixtures/locomo_small.json`` and ``tests/activation/fixtures/locomo_form.json``.
-Every store is built once (parser extractor, MiniLM) and shared by all variants, so only activation
+``convomem_long`` is a long-history stress set built from the same validation cases: they are taken
+round-robin over the categories and concatenated in groups of ``--long-group`` (4: about 1,150 turns and
+1,200 units per store, against ~300 for one case), each case's sessions one after another, every
+question asked of the whole group's store. Every store is built once (parser extractor, MiniLM) and shared by all variants, so only activation
 differs; activation uses an encoder without a memo, so each variant pays for its question encodings. Per set and variant: fused-pool recall, Recall@10, nDCG@10, working-memory tokens, p50
 activation latency, per-category Recall@10, and a paired bootstrap interval of each variant's R@10
 difference from the default (1000 resamples of the questions).
@@ -55,6 +58,12 @@ VARIANTS.update({
     # the best source variant with the better per-turn setting, named from the first round-5 run
     "combo": {"channels": SOURCE, "source_weight": 0.7, "max_units_per_turn": 1},
 })
+#: round 6 (on the round-5 default): the paper's activation, a deeper pool, a larger source weight
+VARIANTS.update({
+    "paper": {"channels": ("lexical", "semantic", "attribute"), "source_weight": 0.0, "max_units_per_turn": 0},
+    "pool200": {"pool_size": 200, "channel_depth": 200},
+    "source_w1.0": {"source_weight": 1.0},
+})
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
@@ -62,6 +71,42 @@ FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
     "locomo_form": ROOT / "tests" / "activation" / "fixtures" / "locomo_form.json",
 }
+
+
+def concatenated_cases(cases, size: int):
+    """Cases taken round-robin over their categories and joined ``size`` at a time into one long dialogue.
+
+    Turn, session and evidence ids get the case's position in its group as a prefix, so they stay unique;
+    every question keeps its own gold turns and is asked of the whole group's store.
+    """
+    from qgmem.data.records import QA, Case, Dialogue, Session, Turn
+
+    queues: dict[str, list] = defaultdict(list)
+    for case in cases:
+        queues[case.qas[0].category if case.qas else ""].append(case)
+    order = []
+    while any(queues.values()):
+        for category in list(queues):
+            if queues[category]:
+                order.append(queues[category].pop(0))
+    groups = []
+    for start in range(0, len(order), size):
+        members = order[start:start + size]
+        sessions, qas = [], []
+        for j, case in enumerate(members):
+            for session in case.dialogue.sessions:
+                sessions.append(Session(id=f"g{j}/{session.id}", time=session.time, meta=dict(session.meta),
+                                        turns=[Turn(id=f"g{j}/{t.id}", session_id=f"g{j}/{t.session_id}",
+                                                    speaker=t.speaker, role=t.role, text=t.text, time=t.time)
+                                               for t in session.turns]))
+            qas += [QA(id=q.id, question=q.question, answer=q.answer, category=q.category,
+                       evidence_turn_ids=[f"g{j}/{e}" for e in q.evidence_turn_ids],
+                       question_time=q.question_time, meta=dict(q.meta)) for q in case.qas]
+        dialogue = Dialogue(id=f"long{start // size}", sessions=sessions)
+        dialogue.reindex()
+        groups.append(Case(id=f"convomem_long/{start // size}", dialogue=dialogue, qas=qas,
+                           source={"dataset": "convomem", "members": [c.id for c in members]}))
+    return groups
 
 
 def paired_interval(a: list[float], b: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float, float]:
@@ -78,7 +123,9 @@ def main() -> int:
                                                           "feedback3", "expansion3+feedback3"],
                         choices=list(VARIANTS))
     parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
-                        choices=["convomem_val1", "convomem_val2", *FIXTURES])
+                        choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES])
+    parser.add_argument("--long-group", type=int, default=4,
+                        help="validation cases joined into one dialogue in the convomem_long set")
     parser.add_argument("--store-dir", default=None,
                         help="keep built stores here (one folder per case) and reuse them in later runs")
     parser.add_argument("--trained", default=None, help="folder of a `qgmem train-reranker` model")
@@ -118,10 +165,13 @@ def main() -> int:
     sets = {}
     val = None
     for name in args.sets:
-        if name.startswith("convomem_val"):
+        if name.startswith("convomem_"):
             if val is None:
                 val = convomem_splits(list(load_cases("convomem", ROOT / "data" / "convomem").cases))["val"]
-            sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
+            if name == "convomem_long":
+                sets[name] = concatenated_cases(val, args.long_group)
+            else:
+                sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
         else:
             sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
 
@@ -130,7 +180,8 @@ def main() -> int:
             return builder.build(case.dialogue)
         from qgmem.memory.store import MemoryStore
 
-        folder = Path(args.store_dir) / set_name / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)
+        set_folder = f"{set_name}{args.long_group}" if set_name == "convomem_long" else set_name
+        folder = Path(args.store_dir) / set_folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)
         if (folder / "meta.json").is_file():
             return MemoryStore.load(folder)
         store = builder.build(case.dialogue)
@@ -142,7 +193,11 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="activation-mechanisms-"))
     for set_name, cases in sets.items():
         started = time.perf_counter()
-        stores = {case.id: build(set_name, case) for case in cases}
+        stores = {}
+        for i, case in enumerate(cases, 1):
+            stores[case.id] = build(set_name, case)
+            print(f"[{set_name}] store {i}/{len(cases)}: {len(stores[case.id].units)} units "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
         print(f"[{set_name}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
               file=sys.stderr)
         results[set_name], per_question[set_name] = {}, {}
