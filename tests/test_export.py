@@ -181,6 +181,30 @@ def test_export_over_an_existing_one_replaces_it_whole(exported, tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
+def test_an_export_whose_replace_was_killed_is_put_back_on_load(exported, tmp_path, monkeypatch):
+    import os
+
+    ckpt, _ = exported
+    out = tmp_path / "export"
+    export_checkpoint(ckpt, out)
+    real_rename = Path.rename
+
+    def killed_after_first_rename(self, target):  # the old export is aside; the process dies before the new one lands
+        real_rename(self, target)
+        if ".old-" in Path(target).name:
+            real_rename(Path(target), Path(target).with_name(".export.old-999999999"))
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "rename", killed_after_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        export_checkpoint(ckpt, out)
+    monkeypatch.undo()
+    assert not out.exists() and (tmp_path / ".export.old-999999999").is_dir()
+    loaded = GraphTokenEncoder.from_pretrained(out)  # the complete old export, renamed back
+    assert isinstance(loaded, GraphTokenEncoder) and out.is_dir()
+    assert not [p for p in os.listdir(tmp_path) if ".old-" in p]
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 def test_export_refuses_nonfinite_weights(exported, tmp_path, value):
     ckpt = torch.load(exported[0], map_location="cpu", weights_only=True)

@@ -116,3 +116,49 @@ def test_seal_and_verify_sealed(tmp_path):
     (tmp_path / CHECKSUMS).unlink()
     with pytest.raises(IntegrityError, match="checksums.json: is missing"):
         verify_sealed(tmp_path)
+
+
+def _killed_between_renames(tmp_path, pid=999999999):
+    """What a replace killed after its first rename leaves: no final folder, the old one renamed aside."""
+    aside = tmp_path / f".store.old-{pid}"
+    aside.mkdir()
+    (aside / "old.txt").write_text("old")
+    return tmp_path / "store", aside
+
+
+def test_restore_replaced_puts_back_the_old_folder(tmp_path, caplog):
+    from qgmem.integrity import restore_replaced
+
+    final, aside = _killed_between_renames(tmp_path)
+    with caplog.at_level("WARNING", logger="qgmem.integrity"):
+        assert restore_replaced(final) == final
+    assert (final / "old.txt").read_text() == "old" and not aside.exists()
+    assert "restored" in caplog.text and aside.name in caplog.text
+    assert restore_replaced(final) is None  # nothing missing: nothing to do
+
+
+def test_restore_replaced_leaves_a_live_writer_and_an_existing_final_alone(tmp_path):
+    from qgmem.integrity import restore_replaced
+
+    final, live = _killed_between_renames(tmp_path, pid=os.getpid())  # the swap is still under way
+    assert restore_replaced(final) is None and live.is_dir() and not final.exists()
+    final.mkdir()
+    (final / "new.txt").write_text("new")
+    dead = tmp_path / ".store.old-999999999"
+    dead.mkdir()
+    assert restore_replaced(final) is None and (final / "new.txt").is_file() and dead.is_dir()
+    other = tmp_path / ".storex.old-999999999"  # another folder's leftover is not this one's
+    other.mkdir()
+    assert restore_replaced(tmp_path / "storex2") is None and other.is_dir()
+
+
+def test_remove_stale_temp_restores_instead_of_deleting_the_only_copy(tmp_path):
+    final, aside = _killed_between_renames(tmp_path)
+    older = tmp_path / ".store.old-999999998"
+    older.mkdir()
+    (older / "older.txt").write_text("older")
+    past = time.time() - 3600
+    os.utime(older, (past, past))
+    removed = remove_stale_temp(tmp_path)
+    assert (final / "old.txt").is_file()  # the newest aside folder is back
+    assert removed == [older] and sorted(p.name for p in tmp_path.iterdir()) == ["store"]

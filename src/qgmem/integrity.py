@@ -14,6 +14,7 @@ those whose process is gone (or that are older than ``max_age_s``, in case the p
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from qgmem.errors import IntegrityError
+
+logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 20
 #: the manifest file of a sealed folder (see :func:`seal`)
@@ -148,10 +151,46 @@ def stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> list[Path]
     return sorted(out)
 
 
+def restore_replaced(final: str | Path) -> Path | None:
+    """Put back the folder a killed ``publish_dir(..., if_exists="replace")`` had renamed aside.
+
+    A kill between that function's two renames leaves no ``final`` and the complete old folder as
+    ``.<name>.old-<pid>``. When ``final`` is missing and such a folder of a dead process is there, it is
+    renamed back (the newest, if several) and a warning says so; returns it, or ``None`` when nothing was
+    restored. A live writer's folder is left alone: its swap is still under way.
+    """
+    final = Path(final)
+    if final.exists() or not final.parent.is_dir():
+        return None
+    aside = []
+    for entry in final.parent.iterdir():
+        m = _TEMP.match(entry.name)
+        if (m is not None and m.group("name") == final.name and entry.name.startswith(f".{final.name}.old-")
+                and entry.is_dir() and not entry.is_symlink() and not _alive(int(m.group("pid")))):
+            aside.append(entry)
+    if not aside:
+        return None
+    newest = max(aside, key=lambda e: e.stat().st_mtime)
+    try:
+        newest.rename(final)
+    except OSError:  # another process restored or wrote it meanwhile
+        return None
+    logger.warning("%s was missing: restored it from %s, which an interrupted replace had left", final, newest.name)
+    return final
+
+
 def remove_stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> list[Path]:
-    """Delete :func:`stale_temp` entries of ``parent``; returns what was removed (to count and report)."""
+    """Delete :func:`stale_temp` entries of ``parent``; returns what was removed (to count and report).
+
+    An ``.old-`` folder whose final folder is missing is not deleted but put back (:func:`restore_replaced`).
+    """
     removed = []
     for entry in stale_temp(parent, max_age_s):
+        name = _TEMP.match(entry.name).group("name")
+        if entry.name.startswith(f".{name}.old-"):
+            restore_replaced(entry.parent / name)
+        if not entry.exists():  # it was put back as its final folder
+            continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
         else:
@@ -169,8 +208,9 @@ def publish_dir(tmp: str | Path, final: str | Path, *, if_exists: Literal["keep"
       that concurrent writers build identically (cache shards, answer chunks);
     - ``"replace"``: ``final`` is rewritten. A folder cannot be renamed onto a non-empty one, so the
       old one is first renamed aside (``.<name>.old-<pid>``) and removed after; a kill between the two
-      renames leaves no ``final`` and a ``.old-`` folder that :func:`remove_stale_temp` cleans, never
-      a half-written ``final``.
+      renames leaves no ``final`` but the complete old one as a ``.old-`` folder, never a half-written
+      ``final``; :func:`restore_replaced` puts it back (:func:`remove_stale_temp` and loading an export
+      call it).
     """
     tmp, final = Path(tmp), Path(final)
     if if_exists == "keep":

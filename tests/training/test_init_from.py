@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 from safetensors.torch import load_file
 
+from qgmem.errors import UserError
 from qgmem.export import WEIGHTS_FILE, export_checkpoint
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.pretrained import ExportFormatError
@@ -81,7 +82,24 @@ def test_another_shape_names_the_tensor_and_the_field(lm_path, trained):
 
 
 def test_a_missing_file_is_a_user_error(lm_path, tmp_path):
-    from qgmem.errors import UserError
-
     with pytest.raises(UserError, match="init_from"):
         QGMemModule(lm=lm_path, init_from=str(tmp_path / "nothing"), **NET)
+
+
+def test_a_checkpoint_loads_after_its_starting_weights_are_gone(lm_path, trained, tmp_path):
+    import shutil
+
+    _, export, _ = trained
+    start = tmp_path / "start"
+    shutil.copytree(export, start)
+    module = QGMemModule(lm=lm_path, align_steps=0, init_from=str(start), **NET)
+    trainer = fit(module, lm_path, tmp_path / "run", max_steps=1)
+    ckpt = tmp_path / "run.ckpt"
+    trainer.save_checkpoint(ckpt)
+    assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["init_from"] == str(start)  # kept as a record
+    shutil.rmtree(start)
+    loaded = QGMemModule.load_from_checkpoint(ckpt, weights_only=True)
+    state = loaded.net.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in module.net.state_dict().items())
+    with pytest.raises(UserError, match="init_from"):  # asked for explicitly, the missing file still counts
+        QGMemModule.load_from_checkpoint(ckpt, weights_only=True, init_from=str(start))

@@ -113,7 +113,14 @@ def test_subcommands_fit_then_test_and_validate_a_checkpoint_without_retraining(
     run_subcommand(["test", *tiny_args(root, lm_path), "--ckpt_path", str(best)], datamodule_class=TinyData)
     rows = [json.loads(line) for line in (root / "test_predictions.jsonl").read_text().splitlines()]
     assert sorted(r["qa_id"] for r in rows) == [f"synthetic#{i}" for i in range(4)]
+    # a checkpoint of a run that started from weights which are gone (another machine, a cleaned folder):
+    # its hyperparameters name the file, and it still validates
+    ckpt = torch.load(best, weights_only=True)
+    ckpt["hyper_parameters"]["init_from"] = str(tmp_path / "gone" / "graph_encoder.safetensors")
+    torch.save(ckpt, best)
+    capsys.readouterr()
     run_subcommand(["validate", *tiny_args(root, lm_path), "--ckpt_path", str(best)], datamodule_class=TinyData)
+    assert "the weights come from the checkpoint, not from model.init_from" in capsys.readouterr().err
     scalars = read_scalars(root)
     assert len(scalars["val/nll"]) == 2 and len(scalars["test/nll"]) == 1  # fit's validation + validate's
     assert scalars["val/nll"][-1] == pytest.approx(float(best.stem.split("val_nll")[1]), abs=1e-4)

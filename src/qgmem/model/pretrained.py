@@ -35,7 +35,7 @@ from torch_geometric.data import Batch, Data
 from qgmem.activation.graph import empty_graph
 from qgmem.errors import InputPathError, IntegrityError, UserError
 from qgmem.finite import nonfinite_names
-from qgmem.integrity import seal, verify_sealed
+from qgmem.integrity import restore_replaced, seal, verify_sealed
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
@@ -287,6 +287,8 @@ def resolve_export(model_id: str | Path, *, revision: str | None = None, cache_d
                    token: str | bool | None = None) -> Path:
     """A local export folder as is; a hub id downloaded (or found in the hub cache when offline)."""
     path = Path(model_id)
+    if not path.exists():
+        restore_replaced(path)  # an export whose replace was killed half-way is put back, not lost
     if path.is_dir():
         return path
     if path.exists():

@@ -81,6 +81,18 @@ class QGMemCLI(LightningCLI):
         parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end" + only)
         parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit" + only)
 
+    def before_instantiate_classes(self) -> None:
+        """A run given ``--ckpt_path`` takes the checkpoint's weights, so ``model.init_from`` is not read.
+
+        (A saved ``config.yaml`` keeps the path the run started from; on another machine, or once that
+        file is gone, the file need not exist to resume, validate or test.)
+        """
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        if config is not None and config.get("ckpt_path") and config.get("model.init_from"):
+            print(f"--ckpt_path given: the weights come from the checkpoint, not from model.init_from "
+                  f"{config.get('model.init_from')}", file=sys.stderr)
+            config["model.init_from"] = None
+
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Any:
         given = [*(config.get("callbacks") or []), *callbacks]
         return super()._instantiate_trainer(config, [*callbacks, *default_callbacks(config, given)])

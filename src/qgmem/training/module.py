@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
 from qgmem.activation.graph import empty_graph
@@ -354,6 +355,16 @@ class QGMemModule(LightningModule):
     def trainable_keys(self) -> set[str]:
         return {name for name, p in self.named_parameters() if p.requires_grad} | {
             name for name, _ in self.named_buffers() if not name.startswith("lm.")}
+
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> QGMemModule:
+        """Lightning's loader, without the ``init_from`` the run started from (unless it is passed).
+
+        The checkpoint's weights replace those starting weights anyway, so a module re-created where that
+        file does not exist (another machine, a cleaned run folder) still loads.
+        """
+        kwargs.setdefault("init_from", None)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_fit_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
