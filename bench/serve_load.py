@@ -18,6 +18,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,10 +29,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serving"))
-from server_helpers import free_port  # noqa: E402  tests/serving/server_helpers.py
-
 TURNS_PER_SESSION = 20
+
+
+def free_port() -> int:
+    """A localhost port the OS has just handed out, for the server this bench starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def histories(users: int) -> list[dict]:
