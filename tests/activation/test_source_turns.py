@@ -127,7 +127,7 @@ def test_settings_validate_and_key():
         with pytest.raises(ValueError, match=next(iter(bad))):
             ActivationConfig(**bad)
     base = ActivationConfig().key_dict()
-    assert base["source_weight"] == 0.7 and base["max_units_per_turn"] == 1
+    assert base["source_weight"] == 1.0 and base["max_units_per_turn"] == 1
     off = ActivationConfig(source_weight=0.0, max_units_per_turn=0).key_dict()
     assert "source_weight" not in off and "max_units_per_turn" not in off  # the earlier behaviour, the earlier key
     assert ActivationConfig(source_weight=0.3).key_dict() != base

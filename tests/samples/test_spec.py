@@ -22,7 +22,7 @@ def test_later_fields_enter_the_key_only_away_from_their_earlier_behaviour():
     assert _spec(ActivationConfig(expansion_seeds=3)).samples_key != _spec(ActivationConfig()).samples_key
     # the round-5 defaults (source channel, its reranker weight, turn diversity) are in the default key
     default = _spec(ActivationConfig()).sample_settings()["activation"]
-    assert default["source_weight"] == 0.7 and default["max_units_per_turn"] == 1
+    assert default["source_weight"] == 1.0 and default["max_units_per_turn"] == 1
     assert "source" in default["channels"]
     assert _spec(ActivationConfig()).samples_key != _spec(before).samples_key
 

@@ -54,7 +54,7 @@ class ActivationConfig:
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
     lexical_weight: float = 0.2  # embedding reranker: added weight of the normalized BM25 score
     # embedding reranker: added weight of the cosine between the question and the unit's source turn
-    source_weight: float = 0.7
+    source_weight: float = 1.0  # 0.7 in round 5; 1.0 from round 6 (docs/BENCHMARKS.md)
     # Superseded trace members (followed by a later "update"): "attach" keeps them and pulls their trace's
     # latest state into the pool beside them; "fold" replaces them by the latest state; "keep" does neither.
     superseded: SupersededMode = "attach"
