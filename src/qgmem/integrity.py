@@ -165,8 +165,8 @@ def restore_replaced(final: str | Path) -> Path | None:
     aside = []
     for entry in final.parent.iterdir():
         m = _TEMP.match(entry.name)
-        if (m is not None and m.group("name") == final.name and entry.name.startswith(f".{final.name}.old-")
-                and entry.is_dir() and not entry.is_symlink() and not _alive(int(m.group("pid")))):
+        if (entry.name.startswith(f".{final.name}.old-") and m is not None and entry.is_dir()
+                and not entry.is_symlink() and not _alive(int(m.group("pid")))):
             aside.append(entry)
     if not aside:
         return None

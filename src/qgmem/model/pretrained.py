@@ -287,8 +287,7 @@ def resolve_export(model_id: str | Path, *, revision: str | None = None, cache_d
                    token: str | bool | None = None) -> Path:
     """A local export folder as is; a hub id downloaded (or found in the hub cache when offline)."""
     path = Path(model_id)
-    if not path.exists():
-        restore_replaced(path)  # an export whose replace was killed half-way is put back, not lost
+    restore_replaced(path)  # an export whose replace was killed half-way is put back, not lost
     if path.is_dir():
         return path
     if path.exists():
