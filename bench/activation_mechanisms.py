@@ -64,6 +64,11 @@ VARIANTS.update({
     "pool200": {"pool_size": 200, "channel_depth": 200},
     "source_w1.0": {"source_weight": 1.0},
 })
+#: round 7 (on the round-6 default): the source channel weighted in the fusion; a lower fused-score weight
+VARIANTS.update({
+    "fusion_source2": {"fusion_weights": {"source": 2.0}},
+    "fusion_source2+w0.5": {"fusion_weights": {"source": 2.0}, "embedding_weight": 0.5},
+})
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})

@@ -199,7 +199,8 @@ class Activator:
         latest unit, which then stands for it (``via``).
         """
         fused = reciprocal_rank_fusion({name: [i for i, _ in h] for name, h in hits.items()},
-                                       rrf_k=self.config.rrf_k, pool_size=self.config.pool_size)
+                                       rrf_k=self.config.rrf_k, pool_size=self.config.pool_size,
+                                       weights=self.config.fusion_weights)
         # BM25 evidence as a score, not only a rank: rank fusion keeps the order of the lexical list
         # but forgets whether its top hit matched a rare name or one common word.
         lexical = dict(hits.get("lexical", []))

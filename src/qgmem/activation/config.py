@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ SupersededMode = Literal["attach", "fold", "keep"]
 #: activation as it was before the field existed (see ``ActivationConfig.key_dict``)
 LATER_FIELDS: dict[str, object] = {
     "lexical_speaker_once": False, "rerank_depth": 0, "expansion_seeds": 0, "expansion_max_entity_units": 20,
-    "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0,
+    "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0, "fusion_weights": {},
 }
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
@@ -35,6 +36,8 @@ class ActivationConfig:
     pool_size: int = 100
     channel_depth: int = 100  # candidates each channel contributes before fusion
     rrf_k: float = 60.0
+    # channel -> its weight in the fusion (``w / (rrf_k + rank)``); a channel not named weighs 1 (plain RRF)
+    fusion_weights: dict[str, float] = field(default_factory=dict)
     attribute_threshold: float = 0.60
     channels: tuple[str, ...] = CHANNELS  # ``source`` joined the paper's three in round 5 (docs/activation.md)
     ann_min_units: int = 50_000
@@ -98,6 +101,10 @@ class ActivationConfig:
         if self.expansion_max_entity_units < 1:
             raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
+        self.fusion_weights = {str(name): float(w) for name, w in dict(self.fusion_weights).items()}
+        bad = {name: w for name, w in self.fusion_weights.items() if name not in CHANNELS or not w > 0}
+        if bad:
+            raise ValueError(f"fusion_weights must map channels of {'/'.join(CHANNELS)} to weights > 0, got {bad}")
 
     @property
     def uses_source_turns(self) -> bool:
@@ -128,7 +135,7 @@ class ActivationConfig:
         written then keeps activating as it was trained."""
         values = dict(values)
         for name, before in LATER_FIELDS.items():
-            values.setdefault(name, before)
+            values.setdefault(name, copy.copy(before))
         if isinstance(values.get("channels"), list):
             values["channels"] = tuple(values["channels"])
         return cls(**values)

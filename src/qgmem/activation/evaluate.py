@@ -238,6 +238,22 @@ def select_cases(cases: list[Case], limit: int | None = None, per_category: int 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
 CONFIG_FILE = True
 
+def parse_fusion_weights(text: str) -> dict[str, float]:
+    """``"source=2,lexical=0.5"`` -> ``{"source": 2.0, "lexical": 0.5}`` (``ActivationConfig`` checks the names)."""
+    weights: dict[str, float] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--fusion-weights: {item!r} is not CHANNEL=WEIGHT") from None
+    return weights
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data file or folder")
@@ -281,6 +297,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="superseded trace members: keep and attach the latest state (default), fold into it, or keep")
     parser.add_argument("--channels", default=",".join(defaults.channels),
                         help=f"comma-separated subset of {','.join(CHANNELS)} (default {','.join(defaults.channels)})")
+    parser.add_argument("--fusion-weights", default="",
+                        help="channel weights in the rank fusion, e.g. source=2 (a channel not named weighs 1; "
+                             "default: every channel 1)")
     parser.add_argument("--device", default=None, help="device for model rerankers (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch/FAISS CPU threads (1 avoids oversubscription on a busy machine)")
@@ -354,7 +373,8 @@ def run(args: argparse.Namespace) -> int:
                                   expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
                                   rerank_depth=args.rerank_depth, source_weight=args.source_weight,
                                   max_units_per_turn=args.max_units_per_turn,
-                                  channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
+                                  channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()),
+                                  fusion_weights=parse_fusion_weights(args.fusion_weights))
     encoder = SentenceEncoder(args.encoder)
     tokenizer = None
     if args.tokenizer and args.tokenizer.lower() != "none":

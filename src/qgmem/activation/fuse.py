@@ -14,17 +14,24 @@ class Fused:
     ranks: dict[str, int] = field(default_factory=dict)
 
 
-def reciprocal_rank_fusion(rankings: dict[str, list[int]], rrf_k: float = 60.0, pool_size: int = 100) -> list[Fused]:
-    """``score(u) = sum over channels of 1 / (rrf_k + rank(u))``, best first, at most ``pool_size``.
+def reciprocal_rank_fusion(rankings: dict[str, list[int]], rrf_k: float = 60.0, pool_size: int = 100,
+                           weights: dict[str, float] | None = None) -> list[Fused]:
+    """``score(u) = sum over channels c of w_c / (rrf_k + rank_c(u))``, best first, at most ``pool_size``.
 
     Rank-based, so channels with incomparable scores (BM25, cosine, attribute counts) fuse without
-    calibration; ``rrf_k`` damps the weight of the very top ranks. Ties keep the order of first appearance
-    over channels in the given order, which makes the pool deterministic.
+    calibration; ``rrf_k`` damps the weight of the very top ranks. ``weights`` gives a channel more (or
+    less) say than the others; a channel it does not name weighs 1 (plain RRF). Ties keep the order of
+    first appearance over channels in the given order, which makes the pool deterministic.
     """
     if rrf_k < 0:
         raise ValueError(f"rrf_k must be >= 0, got {rrf_k}")
+    weights = weights or {}
+    bad = {name: w for name, w in weights.items() if not w > 0}
+    if bad:
+        raise ValueError(f"fusion weights must be > 0, got {bad}")
     pooled: dict[int, Fused] = {}
     for channel, ranked in rankings.items():
+        weight = weights.get(channel, 1.0)
         seen: set[int] = set()
         rank = 0
         for index in ranked:
@@ -33,7 +40,7 @@ def reciprocal_rank_fusion(rankings: dict[str, list[int]], rrf_k: float = 60.0, 
             seen.add(index)
             rank += 1
             item = pooled.setdefault(index, Fused(index=index, score=0.0))
-            item.score += 1.0 / (rrf_k + rank)
+            item.score += weight / (rrf_k + rank)
             item.ranks[channel] = rank
     order = {index: i for i, index in enumerate(pooled)}
     return sorted(pooled.values(), key=lambda f: (-f.score, order[f.index]))[:pool_size]
