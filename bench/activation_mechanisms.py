@@ -72,6 +72,12 @@ VARIANTS.update({
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
+#: construction variants (``ConstructionConfig`` overrides): each builds its own stores; its activation
+#: variants are reported as ``<construction>:<variant>`` beside the default construction's
+CONSTRUCTIONS: dict[str, dict] = {
+    "default": {},
+    "unread_fallback": {"unread_turn_fallback": True},  # round 8: ground the turns no rule reads
+}
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
     "locomo_form": ROOT / "tests" / "activation" / "fixtures" / "locomo_form.json",
@@ -129,6 +135,8 @@ def main() -> int:
                         choices=list(VARIANTS))
     parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
                         choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES])
+    parser.add_argument("--constructions", nargs="+", default=["default"], choices=list(CONSTRUCTIONS),
+                        help="construction variants; each builds its own stores (default: only the default)")
     parser.add_argument("--long-group", type=int, default=4,
                         help="validation cases joined into one dialogue in the convomem_long set")
     parser.add_argument("--store-dir", default=None,
@@ -157,7 +165,7 @@ def main() -> int:
     # activation: no memo, so every variant pays the question encoding (latency is comparable)
     query_encoder = SentenceEncoder(max_cache_entries=0)
     tokenizer = load_tokenizer(EMBEDDED_LM)
-    builder = MemoryBuilder(ConstructionConfig(), encoder)
+    builders = {name: MemoryBuilder(ConstructionConfig(**CONSTRUCTIONS[name]), encoder) for name in args.constructions}
     shared = {}  # model rerankers load once
     if any(VARIANTS[v].get("reranker") == "trained" for v in args.variants):
         if not args.trained:
@@ -180,15 +188,18 @@ def main() -> int:
         else:
             sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
 
-    def build(set_name: str, case):
+    def build(set_name: str, case, construction: str):
+        builder = builders[construction]
         if args.store_dir is None:
             return builder.build(case.dialogue)
         from qgmem.memory.store import MemoryStore
 
         set_folder = f"{set_name}{args.long_group}" if set_name == "convomem_long" else set_name
+        if construction != "default":
+            set_folder += f".{construction}"
         folder = Path(args.store_dir) / set_folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)
         if (folder / "meta.json").is_file():
-            return MemoryStore.load(folder)
+            return MemoryStore.load(folder, expected_meta=builder.expected_meta())
         store = builder.build(case.dialogue)
         store.save(folder)
         return store
@@ -197,39 +208,42 @@ def main() -> int:
     per_question: dict[str, dict[str, dict[str, dict]]] = {}
     scratch = Path(tempfile.mkdtemp(prefix="activation-mechanisms-"))
     for set_name, cases in sets.items():
-        started = time.perf_counter()
-        stores = {}
-        for i, case in enumerate(cases, 1):
-            stores[case.id] = build(set_name, case)
-            print(f"[{set_name}] store {i}/{len(cases)}: {len(stores[case.id].units)} units "
-                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-        print(f"[{set_name}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
-              file=sys.stderr)
         results[set_name], per_question[set_name] = {}, {}
-        for variant in args.variants:
-            overrides = dict(VARIANTS[variant])
-            kind = overrides.get("reranker")
-            if kind == "trained":
-                overrides["reranker_path"] = args.trained
-            config = ActivationConfig(**overrides)
-            out = scratch / f"{set_name}.{variant}.jsonl"
+        for construction in args.constructions:
             started = time.perf_counter()
-            summary = evaluate_cases(cases, lambda case: stores[case.id], query_encoder, config, tokenizer,
-                                     reranker=shared.get(kind), out=out, dense_baseline=variant == "default")
-            summary["wall_s"] = round(time.perf_counter() - started, 1)
-            results[set_name][variant] = summary
-            per_question[set_name][variant] = {
-                (r := json.loads(line))["question_id"]: r for line in out.read_text().splitlines()}
-            print(f"[{set_name}] {variant}: pool {summary['pool_recall']['fused']:.3f} R@10 {summary['recall@10']:.3f} "
-                  f"nDCG@10 {summary['ndcg@10']:.3f} tokens {summary['context_tokens_mean']:.0f} "
-                  f"p50 {summary['latency_ms_p50']:.1f} ms ({summary['wall_s']} s)", file=sys.stderr)
+            stores = {}
+            for i, case in enumerate(cases, 1):
+                stores[case.id] = build(set_name, case, construction)
+                print(f"[{set_name}/{construction}] store {i}/{len(cases)}: {len(stores[case.id].units)} units "
+                      f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+            print(f"[{set_name}/{construction}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
+                  file=sys.stderr)
+            for activation in args.variants:
+                variant = activation if construction == "default" else f"{construction}:{activation}"
+                overrides = dict(VARIANTS[activation])
+                kind = overrides.get("reranker")
+                if kind == "trained":
+                    overrides["reranker_path"] = args.trained
+                config = ActivationConfig(**overrides)
+                out = scratch / f"{set_name}.{variant}.jsonl"
+                started = time.perf_counter()
+                summary = evaluate_cases(cases, lambda case: stores[case.id], query_encoder, config, tokenizer,
+                                         reranker=shared.get(kind), out=out, dense_baseline=variant == "default")
+                summary["wall_s"] = round(time.perf_counter() - started, 1)
+                results[set_name][variant] = summary
+                per_question[set_name][variant] = {
+                    (r := json.loads(line))["question_id"]: r for line in out.read_text().splitlines()}
+                print(f"[{set_name}] {variant}: pool {summary['pool_recall']['fused']:.3f} R@10 {summary['recall@10']:.3f} "
+                      f"nDCG@10 {summary['ndcg@10']:.3f} tokens {summary['context_tokens_mean']:.0f} "
+                      f"p50 {summary['latency_ms_p50']:.1f} ms ({summary['wall_s']} s)", file=sys.stderr)
 
     for set_name, by_variant in results.items():
         default = per_question[set_name].get("default")
         first = next(iter(by_variant.values()))
         print(f"\n## {set_name} ({first['n_questions']} questions, {first['units_per_case_mean']:.0f} units per store)")
-        print("| variant | pool recall (n = 100) | R@10 | nDCG@10 | R@30 | tokens | p50 ms | ΔR@10 vs default [95 % CI] |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| variant | ceiling | pool recall (n = 100) | R@10 | nDCG@10 | R@30 | tokens | p50 ms | "
+              "ΔR@10 vs default [95 % CI] |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for variant, s in by_variant.items():
             delta = ""
             if default is not None and variant != "default":
@@ -237,12 +251,12 @@ def main() -> int:
                 mean, lo, hi = paired_interval([default[i]["recall@10"] for i in ids],
                                                [per_question[set_name][variant][i]["recall@10"] for i in ids])
                 delta = f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-            print(f"| {variant} | {s['pool_recall']['fused']:.3f} | {s['recall@10']:.3f} | {s['ndcg@10']:.3f} | "
+            print(f"| {variant} | {s.get('recall_ceiling', float('nan')):.3f} | {s['pool_recall']['fused']:.3f} | {s['recall@10']:.3f} | {s['ndcg@10']:.3f} | "
                   f"{s['recall@30']:.3f} | {s['context_tokens_mean']:.0f} | {s['latency_ms_p50']:.1f} | {delta} |")
         if "default" in by_variant:
             s = by_variant["default"]
             for b in ("baseline_bm25_turns", "baseline_dense_turns"):
-                print(f"| {b[len('baseline_'):]} | | {s[b]['recall@10']:.3f} | {s[b]['ndcg@10']:.3f} | "
+                print(f"| {b[len('baseline_'):]} | | | {s[b]['recall@10']:.3f} | {s[b]['ndcg@10']:.3f} | "
                       f"{s[b]['recall@30']:.3f} | {s[b]['context_tokens_mean']:.0f} | | |")
         categories = list(first["per_category"])
         print("\n| variant | " + " | ".join(f"{c} (n {first['per_category'][c]['n_questions']})" for c in categories)

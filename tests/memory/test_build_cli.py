@@ -39,6 +39,11 @@ def test_heuristic_build_on_convomem_sample_then_resume(tmp_path, convomem_path,
     assert main(args) == 0
     again = _last_json(capsys)
     assert again["reused_dialogues"] == 2 and again["units"] == summary["units"]
+    # every sentence is accounted for: each read one is a unit (ConvoMem shares no images), the rest say why
+    sentences = summary["sentences"]
+    assert sum(n for key, n in sentences.items() if key.endswith("/read")) == summary["units"]
+    assert {"user/read", "assistant/read", "user/question"} <= set(sentences)
+    assert again["sentences"] == sentences  # reused stores keep their counts
 
 
 def _flip_middle(path, n=32):

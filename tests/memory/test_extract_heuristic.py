@@ -241,3 +241,66 @@ def test_locomo_form_fixture_grounds_every_gold_turn():
     filler = {t.id for s in case.dialogue.sessions for t in s.turns if t.text.rstrip().endswith("?")
               and "." not in t.text and "!" not in t.text}
     assert filler and not filler & grounded  # pure questions still give nothing
+
+
+def test_each_sentence_is_counted_with_what_became_of_it():
+    from collections import Counter
+
+    from qgmem.memory.extract_heuristic import SENTENCE_OUTCOMES
+
+    text = ("I live in Boston. Is it cold? That sounds lovely. Efficiency is key in your line of work. "
+            "Hosting a late-night radio show must have made you comfortable with unscripted conversation. Ok.")
+    counts: Counter = Counter()
+    turn = Turn(id="t0", session_id="s0", speaker="Assistant", role="assistant", text=text)
+    claims = HeuristicExtractor().sentence_claims(turn, "User", counts=counts)
+    assert len(claims) == 1  # only the first sentence is read
+    assert counts == Counter({"assistant/read": 1, "assistant/question": 1, "assistant/reaction": 1,
+                              "assistant/phatic": 1, "assistant/unread": 1, "assistant/filler": 1})
+    assert {key.split("/")[1] for key in counts} <= set(SENTENCE_OUTCOMES)
+    # a user's hedge and a short fragment, and no counts where none are asked for
+    user = Turn(id="t1", session_id="s0", speaker="User", role="user", text="I guess so. Mostly dogs.")
+    mine: Counter = Counter()
+    HeuristicExtractor().sentence_claims(user, "Assistant", counts=mine)
+    assert mine == Counter({"user/non_fact": 1, "user/short": 1})
+    assert HeuristicExtractor().sentence_claims(user, "Assistant") == []
+
+
+UNREAD_TURN = ("Hosting a late-night radio show must have made you comfortable with unscripted conversation. "
+               "Given your long background in copy-editing, spotting errors in data comes naturally.")
+
+
+def test_unread_turn_fallback_grounds_a_turn_no_rule_reads():
+    from collections import Counter
+
+    turn = Turn(id="t0", session_id="s0", speaker="Assistant", role="assistant", text=UNREAD_TURN)
+    off: Counter = Counter()
+    assert HeuristicExtractor().sentence_claims(turn, "User", counts=off) == []  # control: the default
+    assert off == Counter({"assistant/unread": 2})
+    on: Counter = Counter()
+    [claim] = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=True)).sentence_claims(
+        turn, "User", counts=on)
+    assert on == Counter({"assistant/fallback": 2})
+    assert claim.predicate == "mentions" and claim.subject == "Assistant"
+    assert claim.fact.startswith("Assistant mentions: Hosting a late-night radio show")
+    assert "made User comfortable" in claim.fact and "copy-editing" in claim.fact  # both sentences, names rewritten
+    assert claim.sentence.startswith("Hosting") and claim.sentence.endswith("conversation.")  # the triple: the first
+
+
+def test_unread_turn_fallback_leaves_turns_with_a_unit_alone():
+    text = "I live in Boston. " + UNREAD_TURN
+    turn = Turn(id="t0", session_id="s0", speaker="User", role="user", text=text)
+    on = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=True)).sentence_claims(turn, "Assistant")
+    off = HeuristicExtractor().sentence_claims(turn, "Assistant")
+    assert [c.fact for c in on] == [c.fact for c in off] and len(on) == 1
+
+
+def test_later_construction_fields_keep_old_keys_and_old_records():
+    from qgmem.memory.config import LATER_FIELDS
+
+    assert not set(LATER_FIELDS) & set(ConstructionConfig().key_dict())  # at its earlier value: the old key
+    assert ConstructionConfig(unread_turn_fallback=True).key_dict()["unread_turn_fallback"] is True
+    recorded = ConstructionConfig().to_dict()
+    recorded.pop("unread_turn_fallback")  # a record written before the field existed
+    assert ConstructionConfig.from_dict(recorded).unread_turn_fallback is False
+    full = ConstructionConfig(unread_turn_fallback=True)
+    assert ConstructionConfig.from_dict(full.to_dict()) == full

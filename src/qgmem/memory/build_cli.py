@@ -70,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="seconds for a whole request, retries included (default 600)")
 
 
+def _sentences_line(sentences: dict[str, int]) -> str:
+    """``sentences per role: assistant 120 (read 40, phatic 50, unread 30); user …`` (rule extractors)."""
+    by_role: dict[str, dict[str, int]] = {}
+    for key, n in sentences.items():
+        role, _, outcome = key.partition("/")
+        by_role.setdefault(role, {})[outcome] = n
+    parts = []
+    for role, outcomes in sorted(by_role.items()):
+        ordered = sorted(outcomes.items(), key=lambda item: (item[0] != "read", -item[1], item[0]))
+        parts.append(f"{role} {sum(outcomes.values())} (" + ", ".join(f"{o} {n}" for o, n in ordered) + ")")
+    return "sentences per role: " + "; ".join(parts)
+
+
 def _summary_line(stats: dict[str, Any]) -> str:
     return (f"dialogues {stats['dialogues']} (reused {stats['reused_dialogues']}, rebuilt corrupt "
             f"{stats.get('rebuilt_corrupt', 0)}), turns {stats['turns']}, "
@@ -152,7 +165,8 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
                 reused += 1
                 counts = {k: v for k, v in store.meta.get("counts", {}).items()
                           if k in BuildStats.__dataclass_fields__ and not k.startswith(("llm_", "prompt_", "completion_"))}
-                builder.stats.merge(BuildStats(**{**counts, "skip_reasons": Counter(counts.get("skip_reasons", {}))}))
+                builder.stats.merge(BuildStats(**{**counts, "skip_reasons": Counter(counts.get("skip_reasons", {})),
+                                                  "sentences": Counter(counts.get("sentences", {}))}))
             except StoreMismatchError:  # other parameters: rebuilt, as asked
                 store = None
             except (UserError, ValueError, OSError) as exc:  # corrupt, truncated, edited: rebuilt, reported
@@ -181,6 +195,8 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
         llm.close()
     write_json_atomic(out / SUMMARY_FILE, json.dumps(stats, indent=1, ensure_ascii=False))
     print(_summary_line(stats))
+    if stats.get("sentences"):
+        print(_sentences_line(stats["sentences"]))
     if stopped is not None:
         raise stopped
     if stats["load_skipped"]:

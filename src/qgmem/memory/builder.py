@@ -51,17 +51,20 @@ class BuildStats:
     completion_tokens: int = 0
     seconds: float = 0.0
     skipped_examples: list[str] = field(default_factory=list)  # first few "window: reason" lines
+    # rule extractors: what became of each sentence, "role/outcome" (extract_heuristic.SENTENCE_OUTCOMES)
+    sentences: Counter = field(default_factory=Counter)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items()}
         d["skip_reasons"] = dict(self.skip_reasons)
+        d["sentences"] = dict(sorted(self.sentences.items()))
         d["seconds"] = round(self.seconds, 3)
         return d
 
     def merge(self, other: BuildStats) -> None:
         for name, value in other.__dict__.items():
-            if name == "skip_reasons":
-                self.skip_reasons.update(value)
+            if name in ("skip_reasons", "sentences"):
+                getattr(self, name).update(value)
             elif name == "skipped_examples":
                 self.skipped_examples.extend(value[: max(0, 20 - len(self.skipped_examples))])
             else:
@@ -151,7 +154,7 @@ class MemoryBuilder:
             "extractor": self.config.extractor,
             "encoder": getattr(self.encoder, "model_id", type(self.encoder).__name__),
             "llm": self.llm.model_id if uses_llm and self.llm is not None else None,
-            "params": self.config.to_dict(),
+            "params": self.config.key_dict(),
         }
 
     def extract(self, dialogue: Dialogue, windows: list[Window] | None = None,
@@ -172,10 +175,11 @@ class MemoryBuilder:
         session_times = {s.id: s.time for s in dialogue.sessions}
         units: list[MemoryUnit] = []
         if self.config.extractor == "parser":
-            units.extend(self.parser.extract_windows(windows, dialogue.id, user, session_times))
+            units.extend(self.parser.extract_windows(windows, dialogue.id, user, session_times, stats.sentences))
         elif self.config.extractor == "heuristic":
             for window in windows:
-                units.extend(self.heuristic.extract(window, dialogue.id, user, session_times.get(window.session_id)))
+                units.extend(self.heuristic.extract(window, dialogue.id, user, session_times.get(window.session_id),
+                                                    stats.sentences))
         else:
             report = self.llm_extractor.extract_windows(windows, dialogue.id, session_times)
             for window, outcome in zip(windows, report.outcomes):

@@ -12,6 +12,9 @@ EXTRACTORS = ("parser", "heuristic", "llm")
 #: not what the store holds, so it is no part of a store's or a cache's parameters.
 MAX_FAILED_WINDOW_SHARE = 0.5
 CONSOLIDATIONS = ("auto", "rule", "llm")
+#: fields added after stores and caches were first keyed by these settings, each with the value that
+#: reproduces construction as it was before the field existed (see ``ConstructionConfig.key_dict``)
+LATER_FIELDS: dict[str, object] = {"unread_turn_fallback": False}
 
 
 @dataclass
@@ -49,6 +52,9 @@ class ConstructionConfig:
     llm_retries: int = 1
     min_words: int = 4
     temperature: float = 0.0
+    # rule extractors: a turn whose content sentences no rule could read, and that gives no other unit,
+    # becomes one "mentions" unit of those sentences, so it is grounded (docs/memory.md)
+    unread_turn_fallback: bool = False
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -72,10 +78,17 @@ class ConstructionConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def key_dict(self) -> dict[str, Any]:
+        """The settings as stores and caches are keyed by them: a field added later is left out while it
+        has the value that reproduces construction before it, so stores and caches built then still match."""
+        return {k: v for k, v in asdict(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConstructionConfig:
+        """Settings as a store, cache or export recorded them; a later field the record lacks takes the
+        value that reproduces construction then, not today's default."""
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown construction settings: {sorted(unknown)}")
-        return cls(**d)
+        return cls(**{**LATER_FIELDS, **d})

@@ -26,6 +26,7 @@ it.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from qgmem.data.records import Turn
@@ -558,6 +559,18 @@ def find_location(sentence: str) -> str:
     return ""
 
 
+#: what construction does with a sentence of a turn: ``read`` gives a claim; the rest give none —
+#: ``question``, ``filler`` (interjections, greetings), ``reaction`` (to the other speaker), ``request``,
+#: ``phatic`` (assistant empathy and platitudes), ``non_fact`` (user hedges), ``short`` (under
+#: ``min_words`` and not a reply) and ``unread`` (content no rule could read: a clause the reader misses);
+#: ``fallback``: unread sentences of a turn that gave no other unit, joined into one ``mentions`` unit
+#: (``ConstructionConfig.unread_turn_fallback``)
+SENTENCE_OUTCOMES = ("read", "question", "filler", "reaction", "request", "phatic", "non_fact", "short", "unread",
+                     "fallback")
+#: words of a fallback unit's fact (the unread sentences of its turn, in order)
+FALLBACK_WORDS = 60
+
+
 class HeuristicExtractor:
     """Rule-based atomic units; deterministic and fast (see the module docstring for the rules)."""
 
@@ -567,13 +580,18 @@ class HeuristicExtractor:
         self.config = config or ConstructionConfig()
 
     def sentence_claims(self, turn: Turn, listener: str, previous: Turn | None = None,
-                        names: frozenset[str] | set[str] = frozenset()) -> list[Claim]:
+                        names: frozenset[str] | set[str] = frozenset(), counts: Counter | None = None) -> list[Claim]:
         """The claims one turn states (empty for chit-chat, questions, requests and reactions).
 
         ``previous`` is the turn before it (a window's context turn counts): a clause-less reply quotes
         its question, and its last name resolves "he/she/they". ``names`` are the dialogue's speakers
-        (vocatives such as "Priya, big news: …" are not subjects).
+        (vocatives such as "Priya, big news: …" are not subjects). ``counts``, when given, gets one
+        ``"role/outcome"`` per sentence (:data:`SENTENCE_OUTCOMES`): what became of it, and why.
         """
+        def count(outcome: str) -> None:
+            if counts is not None:
+                counts[f"{turn.role.lower() or 'unknown'}/{outcome}"] += 1
+
         assistant = turn.role.lower() == "assistant"
         names = set(names) | {turn.speaker, listener}
         question = asker = None
@@ -589,6 +607,7 @@ class HeuristicExtractor:
             antecedent = _last_name(previous.text, names)
         text = _normalize(turn.text)
         claims: list[Claim] = []
+        unread: list[tuple[str, str, str | None, str, str]] = []  # (sentence, bare, antecedent, context, by)
         for m in _IMAGE.finditer(text):
             context = _Rewriter(turn.speaker, listener)(_IMAGE.sub("", text).split()) if len(claims) == 0 else ""
             claim = image_claim(m.group(1), turn.speaker, context if len(context.split()) >= 3 else "")
@@ -601,6 +620,8 @@ class HeuristicExtractor:
             if original:
                 last_said, last_by = original, turn.speaker
             if not original or original.endswith("?") or _FILLER.match(original):
+                if original:
+                    count("question" if original.endswith("?") else "filler")
                 continue
             bare = _strip_vocative(original, names)
             sentence = _strip_announcement(_LEAD_IN.sub("", _LEADING.sub("", bare).strip()))
@@ -608,12 +629,16 @@ class HeuristicExtractor:
             recommendation = (_RECOMMEND.search(sentence) or _IMPERATIVE_ADVICE.match(sentence)) if assistant else None
             if not words or _FILLER.match(sentence) or _REACTION.match(sentence) or (
                     recommendation is None and _REQUEST.match(sentence)):
+                count("filler" if not words or _FILLER.match(sentence)
+                            else "reaction" if _REACTION.match(sentence) else "request")
                 antecedent = _last_name(original, names) or antecedent
                 continue
             if assistant and recommendation is None and (
                     _PHATIC_ASSISTANT.search(sentence) or _PLATITUDE.search(sentence)):
+                count("phatic")
                 continue
             if not assistant and _NON_FACT_USER.match(sentence):
+                count("non_fact")
                 continue
             claim = None
             kind, body = "clause", sentence
@@ -637,6 +662,10 @@ class HeuristicExtractor:
                         _HAS_NUMBER.search(sentence) or find_entities(sentence)):
                     claim = fragment_claim(bare, turn.speaker, listener)
                     kind = "fragment"
+            outcome = "read" if claim is not None else "short" if len(words) < self.config.min_words else "unread"
+            count(outcome)
+            if outcome == "unread":
+                unread.append((original, bare, antecedent, said_before, said_by))
             if claim is not None:
                 claim.sentence = original  # dates, names and places are read from the whole sentence
                 claim.kind, claim.body, claim.antecedent = kind, body, antecedent
@@ -645,10 +674,28 @@ class HeuristicExtractor:
                 claim.context, claim.context_speaker = said_before, said_by
                 claims.append(claim)
             antecedent = _last_name(original, names) or antecedent
+        if unread and not claims and self.config.unread_turn_fallback:
+            claims.append(self._fallback_claim(turn, listener, unread))
+            if counts is not None:
+                key = f"{turn.role.lower() or 'unknown'}/"
+                counts[key + "unread"] -= len(unread)
+                counts[key + "fallback"] += len(unread)
+                if not counts[key + "unread"]:
+                    del counts[key + "unread"]
         return claims
 
-    def window_claims(self, window: Window, user_name: str = "User",
-                      session_time: str | None = None) -> list[tuple[Turn, str, str | None, Claim]]:
+    def _fallback_claim(self, turn: Turn, listener: str, unread: list[tuple[str, str, str | None, str, str]]) -> Claim:
+        """One ``mentions`` unit for a turn whose content sentences no rule could read: the turn is then
+        grounded (its raw text is what the source channel searches), its fact the unread sentences."""
+        words = " ".join(bare for _, bare, _, _, _ in unread).split()
+        claim = fragment_claim(" ".join(words[:FALLBACK_WORDS]), turn.speaker, listener)
+        original, bare, antecedent, said_before, said_by = unread[0]  # the graph's triple: the first one
+        claim.sentence, claim.kind, claim.body, claim.antecedent = original, "fragment", bare, antecedent
+        claim.context, claim.context_speaker = said_before, said_by
+        return claim
+
+    def window_claims(self, window: Window, user_name: str = "User", session_time: str | None = None,
+                      counts: Counter | None = None) -> list[tuple[Turn, str, str | None, Claim]]:
         """``(turn, listener, utterance time, claim)`` for every claim of the window's new turns."""
         out: list[tuple[Turn, str, str | None, Claim]] = []
         names = frozenset(t.speaker for t in window.turns)
@@ -661,15 +708,15 @@ class HeuristicExtractor:
             if listener == turn.speaker:
                 listener = user_name if turn.role.lower() == "assistant" else "Assistant"
             utterance_time = turn.time or session_time
-            for claim in self.sentence_claims(turn, listener, previous, names):
+            for claim in self.sentence_claims(turn, listener, previous, names, counts):
                 out.append((turn, listener, utterance_time, claim))
         return out
 
     def extract(self, window: Window, dialogue_id: str, user_name: str = "User",
-                session_time: str | None = None) -> list[MemoryUnit]:
+                session_time: str | None = None, counts: Counter | None = None) -> list[MemoryUnit]:
         """Units for the window's new turns; each is grounded in exactly its own turn."""
         units: list[MemoryUnit] = []
-        for turn, _, utterance_time, claim in self.window_claims(window, user_name, session_time):
+        for turn, _, utterance_time, claim in self.window_claims(window, user_name, session_time, counts):
             fact_time, _ = find_fact_time(claim.sentence, utterance_time)
             units.append(MemoryUnit(
                 id=f"{window.id}.u{len(units)}", dialogue_id=dialogue_id, session_id=window.session_id,

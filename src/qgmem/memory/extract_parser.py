@@ -19,6 +19,7 @@ recur across training cases, and each is parsed once per process.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from qgmem.memory.config import ConstructionConfig
 from qgmem.timeexpr import find_fact_time
@@ -92,13 +93,15 @@ class ParserExtractor:
         return [self._memo[k] for k in keys]
 
     def extract_windows(self, windows: list[Window], dialogue_id: str, user_name: str = "User",
-                        session_times: dict[str, str | None] | None = None) -> list[MemoryUnit]:
-        """Units for every window of one dialogue (one parse batch for all of them)."""
+                        session_times: dict[str, str | None] | None = None,
+                        counts: Counter | None = None) -> list[MemoryUnit]:
+        """Units for every window of one dialogue (one parse batch for all of them); ``counts`` gets what
+        became of each sentence (:meth:`HeuristicExtractor.sentence_claims`)."""
         session_times = session_times or {}
         pending = []
         for window in windows:
             for turn, listener, utterance_time, claim in self.heuristic.window_claims(
-                    window, user_name, session_times.get(window.session_id)):
+                    window, user_name, session_times.get(window.session_id), counts):
                 pending.append((window, turn, listener, utterance_time, claim))
         readings = self.read([(claim, turn.speaker, listener) for _, turn, listener, _, claim in pending])
         units: list[MemoryUnit] = []

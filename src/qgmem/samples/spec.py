@@ -98,7 +98,7 @@ class CacheSpec:
             "data": C.fingerprint_data(self.data_path, self.data_fingerprint),
             "num_cases": self.num_cases, "split_ratios": self.split_ratios, "group_key": self.group_key,
             "seed": self.seed, "distractor_conversations": self.distractor_conversations, "strict": self.strict,
-            "construction": asdict(self.construction), "activation": self.activation.key_dict(),
+            "construction": self.construction.key_dict(), "activation": self.activation.key_dict(),
             "construction_llm": _llm_key(self.construction_llm), "sentence_encoder": self.sentence_encoder,
             "store_format": _store_format_version(),
         }
