@@ -5,7 +5,10 @@ unit; the others say why none came. ``unread`` are content sentences that passed
 the clause reader could not read: the part of the recall ceiling that better reading would win back.
 Only the rule stage runs (no parse, no embedding), so this takes seconds.
 
-    python bench/sentence_outcomes.py [--sets convomem_val locomo_form] [--json]
+    python bench/sentence_outcomes.py [--sets convomem_val locomo_form] [--rules-only] [--json]
+
+``--rules-only`` turns ``unread_turn_fallback`` off, to count what the rules alone leave out; with the
+default (on) the sentences of a fallback unit are counted as ``fallback``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=["convomem_val", "locomo_form"],
                         choices=["convomem_val", "locomo_form"])
+    parser.add_argument("--rules-only", action="store_true", help="count without unread_turn_fallback")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
 
@@ -61,7 +65,7 @@ def main() -> int:
     from qgmem.memory.extract_heuristic import SENTENCE_OUTCOMES
     from qgmem.training.reranker import convomem_splits
 
-    config = ConstructionConfig()
+    config = ConstructionConfig(**({"unread_turn_fallback": False} if args.rules_only else {}))
     results = {}
     for name in args.sets:
         if name == "convomem_val":
@@ -84,6 +88,7 @@ def main() -> int:
         for role in roles:
             kinds = [turns.get(f"{role}/{k}", 0) for k in ("units", "unread_only", "nothing")]
             print(f"| {role} | {sum(kinds):,} | " + " | ".join(f"{n:,}" for n in kinds) + " |")
+        print(f"(unread_turn_fallback {config.unread_turn_fallback})")
     if args.json:
         print(json.dumps(results))
     return 0

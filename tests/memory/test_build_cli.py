@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from qgmem.cli import main
+from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.build_cli import dialogue_folder
 from qgmem.memory.store import MemoryStore
 
@@ -39,9 +40,13 @@ def test_heuristic_build_on_convomem_sample_then_resume(tmp_path, convomem_path,
     assert main(args) == 0
     again = _last_json(capsys)
     assert again["reused_dialogues"] == 2 and again["units"] == summary["units"]
-    # every sentence is accounted for: each read one is a unit (ConvoMem shares no images), the rest say why
+    # every sentence is accounted for: each read one is a unit (ConvoMem shares no images), a fallback
+    # unit stands for one or more fallback sentences of its turn, and the rest say why they gave none
     sentences = summary["sentences"]
-    assert sum(n for key, n in sentences.items() if key.endswith("/read")) == summary["units"]
+    read = sum(n for key, n in sentences.items() if key.endswith("/read"))
+    fallback = sum(n for key, n in sentences.items() if key.endswith("/fallback"))
+    assert read <= summary["units"] <= read + fallback
+    assert (fallback > 0) == ConstructionConfig().unread_turn_fallback
     assert {"user/read", "assistant/read", "user/question"} <= set(sentences)
     assert again["sentences"] == sentences  # reused stores keep their counts
 

@@ -175,8 +175,19 @@ def test_clause_less_reply_quotes_the_question_it_answers(question, reply, fact)
     ("I ran 30 km.", "Is it near the beach?"),
 ])
 def test_reactions_greetings_and_unanchored_fragments_give_nothing(previous, text):
-    claims = HeuristicExtractor().sentence_claims(_turn("t1", "Daniel", text), "Priya", _turn("t0", "Priya", previous))
+    rules = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=False))  # the rules alone
+    claims = rules.sentence_claims(_turn("t1", "Daniel", text), "Priya", _turn("t0", "Priya", previous))
     assert claims == []
+
+
+def test_the_default_grounds_an_unanchored_fragment_but_no_reaction():
+    """The fallback's cost: a content fragment no rule reads is kept as a ``mentions`` unit; filtered
+    sentences (reactions, greetings, questions) still give nothing."""
+    previous = _turn("t0", "Priya", "I adopted a cat.")
+    [claim] = HeuristicExtractor().sentence_claims(_turn("t1", "Daniel", "A family race, love it."), "Priya", previous)
+    assert claim.fact == "Daniel mentions: A family race, love it." and claim.predicate == "mentions"
+    for text in ("Wow, that was quick.", "Greetings from Brighton!", "Is it near the beach?"):
+        assert HeuristicExtractor().sentence_claims(_turn("t1", "Daniel", text), "Priya", previous) == []
 
 
 def test_he_she_they_resolve_to_the_last_name_mentioned():
@@ -274,11 +285,11 @@ def test_unread_turn_fallback_grounds_a_turn_no_rule_reads():
 
     turn = Turn(id="t0", session_id="s0", speaker="Assistant", role="assistant", text=UNREAD_TURN)
     off: Counter = Counter()
-    assert HeuristicExtractor().sentence_claims(turn, "User", counts=off) == []  # control: the default
+    rules = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=False))
+    assert rules.sentence_claims(turn, "User", counts=off) == []  # control: the rules alone
     assert off == Counter({"assistant/unread": 2})
     on: Counter = Counter()
-    [claim] = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=True)).sentence_claims(
-        turn, "User", counts=on)
+    [claim] = HeuristicExtractor().sentence_claims(turn, "User", counts=on)  # the default since round 8
     assert on == Counter({"assistant/fallback": 2})
     assert claim.predicate == "mentions" and claim.subject == "Assistant"
     assert claim.fact.startswith("Assistant mentions: Hosting a late-night radio show")
@@ -289,16 +300,17 @@ def test_unread_turn_fallback_grounds_a_turn_no_rule_reads():
 def test_unread_turn_fallback_leaves_turns_with_a_unit_alone():
     text = "I live in Boston. " + UNREAD_TURN
     turn = Turn(id="t0", session_id="s0", speaker="User", role="user", text=text)
-    on = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=True)).sentence_claims(turn, "Assistant")
-    off = HeuristicExtractor().sentence_claims(turn, "Assistant")
+    on = HeuristicExtractor().sentence_claims(turn, "Assistant")
+    off = HeuristicExtractor(ConstructionConfig(unread_turn_fallback=False)).sentence_claims(turn, "Assistant")
     assert [c.fact for c in on] == [c.fact for c in off] and len(on) == 1
 
 
 def test_later_construction_fields_keep_old_keys_and_old_records():
     from qgmem.memory.config import LATER_FIELDS
 
-    assert not set(LATER_FIELDS) & set(ConstructionConfig().key_dict())  # at its earlier value: the old key
-    assert ConstructionConfig(unread_turn_fallback=True).key_dict()["unread_turn_fallback"] is True
+    earlier = ConstructionConfig(**LATER_FIELDS)
+    assert not set(LATER_FIELDS) & set(earlier.key_dict())  # at its earlier value: the old key
+    assert ConstructionConfig().key_dict()["unread_turn_fallback"] is True  # the default since round 8
     recorded = ConstructionConfig().to_dict()
     recorded.pop("unread_turn_fallback")  # a record written before the field existed
     assert ConstructionConfig.from_dict(recorded).unread_turn_fallback is False

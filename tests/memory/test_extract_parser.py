@@ -150,3 +150,16 @@ def test_parses_are_memoized_by_text(convomem_path):
 def test_a_missing_model_package_is_named():
     with pytest.raises(RuntimeError, match="no spaCy English model found.*not_a_model"):
         load_pipeline("not_a_model")
+
+
+def test_unread_turn_fallback_grounds_the_turn_through_the_parser():
+    turns = [("User", "I host a late-night campus radio show."),
+             ("Assistant", "Hosting a late-night radio show must have made you comfortable with unscripted "
+                           "conversation, which is a skill to have.")]
+    off = _units(ParserExtractor(ConstructionConfig(unread_turn_fallback=False)), turns)
+    assert [u.source_turn_ids for u in off] == [["s0:0"]]  # control: without it the assistant turn gives no unit
+    on = _units(ParserExtractor(ConstructionConfig()), turns)
+    assert [u.source_turn_ids for u in on] == [["s0:0"], ["s0:1"]]
+    fallback = on[1]
+    assert fallback.fact.startswith("Assistant mentions: Hosting a late-night radio show")
+    assert fallback.speaker == "Assistant" and fallback.subject and fallback.object  # the parse gave a triple

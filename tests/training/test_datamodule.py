@@ -236,7 +236,7 @@ def test_interrupted_build_resumes_to_the_same_result(tiny_data, tmp_path):
     _build(clean)
     dm = _dm(tiny_data, tmp_path / "resumed")
     with pytest.raises(KeyboardInterrupt):
-        _build(dm, encoder=HashEncoder(interrupt_after=40))  # 40 of the 82 distinct texts
+        _build(dm, encoder=HashEncoder(interrupt_after=80))  # about half of the 157 texts encoded
     shards = SampleCache(dm.samples_dir)
     done = sum(shards.has_shard(i) for i in range(16))
     assert not shards.complete and 0 < done < 16

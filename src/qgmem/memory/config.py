@@ -53,8 +53,8 @@ class ConstructionConfig:
     min_words: int = 4
     temperature: float = 0.0
     # rule extractors: a turn whose content sentences no rule could read, and that gives no other unit,
-    # becomes one "mentions" unit of those sentences, so it is grounded (docs/memory.md)
-    unread_turn_fallback: bool = False
+    # becomes one "mentions" unit of those sentences, so it is grounded (docs/memory.md); on since round 8
+    unread_turn_fallback: bool = True
 
     def __post_init__(self) -> None:
         if self.window_size < 1:

@@ -674,8 +674,10 @@ class HeuristicExtractor:
                 claim.context, claim.context_speaker = said_before, said_by
                 claims.append(claim)
             antecedent = _last_name(original, names) or antecedent
-        if unread and not claims and self.config.unread_turn_fallback:
-            claims.append(self._fallback_claim(turn, listener, unread))
+        fallback = self._fallback_claim(turn, listener, unread) if (
+            unread and not claims and self.config.unread_turn_fallback) else None
+        if fallback is not None:
+            claims.append(fallback)
             if counts is not None:
                 key = f"{turn.role.lower() or 'unknown'}/"
                 counts[key + "unread"] -= len(unread)
@@ -684,11 +686,14 @@ class HeuristicExtractor:
                     del counts[key + "unread"]
         return claims
 
-    def _fallback_claim(self, turn: Turn, listener: str, unread: list[tuple[str, str, str | None, str, str]]) -> Claim:
+    def _fallback_claim(self, turn: Turn, listener: str,
+                        unread: list[tuple[str, str, str | None, str, str]]) -> Claim | None:
         """One ``mentions`` unit for a turn whose content sentences no rule could read: the turn is then
         grounded (its raw text is what the source channel searches), its fact the unread sentences."""
         words = " ".join(bare for _, bare, _, _, _ in unread).split()
         claim = fragment_claim(" ".join(words[:FALLBACK_WORDS]), turn.speaker, listener)
+        if claim is None:
+            return None
         original, bare, antecedent, said_before, said_by = unread[0]  # the graph's triple: the first one
         claim.sentence, claim.kind, claim.body, claim.antecedent = original, "fragment", bare, antecedent
         claim.context, claim.context_speaker = said_before, said_by
