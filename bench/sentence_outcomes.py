@@ -29,7 +29,7 @@ def outcomes(cases, config) -> tuple[Counter, Counter]:
     A turn's kind: ``units`` (it gives at least one), ``unread_only`` (none, but it holds an unread
     content sentence: what ``unread_turn_fallback`` grounds) or ``nothing``.
     """
-    from qgmem.memory.extract_heuristic import HeuristicExtractor
+    from qgmem.memory.extract_heuristic import HeuristicExtractor, new_turns
     from qgmem.memory.windows import make_windows
 
     extractor = HeuristicExtractor(config)
@@ -38,11 +38,7 @@ def outcomes(cases, config) -> tuple[Counter, Counter]:
     for case in cases:
         for window in make_windows(case.dialogue, config.window_size, config.window_overlap):
             names = frozenset(t.speaker for t in window.turns)
-            for i, turn in enumerate(window.turns):
-                if i < window.overlap:
-                    continue
-                previous = window.turns[i - 1] if i else None
-                listener = previous.speaker if previous is not None else "User"
+            for turn, previous, listener in new_turns(window):
                 mine: Counter = Counter()
                 claims = extractor.sentence_claims(turn, listener, previous, names, mine)
                 counts.update(mine)

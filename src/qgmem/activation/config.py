@@ -6,6 +6,8 @@ import copy
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from qgmem.activation.fuse import check_fusion_weights
+
 RerankerKind = Literal["embedding", "cross-encoder", "llm", "trained"]
 RERANKERS = ("embedding", "cross-encoder", "llm", "trained")
 ParserKind = Literal["heuristic", "llm"]
@@ -102,9 +104,7 @@ class ActivationConfig:
             raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
         self.fusion_weights = {str(name): float(w) for name, w in dict(self.fusion_weights).items()}
-        bad = {name: w for name, w in self.fusion_weights.items() if name not in CHANNELS or not w > 0}
-        if bad:
-            raise ValueError(f"fusion_weights must map channels of {'/'.join(CHANNELS)} to weights > 0, got {bad}")
+        check_fusion_weights(self.fusion_weights, CHANNELS, what="fusion_weights")
 
     @property
     def uses_source_turns(self) -> bool:

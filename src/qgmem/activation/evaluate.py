@@ -238,6 +238,7 @@ def select_cases(cases: list[Case], limit: int | None = None, per_category: int 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
 CONFIG_FILE = True
 
+
 def parse_fusion_weights(text: str) -> dict[str, float]:
     """``"source=2,lexical=0.5"`` -> ``{"source": 2.0, "lexical": 0.5}`` (``ActivationConfig`` checks the names)."""
     weights: dict[str, float] = {}

@@ -14,6 +14,16 @@ class Fused:
     ranks: dict[str, int] = field(default_factory=dict)
 
 
+def check_fusion_weights(weights: dict[str, float], channels: tuple[str, ...] | None = None,
+                         what: str = "fusion weights") -> None:
+    """Every weight is > 0 (and, with ``channels``, names one of them): a zero weight would pool a
+    channel's hits without letting them score."""
+    bad = {name: w for name, w in weights.items() if not w > 0 or (channels is not None and name not in channels)}
+    if bad:
+        rule = f"must map channels of {'/'.join(channels)} to weights > 0" if channels is not None else "must be > 0"
+        raise ValueError(f"{what} {rule}, got {bad}")
+
+
 def reciprocal_rank_fusion(rankings: dict[str, list[int]], rrf_k: float = 60.0, pool_size: int = 100,
                            weights: dict[str, float] | None = None) -> list[Fused]:
     """``score(u) = sum over channels c of w_c / (rrf_k + rank_c(u))``, best first, at most ``pool_size``.
@@ -26,9 +36,7 @@ def reciprocal_rank_fusion(rankings: dict[str, list[int]], rrf_k: float = 60.0, 
     if rrf_k < 0:
         raise ValueError(f"rrf_k must be >= 0, got {rrf_k}")
     weights = weights or {}
-    bad = {name: w for name, w in weights.items() if not w > 0}
-    if bad:
-        raise ValueError(f"fusion weights must be > 0, got {bad}")
+    check_fusion_weights(weights)
     pooled: dict[int, Fused] = {}
     for channel, ranked in rankings.items():
         weight = weights.get(channel, 1.0)

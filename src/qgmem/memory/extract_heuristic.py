@@ -571,6 +571,21 @@ SENTENCE_OUTCOMES = ("read", "question", "filler", "reaction", "request", "phati
 FALLBACK_WORDS = 60
 
 
+def new_turns(window: Window, user_name: str = "User"):
+    """``(turn, previous turn, listener)`` for each of the window's new (non-overlap) turns.
+
+    "you" means whoever spoke just before (overlap turns included), else the other party.
+    """
+    for i, turn in enumerate(window.turns):
+        if i < window.overlap:
+            continue
+        previous = window.turns[i - 1] if i else None
+        listener = previous.speaker if previous is not None else user_name
+        if listener == turn.speaker:
+            listener = user_name if turn.role.lower() == "assistant" else "Assistant"
+        yield turn, previous, listener
+
+
 class HeuristicExtractor:
     """Rule-based atomic units; deterministic and fast (see the module docstring for the rules)."""
 
@@ -627,10 +642,10 @@ class HeuristicExtractor:
             sentence = _strip_announcement(_LEAD_IN.sub("", _LEADING.sub("", bare).strip()))
             words = sentence.split()
             recommendation = (_RECOMMEND.search(sentence) or _IMPERATIVE_ADVICE.match(sentence)) if assistant else None
-            if not words or _FILLER.match(sentence) or _REACTION.match(sentence) or (
-                    recommendation is None and _REQUEST.match(sentence)):
-                count("filler" if not words or _FILLER.match(sentence)
-                            else "reaction" if _REACTION.match(sentence) else "request")
+            dropped = ("filler" if not words or _FILLER.match(sentence) else "reaction" if _REACTION.match(sentence)
+                       else "request" if recommendation is None and _REQUEST.match(sentence) else None)
+            if dropped is not None:
+                count(dropped)
                 antecedent = _last_name(original, names) or antecedent
                 continue
             if assistant and recommendation is None and (
@@ -662,10 +677,12 @@ class HeuristicExtractor:
                         _HAS_NUMBER.search(sentence) or find_entities(sentence)):
                     claim = fragment_claim(bare, turn.speaker, listener)
                     kind = "fragment"
-            outcome = "read" if claim is not None else "short" if len(words) < self.config.min_words else "unread"
-            count(outcome)
-            if outcome == "unread":
-                unread.append((original, bare, antecedent, said_before, said_by))
+            if claim is None and len(words) >= self.config.min_words:
+                unread.append((original, bare, antecedent, said_before, said_by))  # counted below
+            elif claim is None:
+                count("short")
+            else:
+                count("read")
             if claim is not None:
                 claim.sentence = original  # dates, names and places are read from the whole sentence
                 claim.kind, claim.body, claim.antecedent = kind, body, antecedent
@@ -678,12 +695,8 @@ class HeuristicExtractor:
             unread and not claims and self.config.unread_turn_fallback) else None
         if fallback is not None:
             claims.append(fallback)
-            if counts is not None:
-                key = f"{turn.role.lower() or 'unknown'}/"
-                counts[key + "unread"] -= len(unread)
-                counts[key + "fallback"] += len(unread)
-                if not counts[key + "unread"]:
-                    del counts[key + "unread"]
+        for _ in unread:
+            count("fallback" if fallback is not None else "unread")
         return claims
 
     def _fallback_claim(self, turn: Turn, listener: str,
@@ -704,14 +717,7 @@ class HeuristicExtractor:
         """``(turn, listener, utterance time, claim)`` for every claim of the window's new turns."""
         out: list[tuple[Turn, str, str | None, Claim]] = []
         names = frozenset(t.speaker for t in window.turns)
-        for i, turn in enumerate(window.turns):
-            if i < window.overlap:
-                continue
-            # "you" means whoever spoke just before (overlap turns included), else the other party.
-            previous = window.turns[i - 1] if i else None
-            listener = previous.speaker if previous is not None else user_name
-            if listener == turn.speaker:
-                listener = user_name if turn.role.lower() == "assistant" else "Assistant"
+        for turn, previous, listener in new_turns(window, user_name):
             utterance_time = turn.time or session_time
             for claim in self.sentence_claims(turn, listener, previous, names, counts):
                 out.append((turn, listener, utterance_time, claim))
