@@ -144,6 +144,9 @@ def main() -> int:
     parser.add_argument("--trained", default=None, help="folder of a `qgmem train-reranker` model")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json-out", default=None, help="also write the results JSON here")
+    parser.add_argument("--per-question-dir", default=None,
+                        help="keep the per-question files here (<set>.<variant>.jsonl; read them with "
+                             "bench/per_question.py); default: a temporary folder")
     args = parser.parse_args()
 
     import faiss
@@ -206,7 +209,9 @@ def main() -> int:
 
     results: dict[str, dict[str, dict]] = {}
     per_question: dict[str, dict[str, dict[str, dict]]] = {}
-    scratch = Path(tempfile.mkdtemp(prefix="activation-mechanisms-"))
+    scratch = Path(args.per_question_dir or tempfile.mkdtemp(prefix="activation-mechanisms-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    print(f"per-question files: {scratch}", file=sys.stderr)
     for set_name, cases in sets.items():
         results[set_name], per_question[set_name] = {}, {}
         for construction in args.constructions:
