@@ -69,6 +69,10 @@ VARIANTS.update({
     "fusion_source2": {"fusion_weights": {"source": 2.0}},
     "fusion_source2+w0.5": {"fusion_weights": {"source": 2.0}, "embedding_weight": 0.5},
 })
+#: round 9 (on the round-8 default): the multi-hop mechanisms again, competing for the pool's slots (as
+#: before) and keeping the first round's pool with 20 units added (``hop_extra_units``)
+VARIANTS.update({f"{name}_x20": {**VARIANTS[name], "hop_extra_units": 20}
+                 for name in ("expansion1", "expansion3", "feedback1", "feedback3")})
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
@@ -132,7 +136,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", default=["default", "expansion1", "expansion3", "feedback1",
                                                           "feedback3", "expansion3+feedback3"],
-                        choices=list(VARIANTS))
+                        choices=list(VARIANTS), metavar="VARIANT",
+                        help="activation variants (names in VARIANTS at the top of this file)")
     parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
                         choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES])
     parser.add_argument("--constructions", nargs="+", default=["default"], choices=list(CONSTRUCTIONS),
@@ -245,7 +250,7 @@ def main() -> int:
     for set_name, by_variant in results.items():
         default = per_question[set_name].get("default")
         first = next(iter(by_variant.values()))
-        print(f"\n## {set_name} ({first['n_questions']} questions, {first['units_per_case_mean']:.0f} units per store)")
+        print(f"\n#### {set_name} ({first['n_questions']} questions, {first['units_per_case_mean']:.0f} units per store)")
         print("| variant | ceiling | pool recall (n = 100) | R@10 | nDCG@10 | R@30 | tokens | p50 ms | "
               "ΔR@10 vs default [95 % CI] |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -277,7 +282,7 @@ def main() -> int:
                       + " | ".join(f"{s['per_category'][c][b]['recall@10']:.3f}" for c in categories) + " |")
     slices = [name for name in ("convomem_val1", "convomem_val2") if name in per_question]
     if len(slices) == 2 and "default" in per_question[slices[0]]:
-        print("\n## ConvoMem validation, both slices pooled")
+        print("\n#### ConvoMem validation, both slices pooled")
         print("| variant | n | R@10 | nDCG@10 | ΔR@10 vs default [95 % CI] | ΔnDCG@10 vs default [95 % CI] |")
         print("| --- | --- | --- | --- | --- | --- |")
         for variant in results[slices[0]]:

@@ -176,11 +176,48 @@ def test_feedback_round_reaches_second_hop(hash_encoder):
     assert ids[:2] == ["hop1", "tr_a"] and "hop2" in ids
 
 
+def _pools(encoder, **mechanism) -> tuple[set[str], set[str]]:
+    """Unit ids of the first round's pool (no mechanism) and of the pool after the multi-hop round."""
+    store = _multi_hop_store(encoder)
+
+    def pool_ids(**settings) -> set[str]:
+        config = ActivationConfig(k=4, pool_size=5, channels=("lexical",), source_weight=0.0, max_units_per_turn=0,
+                                  expansion_max_entity_units=3, **settings)
+        act = Activator(store, encoder, config)
+        act.activate(MULTI_HOP_QUESTION)
+        return {c.unit.id for c in act.last_pool}
+
+    return pool_ids(), pool_ids(**mechanism)
+
+
+def test_hop_round_competes_for_the_pool_without_extra_units(hash_encoder):
+    # negative control: the feedback list's two new units (ranks 1 and 2 of their list) take two of the
+    # five slots, so two first-round units drop out of the pool the reranker sees
+    first, after = _pools(hash_encoder, feedback_seeds=1)
+    assert first == {"hop1", "d0", "d1", "d2", "d3"}
+    assert len(after) == 5 and {"hop2", "tr_a"} <= after and len(first - after) == 2
+
+
+@pytest.mark.parametrize("extra", [1, 2, 5])
+def test_hop_extra_units_keep_the_first_pool_and_add_at_most_n(hash_encoder, extra):
+    first, after = _pools(hash_encoder, feedback_seeds=1, hop_extra_units=extra)
+    added = after - first
+    assert first <= after  # nothing of the first round is lost
+    assert len(added) == min(extra, 2) and added <= {"hop2", "tr_a"}  # the feedback list brings only these two
+
+
+def test_hop_extra_units_apply_to_expansion(hash_encoder):
+    first, after = _pools(hash_encoder, expansion_seeds=1, hop_extra_units=1)
+    assert first <= after and len(after - first) == 1
+
+
 def test_mechanism_settings_are_validated():
     with pytest.raises(ValueError, match="expansion_seeds"):
         ActivationConfig(expansion_seeds=-1)
     with pytest.raises(ValueError, match="expansion_max_entity_units"):
         ActivationConfig(expansion_max_entity_units=0)
+    with pytest.raises(ValueError, match="hop_extra_units"):
+        ActivationConfig(hop_extra_units=-1)
 
 
 def test_rerank_depth_scores_only_the_embedding_top(small_store, hash_encoder):

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 #: a store without source-turn vectors at least this large is worth a warning (embedding it takes seconds)
 SOURCE_WARN_UNITS = 1000
+#: the lists the multi-hop rounds add to the channels' (``hop_extra_units`` counts the units only they bring)
+HOP_LISTS = frozenset({"lexical_feedback", "semantic_feedback", "expansion"})
 
 
 def superseded_map(store: MemoryStore) -> dict[str, str]:
@@ -191,16 +193,25 @@ class Activator:
             timings["source"] = (time.perf_counter() - t) * 1e3
         return hits
 
-    def pool(self, hits: dict[str, Hits]) -> list[Candidate]:
+    def pool(self, hits: dict[str, Hits], first: list[Candidate] | None = None) -> list[Candidate]:
         """Fuse the channels, then bring in the latest state of superseded trace members.
 
         ``attach``: the member stays and its trace's latest unit joins the pool right after it (same
         fused score) so the current state can always be chosen; ``fold``: the member is replaced by the
-        latest unit, which then stands for it (``via``).
+        latest unit, which then stands for it (``via``). ``first`` is the pool of the round before, for a
+        multi-hop round: with ``hop_extra_units`` N it is kept whole and the multi-hop lists add at most N
+        units to it, instead of competing with it for ``pool_size`` slots.
         """
-        fused = reciprocal_rank_fusion({name: [i for i, _ in h] for name, h in hits.items()},
-                                       rrf_k=self.config.rrf_k, pool_size=self.config.pool_size,
+        rankings = {name: [i for i, _ in h] for name, h in hits.items()}
+        extra = self.config.hop_extra_units if first is not None else 0
+        fused = reciprocal_rank_fusion(rankings, rrf_k=self.config.rrf_k,
+                                       pool_size=self.config.pool_size if not extra else sum(map(len, rankings.values())),
                                        weights=self.config.fusion_weights)
+        if extra:
+            kept = {index for c in first for index in c.via}
+            fused = [f for f in fused if f.index in kept] + [
+                f for f in fused if f.index not in kept and HOP_LISTS.intersection(f.ranks)][:extra]
+            fused.sort(key=lambda f: -f.score)  # stable: ties keep the fusion's order
         # BM25 evidence as a score, not only a rank: rank fusion keeps the order of the lexical list
         # but forgets whether its top hit matched a rare name or one common word.
         lexical = dict(hits.get("lexical", []))
@@ -351,11 +362,11 @@ class Activator:
         if config.feedback_seeds and ranking:
             hits.update(self.feedback_hits(question, query_vec, self._seeds(ranking, config.feedback_seeds),
                                            known={c.index for c in pool}))
-            pool = self.pool(hits)
+            pool = self.pool(hits, first=pool)
             ranking = self.rank(question, pool, query_vec)
         if config.expansion_seeds and ranking:
             hits["expansion"] = self.expansion_hits(self._seeds(ranking, config.expansion_seeds))
-            pool = self.pool(hits)
+            pool = self.pool(hits, first=pool)
             ranking = self.rank(question, pool, query_vec)
         # kept for diagnostics (eval-retrieval's pool recall and deeper recall@k); references, no copies
         self.last_hits, self.last_pool, self.last_ranking = hits, pool, ranking

@@ -19,6 +19,7 @@ SupersededMode = Literal["attach", "fold", "keep"]
 LATER_FIELDS: dict[str, object] = {
     "lexical_speaker_once": False, "rerank_depth": 0, "expansion_seeds": 0, "expansion_max_entity_units": 20,
     "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0, "fusion_weights": {},
+    "hop_extra_units": 0,
 }
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
@@ -75,6 +76,10 @@ class ActivationConfig:
     # second round: lexical and semantic retrieval again with the question plus the facts of the first
     # round's top ``feedback_seeds`` reranked units (pseudo-relevance feedback), fused with the first round.
     feedback_seeds: int = 0
+    # how a multi-hop round's lists join the pool: 0 = fused with the first round's into the same
+    # ``pool_size`` slots (first-round units can drop out); N > 0 = the first round's pool is kept whole
+    # and the N best units that only the multi-hop lists brought are added to it
+    hop_extra_units: int = 0
     # turn diversity: after reranking, a unit whose source turns each already have this many units
     # ranked above it moves below the others (0 = off), so the k slots cover more of the dialogue
     max_units_per_turn: int = 1
@@ -97,7 +102,7 @@ class ActivationConfig:
         for name in ("lexical_weight", "source_weight"):
             if getattr(self, name) < 0.0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth", "max_units_per_turn"):
+        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth", "max_units_per_turn", "hop_extra_units"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.expansion_max_entity_units < 1:

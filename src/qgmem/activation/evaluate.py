@@ -270,6 +270,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feedback-seeds", type=int, default=defaults.feedback_seeds,
                         help="multi-hop: a second retrieval round seeded by this many top units' facts "
                              f"(default {defaults.feedback_seeds}; 0 = off)")
+    parser.add_argument("--hop-extra-units", type=int, default=defaults.hop_extra_units,
+                        help="multi-hop rounds keep the first round's pool and add at most this many units to it "
+                             f"(default {defaults.hop_extra_units}; 0 = they compete for its slots)")
     parser.add_argument("--source-weight", type=float, default=defaults.source_weight,
                         help="embedding reranker: weight of the question's cosine with each unit's source turn "
                              f"(default {defaults.source_weight})")
@@ -372,6 +375,7 @@ def run(args: argparse.Namespace) -> int:
         config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
                                   reranker_path=args.reranker_path, superseded=args.superseded,
                                   expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
+                                  hop_extra_units=args.hop_extra_units,
                                   rerank_depth=args.rerank_depth, source_weight=args.source_weight,
                                   max_units_per_turn=args.max_units_per_turn,
                                   channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()),
