@@ -73,6 +73,8 @@ VARIANTS.update({
 #: before) and keeping the first round's pool with 20 units added (``hop_extra_units``)
 VARIANTS.update({f"{name}_x20": {**VARIANTS[name], "hop_extra_units": 20}
                  for name in ("expansion1", "expansion3", "feedback1", "feedback3")})
+#: round 10 (on the round-8 default): the dense query without the speakers' names, or blended with it
+VARIANTS.update({"names_drop": {"dense_speaker_names": "drop"}, "names_blend": {"dense_speaker_names": "blend"}})
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
@@ -124,6 +126,41 @@ def concatenated_cases(cases, size: int):
     return groups
 
 
+def swapped_speaker_cases(cases):
+    """An adversarial proxy: each question that names exactly one of its dialogue's two speakers, asked
+    with the other speaker's name instead (``Where does Priya volunteer?`` when Daniel does).
+
+    This is how LoCoMo's adversarial questions are made: the gold turn is still the evidence (it is what
+    shows the premise wrong), but the name in the question now points at the wrong speaker's units.
+    Questions naming neither speaker or both are left out, and their number is printed.
+    """
+    import re
+
+    from qgmem.data.records import QA, Case
+
+    out, left_out = [], 0
+    for case in cases:
+        speakers = list(dict.fromkeys(t.speaker for t in case.dialogue.turns()))
+        if len(speakers) != 2:
+            left_out += len(case.qas)
+            continue
+        pattern = {name: re.compile(rf"\b{re.escape(name)}\b") for name in speakers}
+        qas = []
+        for q in case.qas:
+            named = [name for name in speakers if pattern[name].search(q.question)]
+            if len(named) != 1:
+                left_out += 1
+                continue
+            other = speakers[1 - speakers.index(named[0])]
+            qas.append(QA(id=f"{q.id}/swapped", question=pattern[named[0]].sub(other, q.question), answer="",
+                          category=q.category, evidence_turn_ids=list(q.evidence_turn_ids),
+                          question_time=q.question_time, meta=dict(q.meta)))
+        out.append(Case(id=case.id, dialogue=case.dialogue, qas=qas, source=dict(case.source)))
+    print(f"swapped-speaker set: {sum(len(c.qas) for c in out)} questions; {left_out} left out "
+          "(they name neither speaker, or both)", file=sys.stderr)
+    return out
+
+
 def paired_interval(a: list[float], b: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``b − a`` over questions and its 95 % bootstrap interval (questions resampled)."""
     diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
@@ -139,7 +176,8 @@ def main() -> int:
                         choices=list(VARIANTS), metavar="VARIANT",
                         help="activation variants (names in VARIANTS at the top of this file)")
     parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
-                        choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES])
+                        choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES,
+                                 "locomo_form_swapped"])
     parser.add_argument("--constructions", nargs="+", default=["default"], choices=list(CONSTRUCTIONS),
                         help="construction variants; each builds its own stores (default: only the default)")
     parser.add_argument("--long-group", type=int, default=4,
@@ -193,6 +231,8 @@ def main() -> int:
                 sets[name] = concatenated_cases(val, args.long_group)
             else:
                 sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
+        elif name == "locomo_form_swapped":  # the form fixture's stores, its questions with the speakers swapped
+            sets[name] = swapped_speaker_cases(load_cases("locomo", FIXTURES["locomo_form"]).cases)
         else:
             sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
 
@@ -202,7 +242,8 @@ def main() -> int:
             return builder.build(case.dialogue)
         from qgmem.memory.store import MemoryStore
 
-        set_folder = f"{set_name}{args.long_group}" if set_name == "convomem_long" else set_name
+        set_folder = {"convomem_long": f"convomem_long{args.long_group}",
+                      "locomo_form_swapped": "locomo_form"}.get(set_name, set_name)
         if construction != "default":
             set_folder += f".{construction}"
         folder = Path(args.store_dir) / set_folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)

@@ -2,11 +2,15 @@
 
     python bench/per_question.py misses DIR/convomem_long.default.jsonl
     python bench/per_question.py compare DIR/convomem_long.default.jsonl DIR/convomem_long.unread_fallback:default.jsonl
+    python bench/per_question.py speakers DIR/locomo_form_swapped.default.jsonl
 
 ``misses``: every gold turn outside the top k, as ungrounded (no unit grounds it), outside the fused pool
 (with the question's per-channel pool recall beside it), or in the pool but ranked below k; with the ranks
 the BM25 and dense baselines over raw turns give it. ``compare``: Recall@k per category, A → B, with the
 paired bootstrap 95 % interval of the change (questions resampled), and every question whose recall moved.
+``speakers``: for questions that name one speaker of the dialogue, the share of the top k spoken by that
+speaker, over the questions whose gold turns all reach the top k and over the rest, beside the share of
+gold turns the named speaker said: whether a name in the question pulls activation to that speaker.
 """
 
 from __future__ import annotations
@@ -70,6 +74,27 @@ def compare(a: dict[str, dict], b: dict[str, dict], k: int) -> None:
             print(f"{a[qid]['category']}: {a[qid][metric]:.2f} -> {b[qid][metric]:.2f}  {a[qid]['question'][:80]}")
 
 
+def speakers(rows: dict[str, dict], k: int) -> None:
+    import re
+
+    names = sorted({u["speaker"] for r in rows.values() for u in r["activated"] if u["speaker"]})
+    shares: dict[str, list[float]] = defaultdict(list)
+    gold_by_named: list[float] = []
+    for r in rows.values():
+        named = [n for n in names if re.search(rf"\b{re.escape(n)}\b", r["question"])]
+        if len(named) != 1:
+            continue
+        top = r["activated"][:k]
+        share = sum(u["speaker"] == named[0] for u in top) / max(len(top), 1)
+        shares["all gold in the top k" if r[f"recall@{k}"] == 1.0 else "gold missed"].append(share)
+        said = {t for u in r["activated"] for t in u["source_turn_ids"] if u["speaker"] == named[0]}
+        gold_by_named.append(sum(g in said for g in r["gold_turn_ids"]) / max(len(r["gold_turn_ids"]), 1))
+    print(f"speakers seen: {', '.join(names)}")
+    for group, values in shares.items():
+        print(f"{group}: {len(values)} questions, {np.mean(values):.2f} of their top {k} said by the named speaker")
+    print(f"(of the gold turns in the top {k}, a share of {np.mean(gold_by_named):.2f} was said by the named speaker)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -78,11 +103,15 @@ def main() -> int:
     two = sub.add_parser("compare", help="per-category recall, A -> B, paired")
     two.add_argument("a")
     two.add_argument("b")
-    for p in (one, two):
+    three = sub.add_parser("speakers", help="whether the speaker a question names fills its top k")
+    three.add_argument("file")
+    for p in (one, two, three):
         p.add_argument("--k", type=int, default=10)
     args = parser.parse_args()
     if args.command == "misses":
         misses(load(args.file), args.k)
+    elif args.command == "speakers":
+        speakers(load(args.file), args.k)
     else:
         a, b = load(args.a), load(args.b)
         if set(a) != set(b):

@@ -12,6 +12,7 @@ once, and a shared model reranker can be passed in so it is loaded once for many
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import numpy as np
@@ -47,6 +48,23 @@ def superseded_map(store: MemoryStore) -> dict[str, str]:
             if uid != trace.latest_unit_id and "update" in trace.transitions[i + 1:]:
                 out[uid] = trace.latest_unit_id
     return out
+
+
+def speaker_name_pattern(units) -> re.Pattern | None:
+    """A whole-word pattern of the units' speakers' names (with a possessive ``'s``), longest first."""
+    names = sorted({u.speaker.strip() for u in units if len(u.speaker.strip()) >= 2}, key=len, reverse=True)
+    if not names:
+        return None
+    return re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")(?:['’]s)?\b")
+
+
+def without_speaker_names(question: str, pattern: re.Pattern | None) -> str:
+    """``question`` with the names ``pattern`` matches removed (spaces collapsed); unchanged when nothing
+    is left of it."""
+    if pattern is None:
+        return question
+    neutral = " ".join(pattern.sub(" ", question).split())
+    return neutral if re.search(r"\w", neutral) else question
 
 
 def diversify_turns(ranked: list[tuple[Candidate, float]], per_turn: int) -> list[tuple[Candidate, float]]:
@@ -131,6 +149,7 @@ class Activator:
         self.last_ranking: list[tuple[Candidate, float]] = []  # ... and the whole pool in reranked order
         self.last_query_vec: np.ndarray | None = None
         self._owners: dict[str, list[int]] | None = None
+        self.speaker_names = speaker_name_pattern(units) if config.dense_speaker_names != "keep" else None
 
     @staticmethod
     def _source_embeddings(store: MemoryStore, encoder) -> np.ndarray:
@@ -164,11 +183,23 @@ class Activator:
         return self.parser.parse(question, question_time)
 
     def encode_query(self, question: str, constraints: QueryConstraints) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Question, entity and location embeddings from a single encoder call."""
-        texts = [question, *constraints.entities, *constraints.locations]
-        vecs = self.encoder.encode(texts)
+        """Question, entity and location embeddings from a single encoder call.
+
+        With ``dense_speaker_names`` ``drop`` the question vector is the question's without the store's
+        speaker names; with ``blend`` it is the normalized sum of both (a question naming no speaker is
+        encoded as it is).
+        """
+        neutral = without_speaker_names(question, self.speaker_names)
+        mode = self.config.dense_speaker_names if neutral != question else "keep"
+        queries = {"keep": [question], "drop": [neutral], "blend": [question, neutral]}[mode]
+        vecs = self.encoder.encode([*queries, *constraints.entities, *constraints.locations])
+        query_vec, rest = vecs[0], vecs[len(queries):]
+        if mode == "blend":
+            total = np.asarray(vecs[0], dtype=np.float32) + np.asarray(vecs[1], dtype=np.float32)
+            norm = float(np.linalg.norm(total))
+            query_vec = total / norm if norm > 0 else total
         n_ent = len(constraints.entities)
-        return vecs[0], vecs[1:1 + n_ent], vecs[1 + n_ent:]
+        return query_vec, rest[:n_ent], rest[n_ent:]
 
     def channel_hits(self, question: str, constraints: QueryConstraints, query_vec: np.ndarray,
                      entity_vecs: np.ndarray | None = None, location_vecs: np.ndarray | None = None) -> dict[str, Hits]:

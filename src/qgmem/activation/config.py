@@ -12,6 +12,8 @@ RerankerKind = Literal["embedding", "cross-encoder", "llm", "trained"]
 RERANKERS = ("embedding", "cross-encoder", "llm", "trained")
 ParserKind = Literal["heuristic", "llm"]
 SupersededMode = Literal["attach", "fold", "keep"]
+SpeakerNamesMode = Literal["keep", "drop", "blend"]
+SPEAKER_NAME_MODES = ("keep", "drop", "blend")
 
 
 #: fields added after caches were first keyed by these settings, each with the value that reproduces
@@ -19,7 +21,7 @@ SupersededMode = Literal["attach", "fold", "keep"]
 LATER_FIELDS: dict[str, object] = {
     "lexical_speaker_once": False, "rerank_depth": 0, "expansion_seeds": 0, "expansion_max_entity_units": 20,
     "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0, "fusion_weights": {},
-    "hop_extra_units": 0,
+    "hop_extra_units": 0, "dense_speaker_names": "keep",
 }
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
@@ -80,6 +82,11 @@ class ActivationConfig:
     # ``pool_size`` slots (first-round units can drop out); N > 0 = the first round's pool is kept whole
     # and the N best units that only the multi-hop lists brought are added to it
     hop_extra_units: int = 0
+    # what the dense query (fact and source channels, the embedding reranker's cosines) does with the
+    # names of the store's speakers in the question: "keep" them; "drop" them; "blend" the two encodings
+    # (their normalized sum). A name pulls dense retrieval to that speaker's units, which is wrong when
+    # the question asks one speaker about what the other said (LoCoMo's adversarial questions).
+    dense_speaker_names: SpeakerNamesMode = "keep"
     # turn diversity: after reranking, a unit whose source turns each already have this many units
     # ranked above it moves below the others (0 = off), so the k slots cover more of the dialogue
     max_units_per_turn: int = 1
@@ -92,6 +99,9 @@ class ActivationConfig:
             raise ValueError(f"reranker must be one of {'|'.join(RERANKERS)}, got {self.reranker!r}")
         if self.superseded not in ("attach", "fold", "keep"):
             raise ValueError(f"superseded must be attach|fold|keep, got {self.superseded!r}")
+        if self.dense_speaker_names not in SPEAKER_NAME_MODES:
+            raise ValueError(f"dense_speaker_names must be {'|'.join(SPEAKER_NAME_MODES)}, "
+                             f"got {self.dense_speaker_names!r}")
         if self.parser not in ("heuristic", "llm"):
             raise ValueError(f"parser must be heuristic|llm, got {self.parser!r}")
         unknown = set(self.channels) - set(CHANNELS)

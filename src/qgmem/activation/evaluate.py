@@ -279,6 +279,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-units-per-turn", type=int, default=defaults.max_units_per_turn,
                         help="turn diversity: units whose source turns already have this many units above them move "
                              f"down (default {defaults.max_units_per_turn}; 0 = off)")
+    parser.add_argument("--dense-speaker-names", choices=("keep", "drop", "blend"),
+                        default=defaults.dense_speaker_names,
+                        help="what the dense query does with the dialogue's speaker names in a question "
+                             f"(default {defaults.dense_speaker_names})")
     parser.add_argument("--out", default=None,
                         help="write one JSON line per question: gold turns, activated units, gold-turn ranks")
     parser.add_argument("--no-dense-baseline", action="store_true",
@@ -376,6 +380,7 @@ def run(args: argparse.Namespace) -> int:
                                   reranker_path=args.reranker_path, superseded=args.superseded,
                                   expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
                                   hop_extra_units=args.hop_extra_units,
+                                  dense_speaker_names=args.dense_speaker_names,
                                   rerank_depth=args.rerank_depth, source_weight=args.source_weight,
                                   max_units_per_turn=args.max_units_per_turn,
                                   channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()),
