@@ -60,7 +60,8 @@ VARIANTS.update({
 })
 #: round 6 (on the round-5 default): the paper's activation, a deeper pool, a larger source weight
 VARIANTS.update({
-    "paper": {"channels": ("lexical", "semantic", "attribute"), "source_weight": 0.0, "max_units_per_turn": 0},
+    "paper": {"channels": ("lexical", "semantic", "attribute"), "source_weight": 0.0, "max_units_per_turn": 0,
+              "dense_speaker_names": "keep"},
     "pool200": {"pool_size": 200, "channel_depth": 200},
     "source_w1.0": {"source_weight": 1.0},
 })
@@ -74,7 +75,8 @@ VARIANTS.update({
 VARIANTS.update({f"{name}_x20": {**VARIANTS[name], "hop_extra_units": 20}
                  for name in ("expansion1", "expansion3", "feedback1", "feedback3")})
 #: round 10 (on the round-8 default): the dense query without the speakers' names, or blended with it
-VARIANTS.update({"names_drop": {"dense_speaker_names": "drop"}, "names_blend": {"dense_speaker_names": "blend"}})
+VARIANTS.update({"names_drop": {"dense_speaker_names": "drop"}, "names_blend": {"dense_speaker_names": "blend"},
+                 "names_keep": {"dense_speaker_names": "keep"}})  # names_keep: the default before round 10
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})

@@ -245,7 +245,7 @@ def test_rerank_depth_scores_only_the_embedding_top(small_store, hash_encoder):
 def test_fusion_weights_reach_the_pool_and_the_key(small_store, hash_encoder):
     question = "Did Caroline go to a support group last week?"
     pools = {}
-    for name, weights in (("plain", {}), ("semantic x5", {"semantic": 5.0})):
+    for name, weights in (("plain", {}), ("semantic x100", {"semantic": 100.0})):
         act = Activator(small_store, hash_encoder, ActivationConfig(k=2, channels=("lexical", "semantic"),
                                                                     fusion_weights=weights))
         constraints = act.parse(question)
@@ -255,7 +255,7 @@ def test_fusion_weights_reach_the_pool_and_the_key(small_store, hash_encoder):
         semantic_order = [i for i, _ in hits["semantic"]]
     assert pools["plain"] != semantic_order  # control: plain RRF is not the semantic list alone
     # a heavy semantic weight makes the fused order that channel's own order
-    assert pools["semantic x5"][: len(semantic_order)] == semantic_order
+    assert pools["semantic x100"][: len(semantic_order)] == semantic_order
     assert "fusion_weights" not in ActivationConfig().key_dict()  # unset: the key of before
     assert ActivationConfig(fusion_weights={"source": 2}).key_dict()["fusion_weights"] == {"source": 2.0}
     for bad in ({"turns": 1.0}, {"source": 0.0}):

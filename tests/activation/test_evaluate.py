@@ -122,3 +122,29 @@ def test_cli_json_last_line(capsys, dataset, path, extra, n_questions, categorie
     assert result["n_questions"] == n_questions and set(result["per_category"]) == categories
     assert 0.0 <= result["recall@10"] <= result["recall_ceiling"] <= 1.0
     assert result["context_tokens_mean"] > 0
+
+
+def test_dense_baseline_encodes_the_question_as_written(small_store, hash_encoder, tmp_path):
+    """With ``dense_speaker_names`` drop the activator's query leaves the name out; the dense turn baseline
+    must still embed the question as written, or it would stop being the plain baseline."""
+    from qgmem.activation.activator import Activator
+    from qgmem.activation.baseline import DenseTurnBaseline
+
+    case = _case(small_store)
+    # a question naming a speaker; its gold turn ranks 3rd for the question as written, 8th without the name
+    case.qas = [QA(id="n1", question="Where does Melanie plan to move?", answer="-", category="named",
+                   evidence_turn_ids=["t13"])]
+    ranks = {}
+    for mode in ("keep", "drop"):
+        out = tmp_path / f"{mode}.jsonl"
+        evaluate_cases([case], lambda c: small_store, hash_encoder, ActivationConfig(k=2, dense_speaker_names=mode),
+                       out=out)
+        ranks[mode] = [json.loads(line)["gold_rank_dense_turns"] for line in out.read_text().splitlines()]
+    assert ranks["drop"] == ranks["keep"] == [{"t13": 3}]
+    # control: the name-free vector the activator searches with ranks the raw turns differently
+    act = Activator(small_store, hash_encoder, ActivationConfig(dense_speaker_names="drop"))
+    question = case.qas[0].question
+    act.activate(question)
+    assert act.last_question_vec is None
+    dense = DenseTurnBaseline(case.dialogue, hash_encoder)
+    assert dense.retrieve(question, 10, act.last_query_vec) != dense.retrieve(question, 10)

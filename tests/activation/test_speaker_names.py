@@ -76,5 +76,13 @@ def test_query_vectors_per_mode(hash_encoder):
 def test_mode_is_validated_and_keyed_only_when_changed():
     with pytest.raises(ValueError, match="dense_speaker_names"):
         ActivationConfig(dense_speaker_names="mask")
-    assert "dense_speaker_names" not in ActivationConfig().key_dict()  # the default keys caches as before
-    assert ActivationConfig(dense_speaker_names="drop").key_dict()["dense_speaker_names"] == "drop"
+    assert ActivationConfig().dense_speaker_names == "drop"  # the default since round 10
+    assert ActivationConfig().key_dict()["dense_speaker_names"] == "drop"
+    # "keep", the behaviour before the field existed, gives back the key of before
+    assert "dense_speaker_names" not in ActivationConfig(dense_speaker_names="keep").key_dict()
+
+
+def test_a_record_written_before_the_field_keeps_the_names():
+    recorded = ActivationConfig().to_dict()
+    del recorded["dense_speaker_names"]
+    assert ActivationConfig.from_dict(recorded).dense_speaker_names == "keep"

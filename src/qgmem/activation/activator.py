@@ -148,6 +148,7 @@ class Activator:
         self.last_pool: list[Candidate] = []  # ... its fused pool ...
         self.last_ranking: list[tuple[Candidate, float]] = []  # ... and the whole pool in reranked order
         self.last_query_vec: np.ndarray | None = None
+        self.last_question_vec: np.ndarray | None = None
         self._owners: dict[str, list[int]] | None = None
         self.speaker_names = speaker_name_pattern(units) if config.dense_speaker_names != "keep" else None
 
@@ -194,6 +195,8 @@ class Activator:
         queries = {"keep": [question], "drop": [neutral], "blend": [question, neutral]}[mode]
         vecs = self.encoder.encode([*queries, *constraints.entities, *constraints.locations])
         query_vec, rest = vecs[0], vecs[len(queries):]
+        # the question as written, when it was encoded (the dense turn baseline reuses it)
+        self.last_question_vec = vecs[0] if mode != "drop" else None
         if mode == "blend":
             total = np.asarray(vecs[0], dtype=np.float32) + np.asarray(vecs[1], dtype=np.float32)
             norm = float(np.linalg.norm(total))

@@ -86,7 +86,7 @@ class ActivationConfig:
     # names of the store's speakers in the question: "keep" them; "drop" them; "blend" the two encodings
     # (their normalized sum). A name pulls dense retrieval to that speaker's units, which is wrong when
     # the question asks one speaker about what the other said (LoCoMo's adversarial questions).
-    dense_speaker_names: SpeakerNamesMode = "keep"
+    dense_speaker_names: SpeakerNamesMode = "drop"  # "keep" before round 10 (docs/BENCHMARKS.md)
     # turn diversity: after reranking, a unit whose source turns each already have this many units
     # ranked above it moves below the others (0 = off), so the k slots cover more of the dialogue
     max_units_per_turn: int = 1

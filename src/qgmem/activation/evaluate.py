@@ -174,7 +174,7 @@ def evaluate_cases(cases: Iterable[Case], build_store: Callable[[Case], MemorySt
                          _depth_recalls(entries, gold), pools)
                 retrieved = {"bm25_turns": bm25.retrieve(qa.question, depth)}
                 if dense is not None:
-                    retrieved["dense_turns"] = dense.retrieve(qa.question, depth, activator.last_query_vec)
+                    retrieved["dense_turns"] = dense.retrieve(qa.question, depth, activator.last_question_vec)
                 for name, b_entries in retrieved.items():
                     b_tokens = (count_tokens(bm25.context(b_entries[:k]), tokenizer) if tokenizer is not None
                                 else None)
