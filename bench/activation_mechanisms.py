@@ -128,41 +128,6 @@ def concatenated_cases(cases, size: int):
     return groups
 
 
-def swapped_speaker_cases(cases):
-    """An adversarial proxy: each question that names exactly one of its dialogue's two speakers, asked
-    with the other speaker's name instead (``Where does Priya volunteer?`` when Daniel does).
-
-    This is how LoCoMo's adversarial questions are made: the gold turn is still the evidence (it is what
-    shows the premise wrong), but the name in the question now points at the wrong speaker's units.
-    Questions naming neither speaker or both are left out, and their number is printed.
-    """
-    import re
-
-    from qgmem.data.records import QA, Case
-
-    out, left_out = [], 0
-    for case in cases:
-        speakers = list(dict.fromkeys(t.speaker for t in case.dialogue.turns()))
-        if len(speakers) != 2:
-            left_out += len(case.qas)
-            continue
-        pattern = {name: re.compile(rf"\b{re.escape(name)}\b") for name in speakers}
-        qas = []
-        for q in case.qas:
-            named = [name for name in speakers if pattern[name].search(q.question)]
-            if len(named) != 1:
-                left_out += 1
-                continue
-            other = speakers[1 - speakers.index(named[0])]
-            qas.append(QA(id=f"{q.id}/swapped", question=pattern[named[0]].sub(other, q.question), answer="",
-                          category=q.category, evidence_turn_ids=list(q.evidence_turn_ids),
-                          question_time=q.question_time, meta=dict(q.meta)))
-        out.append(Case(id=case.id, dialogue=case.dialogue, qas=qas, source=dict(case.source)))
-    print(f"swapped-speaker set: {sum(len(c.qas) for c in out)} questions; {left_out} left out "
-          "(they name neither speaker, or both)", file=sys.stderr)
-    return out
-
-
 def paired_interval(a: list[float], b: list[float], n: int = 1000, seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``b − a`` over questions and its 95 % bootstrap interval (questions resampled)."""
     diff = np.asarray(b, dtype=np.float64) - np.asarray(a, dtype=np.float64)
@@ -199,6 +164,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
+    from qgmem.activation.adversarial import swapped_speaker_cases
     from qgmem.activation.config import ActivationConfig
     from qgmem.activation.evaluate import evaluate_cases
     from qgmem.activation.rerank import make_reranker
@@ -234,7 +200,9 @@ def main() -> int:
             else:
                 sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
         elif name == "locomo_form_swapped":  # the form fixture's stores, its questions with the speakers swapped
-            sets[name] = swapped_speaker_cases(load_cases("locomo", FIXTURES["locomo_form"]).cases)
+            sets[name], left_out = swapped_speaker_cases(load_cases("locomo", FIXTURES["locomo_form"]).cases)
+            print(f"swapped-speaker set: {sum(len(c.qas) for c in sets[name])} questions; {left_out} left out "
+                  "(they name neither speaker, or both)", file=sys.stderr)
         else:
             sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
 

@@ -283,6 +283,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=defaults.dense_speaker_names,
                         help="what the dense query does with the dialogue's speaker names in a question "
                              f"(default {defaults.dense_speaker_names})")
+    parser.add_argument("--swap-speakers", action="store_true",
+                        help="an adversarial probe: ask each question that names one of its dialogue's two "
+                             "speakers with the other's name, gold turns kept (docs/activation.md)")
     parser.add_argument("--out", default=None,
                         help="write one JSON line per question: gold turns, activated units, gold-turn ranks")
     parser.add_argument("--no-dense-baseline", action="store_true",
@@ -375,6 +378,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)
     cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
+    swapped = None
+    if args.swap_speakers:
+        from qgmem.activation.adversarial import swapped_speaker_cases
+
+        cases, left_out = swapped_speaker_cases(cases)
+        swapped = {"questions": sum(len(c.qas) for c in cases), "left_out": left_out}
+        print(f"--swap-speakers: {swapped['questions']} questions asked with the other speaker's name; "
+              f"{left_out} left out (they name neither of two speakers, or both)", file=sys.stderr)
     with as_user_error(ValueError, prefix="bad option: "):
         config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
                                   reranker_path=args.reranker_path, superseded=args.superseded,
@@ -399,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
     summary = evaluate_cases(cases, _construction(args, encoder), encoder, config, tokenizer, reranker,
                              progress=True, out=args.out, dense_baseline=not args.no_dense_baseline)
     summary["dataset"] = args.dataset
+    summary["swapped_speakers"] = swapped
     summary["load_skipped"] = loaded.report.get("skipped", 0)
     summary["tokenizer"] = args.tokenizer if tokenizer is not None else None
     _print_table(summary, config.k)
