@@ -75,13 +75,13 @@ def compare(a: dict[str, dict], b: dict[str, dict], k: int) -> None:
 
 
 def speakers(rows: dict[str, dict], k: int) -> None:
-    import re
+    from qgmem.activation.adversarial import names_in
 
     names = sorted({u["speaker"] for r in rows.values() for u in r["activated"] if u["speaker"]})
     shares: dict[str, list[float]] = defaultdict(list)
     gold_by_named: list[float] = []
     for r in rows.values():
-        named = [n for n in names if re.search(rf"\b{re.escape(n)}\b", r["question"])]
+        named = names_in(r["question"], names)
         if len(named) != 1:
             continue
         top = r["activated"][:k]

@@ -14,6 +14,11 @@ import re
 from qgmem.data.records import QA, Case
 
 
+def names_in(question: str, speakers) -> list[str]:
+    """The speakers (whole-word names) that ``question`` names, in ``speakers``' order."""
+    return [name for name in speakers if re.search(rf"\b{re.escape(name)}\b", question)]
+
+
 def swapped_speaker_cases(cases) -> tuple[list[Case], int]:
     """The cases with each question that names exactly one of the two speakers asked with the other's
     name (id ``<id>/swapped``, same category and gold turns), and how many questions were left out:
@@ -25,15 +30,15 @@ def swapped_speaker_cases(cases) -> tuple[list[Case], int]:
         if len(speakers) != 2:
             left_out += len(case.qas)
             continue
-        pattern = {name: re.compile(rf"\b{re.escape(name)}\b") for name in speakers}
         qas = []
         for q in case.qas:
-            named = [name for name in speakers if pattern[name].search(q.question)]
+            named = names_in(q.question, speakers)
             if len(named) != 1:
                 left_out += 1
                 continue
             other = speakers[1 - speakers.index(named[0])]
-            qas.append(QA(id=f"{q.id}/swapped", question=pattern[named[0]].sub(other, q.question), answer="",
+            swapped = re.sub(rf"\b{re.escape(named[0])}\b", other, q.question)
+            qas.append(QA(id=f"{q.id}/swapped", question=swapped, answer="",
                           category=q.category, evidence_turn_ids=list(q.evidence_turn_ids),
                           question_time=q.question_time, meta=dict(q.meta)))
         out.append(Case(id=case.id, dialogue=case.dialogue, qas=qas, source=dict(case.source)))

@@ -22,7 +22,7 @@ import numpy as np
 
 from qgmem.activation.activator import Activator
 from qgmem.activation.baseline import BM25TurnBaseline, DenseTurnBaseline
-from qgmem.activation.config import CHANNELS, RERANKERS, ActivationConfig
+from qgmem.activation.config import CHANNELS, RERANKERS, SPEAKER_NAME_MODES, ActivationConfig
 from qgmem.activation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
 from qgmem.activation.rerank import make_reranker
 from qgmem.activation.serialize import count_tokens
@@ -279,7 +279,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-units-per-turn", type=int, default=defaults.max_units_per_turn,
                         help="turn diversity: units whose source turns already have this many units above them move "
                              f"down (default {defaults.max_units_per_turn}; 0 = off)")
-    parser.add_argument("--dense-speaker-names", choices=("keep", "drop", "blend"),
+    parser.add_argument("--dense-speaker-names", choices=SPEAKER_NAME_MODES,
                         default=defaults.dense_speaker_names,
                         help="what the dense query does with the dialogue's speaker names in a question "
                              f"(default {defaults.dense_speaker_names})")
