@@ -130,3 +130,56 @@ def test_reranker_fingerprint(tiny_base, tmp_path):
     assert reranker_fingerprint("trained", "org/not-a-folder") == "id:org/not-a-folder"
     with pytest.raises(ValueError, match="reranker_path"):
         reranker_fingerprint("trained", None)
+
+
+def test_held_apart_cases_choose_the_saved_step(tiny_base, tmp_path, small_store, hash_encoder):
+    """With selection rows the saved weights are the checkpoint of lowest selection loss, not the last
+    step's; without them, the last step's (control)."""
+    rows, _ = mine_pairs([_case(small_store)], lambda case: small_store, hash_encoder,
+                         ActivationConfig(k=3, pool_size=8), negatives=7)
+    # selection pairs whose labels contradict the training pairs: their loss rises as training goes on,
+    # so the best step is the first evaluated one, well before the last
+    flipped = [{**r, "label": 1.0 - r["label"]} for r in rows]
+    config = RerankerTrainingConfig(base=str(tiny_base), epochs=6, batch_size=4, lr=1e-3, max_length=64,
+                                    logging_steps=1)
+    model, info = train_cross_encoder(rows * 4, rows, tmp_path / "chosen", config, select_rows=flipped)
+    selects = [(c["step"], c["select_loss"]) for c in info["curve"] if "select_loss" in c]
+    assert len(selects) >= 3 and any("eval_loss" in c for c in info["curve"])
+    best_step = min(selects, key=lambda s: s[1])[0]
+    assert info["chosen_step"] == best_step < info["steps"]
+    assert not (tmp_path / "chosen" / "_trainer").exists()
+    last, _ = train_cross_encoder(rows * 4, rows, tmp_path / "last", config)
+    pairs = [(r["question"], r["document"]) for r in rows]
+    saved = CrossEncoderReranker(str(tmp_path / "chosen"), batch_size=3).model.predict(pairs)
+    np.testing.assert_allclose(saved, model.predict(pairs), atol=1e-5)  # what was saved is what was chosen
+    assert not np.allclose(saved, last.predict(pairs), atol=1e-4)  # ... and it is not the last step's
+
+
+def test_num_cases_all_and_selection_cases_are_disjoint(monkeypatch):
+    import qgmem.training.reranker as reranker
+
+    cases = [Case(id=f"c{i}", dialogue=Dialogue(id=f"d{i}", sessions=[]), qas=[]) for i in range(12)]
+
+    class Loaded:
+        def __init__(self, cases):
+            self.cases = cases
+
+    monkeypatch.setattr("qgmem.data.loaders.load_cases", lambda *a, **k: Loaded(cases))
+    monkeypatch.setattr(reranker, "convomem_splits", lambda c, seed=0: {"train": c[:10], "val": c[10:]})
+    monkeypatch.setattr(reranker, "preset_held_out_ids", lambda c: {"c0"})
+    train, select, val = reranker.training_cases("x", None, 0, select_cases=3)
+    assert len(select) == 3 and len(train) == 6 and [c.id for c in val] == ["c10", "c11"]
+    assert not {c.id for c in train} & {c.id for c in select} and "c0" not in {c.id for c in train + select}
+    train, select, _ = reranker.training_cases("x", 4, 0)
+    assert len(train) == 4 and select == []
+    with pytest.raises(ValueError, match="select_cases=9"):
+        reranker.training_cases("x", None, 0, select_cases=9)
+
+
+def test_cli_num_cases_all(tmp_path, capsys):
+    from qgmem.cli import main
+
+    assert main(["train-reranker", "--out", str(tmp_path / "o"), "--path", str(tmp_path), "--num-cases", "many"]) == 2
+    assert "--num-cases" in capsys.readouterr().err
+    assert main(["train-reranker", "--out", str(tmp_path / "o"), "--path", str(tmp_path), "--select-cases", "-1"]) == 2
+    assert "--select-cases" in capsys.readouterr().err

