@@ -12,7 +12,10 @@ differs; activation uses an encoder without a memo, so each variant pays for its
 activation latency, per-category Recall@10, and a paired bootstrap interval of each variant's R@10
 difference from the default (1000 resamples of the questions).
 
-    python bench/activation_mechanisms.py [--variants default expansion3 ...] [--trained DIR] [--llm]
+    python bench/activation_mechanisms.py [--variants default expansion3 ...] [--trained [LABEL=]DIR ...]
+
+Each trained variant runs once per ``--trained`` model; with more than one it is reported as
+``<variant>[<LABEL>]``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ VARIANTS: dict[str, dict] = {
     "speaker_once": {"lexical_speaker_once": True},
     "trained@20": {"reranker": "trained", "rerank_depth": 20},
     "trained@100": {"reranker": "trained", "rerank_depth": 0},
+    # round 11: the model's score beside the first stage's, half and half (``model_weight``)
+    "trained_mix0.5@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.5},
     "llm@20": {"reranker": "llm", "rerank_depth": 20},
 }
 #: round 5: the units' source turns (a fourth channel; a reranker term) and turn diversity
@@ -151,8 +156,11 @@ def main() -> int:
                         help="validation cases joined into one dialogue in the convomem_long set")
     parser.add_argument("--store-dir", default=None,
                         help="keep built stores here (one folder per case) and reuse them in later runs")
-    parser.add_argument("--trained", default=None, help="folder of a `qgmem train-reranker` model")
+    parser.add_argument("--trained", nargs="+", default=[], metavar="[LABEL=]DIR",
+                        help="folders of `qgmem train-reranker` models (each trained variant runs on each)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-dense-baseline", action="store_true",
+                        help="skip the dense-over-turns baseline (it embeds every turn; an earlier run has it)")
     parser.add_argument("--json-out", default=None, help="also write the results JSON here")
     parser.add_argument("--per-question-dir", default=None,
                         help="keep the per-question files here (<set>.<variant>.jsonl; read them with "
@@ -181,11 +189,24 @@ def main() -> int:
     tokenizer = load_tokenizer(EMBEDDED_LM)
     builders = {name: MemoryBuilder(ConstructionConfig(**CONSTRUCTIONS[name]), encoder) for name in args.constructions}
     shared = {}  # model rerankers load once
+    trained = {}  # label -> folder
+    for item in args.trained:
+        label, _, folder = item.rpartition("=")
+        trained[label or Path(folder).name] = folder
     if any(VARIANTS[v].get("reranker") == "trained" for v in args.variants):
-        if not args.trained:
+        if not trained:
             parser.error("trained variants need --trained DIR")
-        shared["trained"] = make_reranker("trained", embeddings=np.zeros((0, encoder.dim), np.float32),
-                                          path=args.trained)
+        for label, folder in trained.items():
+            shared[f"trained/{label}"] = make_reranker("trained", embeddings=np.zeros((0, encoder.dim), np.float32),
+                                                       path=folder)
+    # the runs: (variant name as reported, activation variant, trained model label or None)
+    runs = []
+    for activation in args.variants:
+        if VARIANTS[activation].get("reranker") == "trained":
+            runs += [(activation if len(trained) == 1 else f"{activation}[{label}]", activation, label)
+                     for label in trained]
+        else:
+            runs.append((activation, activation, None))
     if any(VARIANTS[v].get("reranker") == "llm" for v in args.variants):
         shared["llm"] = make_reranker("llm", embeddings=np.zeros((0, encoder.dim), np.float32))
 
@@ -239,17 +260,18 @@ def main() -> int:
                       f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
             print(f"[{set_name}/{construction}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
                   file=sys.stderr)
-            for activation in args.variants:
-                variant = activation if construction == "default" else f"{construction}:{activation}"
+            for name, activation, label in runs:
+                variant = name if construction == "default" else f"{construction}:{name}"
                 overrides = dict(VARIANTS[activation])
                 kind = overrides.get("reranker")
                 if kind == "trained":
-                    overrides["reranker_path"] = args.trained
+                    overrides["reranker_path"] = trained[label]
+                    kind = f"trained/{label}"
                 config = ActivationConfig(**overrides)
                 out = scratch / f"{set_name}.{variant}.jsonl"
                 started = time.perf_counter()
                 summary = evaluate_cases(cases, lambda case: stores[case.id], query_encoder, config, tokenizer,
-                                         reranker=shared.get(kind), out=out, dense_baseline=variant == "default")
+                                         reranker=shared.get(kind), out=out, dense_baseline=variant == "default" and not args.no_dense_baseline)
                 summary["wall_s"] = round(time.perf_counter() - started, 1)
                 results[set_name][variant] = summary
                 per_question[set_name][variant] = {
@@ -277,6 +299,8 @@ def main() -> int:
         if "default" in by_variant:
             s = by_variant["default"]
             for b in ("baseline_bm25_turns", "baseline_dense_turns"):
+                if b not in s:
+                    continue
                 print(f"| {b[len('baseline_'):]} | | | {s[b]['recall@10']:.3f} | {s[b]['ndcg@10']:.3f} | "
                       f"{s[b]['recall@30']:.3f} | {s[b]['context_tokens_mean']:.0f} | | |")
         categories = list(first["per_category"])
@@ -289,6 +313,8 @@ def main() -> int:
         if "default" in by_variant:
             s = by_variant["default"]
             for b in ("baseline_bm25_turns", "baseline_dense_turns"):
+                if b not in s:
+                    continue
                 print(f"| {b[len('baseline_'):]} R@10 | "
                       + " | ".join(f"{s['per_category'][c][b]['recall@10']:.3f}" for c in categories) + " |")
     slices = [name for name in ("convomem_val1", "convomem_val2") if name in per_question]
@@ -311,6 +337,8 @@ def main() -> int:
                   f"{dr[0]:+.3f} [{dr[1]:+.3f}, {dr[2]:+.3f}] | {dn[0]:+.3f} [{dn[1]:+.3f}, {dn[2]:+.3f}] |")
         for b in ("baseline_bm25_turns", "baseline_dense_turns"):  # question-weighted over the slices
             rows = [results[name]["default"] for name in slices]
+            if any(b not in r for r in rows):
+                continue
             n = sum(r["n_questions"] for r in rows)
             mean = {m: sum(r[b][m] * r["n_questions"] for r in rows) / n for m in ("recall@10", "ndcg@10")}
             print(f"| {b[len('baseline_'):]} | {n} | {mean['recall@10']:.3f} | {mean['ndcg@10']:.3f} | | |")

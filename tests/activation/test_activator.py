@@ -242,6 +242,39 @@ def test_rerank_depth_scores_only_the_embedding_top(small_store, hash_encoder):
     assert wm.scores == sorted(wm.scores, reverse=True)
 
 
+@pytest.mark.parametrize("depth", [0, 3])
+def test_model_weight_blends_the_first_stage_score(small_store, hash_encoder, depth):
+    """At α < 1 a scored unit's score is (1 − α) · embedding + α · model; α 1 is the model alone."""
+
+    question = "Where did Caroline run a charity race?"
+    base = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8))
+    base.activate(question)
+    embedding = {c.unit.id: s for c, s in base.last_ranking}
+    scored = [c.unit.id for c, _ in base.last_ranking[: depth or len(base.last_ranking)]]
+    favourite = scored[1]  # the model's favourite is not the embedding's first
+
+    class Constant:
+        def score(self, question, candidates, query_vec=None):
+            return np.asarray([0.5 if c.unit.id == favourite else 0.0 for c in candidates], dtype=np.float32)
+    for alpha in (0.5, 0.1):
+        act = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8, reranker="llm",
+                                                                    rerank_depth=depth, model_weight=alpha),
+                        reranker=Constant())
+        act.activate(question)
+        got = {c.unit.id: s for c, s in act.last_ranking if c.unit.id in scored}
+        want = {uid: (1 - alpha) * embedding[uid] + alpha * (0.5 if uid == favourite else 0.0) for uid in scored}
+        assert got == pytest.approx(want, abs=1e-5)
+    # control: the model alone puts its favourite first, whatever the embedding order
+    alone = Activator(small_store, hash_encoder, ActivationConfig(k=8, pool_size=8, reranker="llm",
+                                                                  rerank_depth=depth), reranker=Constant())
+    alone.activate(question)
+    assert alone.last_ranking[0][0].unit.id == favourite
+    assert "model_weight" not in ActivationConfig().key_dict()  # at 1.0: the key of before
+    assert ActivationConfig(model_weight=0.5).key_dict()["model_weight"] == 0.5
+    with pytest.raises(ValueError, match="model_weight"):
+        ActivationConfig(model_weight=1.5)
+
+
 def test_fusion_weights_reach_the_pool_and_the_key(small_store, hash_encoder):
     question = "Did Caroline go to a support group last week?"
     pools = {}

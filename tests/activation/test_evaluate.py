@@ -148,3 +148,12 @@ def test_dense_baseline_encodes_the_question_as_written(small_store, hash_encode
     assert act.last_question_vec is None
     dense = DenseTurnBaseline(case.dialogue, hash_encoder)
     assert dense.retrieve(question, 10, act.last_query_vec) != dense.retrieve(question, 10)
+
+
+def test_cli_model_weight_reaches_the_settings(capsys):
+    """``--model-weight`` is the setting's own check: out of [0, 1] it is a user's error, named."""
+    from qgmem.cli import main
+
+    assert main(["eval-retrieval", "--dataset", "locomo", "--path", str(FIXTURE), "--reranker", "trained",
+                 "--reranker-path", "unused", "--model-weight", "1.5", "--tokenizer", "none"]) == 2
+    assert "model_weight must lie in [0, 1], got 1.5" in capsys.readouterr().err

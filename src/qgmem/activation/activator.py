@@ -139,8 +139,10 @@ class Activator:
             batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens, **blend,
         )
         # two-stage reranking: the embedding reranker orders the pool, the model rescores its top
+        # (``rerank_depth``) and its score may count beside the model's (``model_weight`` < 1)
         self.first_stage = (EmbeddingReranker(embeddings, encoder, **blend)
-                            if config.rerank_depth and config.reranker != "embedding" else None)
+                            if config.reranker != "embedding" and (config.rerank_depth or config.model_weight < 1)
+                            else None)
         self.parser = parser if parser is not None else make_parser(config.parser, llm)
         self.superseded = superseded_map(store) if config.superseded != "keep" else {}
         self.last_timings: dict[str, float] = {}  # milliseconds per stage of the latest activate()
@@ -283,18 +285,27 @@ class Activator:
 
         With ``rerank_depth`` m and a model reranker, the embedding reranker orders the pool first and
         the model scores only its top m; the rest follow in embedding order, scored below the model's
-        lowest score so the list stays sorted.
+        lowest score so the list stays sorted. With ``model_weight`` α < 1 a scored unit's score is
+        ``(1 − α) · embedding score + α · model score``.
         """
         if not pool:
             return []
         rest: list[Candidate] = []
-        if self.first_stage is not None and len(pool) > self.config.rerank_depth:
+        first_scores = None
+        alpha = self.config.model_weight
+        depth = self.config.rerank_depth
+        if self.first_stage is not None and (len(pool) > depth > 0 or alpha < 1.0):
             first = self._ordered(pool, self.first_stage.score(question, pool, query_vec))
-            pool, rest = [c for c, _ in first[: self.config.rerank_depth]], [c for c, _ in first[self.config.rerank_depth:]]
+            depth = depth or len(first)
+            pool, rest = [c for c, _ in first[:depth]], [c for c, _ in first[depth:]]
+            first_scores = np.asarray([s for _, s in first[:depth]], dtype=np.float32)
         for c in pool:
             if not c.document:
                 c.document = self.document(c)
-        ranked = self._ordered(pool, self.reranker.score(question, pool, query_vec))
+        scores = np.asarray(self.reranker.score(question, pool, query_vec), dtype=np.float32)
+        if first_scores is not None and alpha < 1.0 and scores.shape == first_scores.shape:
+            scores = (1.0 - alpha) * first_scores + alpha * scores
+        ranked = self._ordered(pool, scores)
         if rest:
             floor = ranked[-1][1] - 1.0
             ranked += [(c, floor - i * 1e-3) for i, c in enumerate(rest)]

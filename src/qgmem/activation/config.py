@@ -21,7 +21,7 @@ SPEAKER_NAME_MODES = ("keep", "drop", "blend")
 LATER_FIELDS: dict[str, object] = {
     "lexical_speaker_once": False, "rerank_depth": 0, "expansion_seeds": 0, "expansion_max_entity_units": 20,
     "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0, "fusion_weights": {},
-    "hop_extra_units": 0, "dense_speaker_names": "keep",
+    "hop_extra_units": 0, "dense_speaker_names": "keep", "model_weight": 1.0,
 }
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
@@ -57,6 +57,9 @@ class ActivationConfig:
     # model rerankers (cross-encoder, trained, llm) score only the top ``rerank_depth`` units of the
     # embedding reranker's order (0 = the whole pool); the rest keep that order below them
     rerank_depth: int = 0
+    # a model reranker's share of the score: ``(1 - model_weight) * first-stage score + model_weight *
+    # model score`` (1: the model's score alone; below 1 the embedding reranker's score still counts)
+    model_weight: float = 1.0
     reranker_batch_size: int = 16
     reranker_max_doc_tokens: int = 256
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
@@ -107,8 +110,9 @@ class ActivationConfig:
         unknown = set(self.channels) - set(CHANNELS)
         if unknown or not self.channels:
             raise ValueError(f"channels must be a non-empty subset of {'/'.join(CHANNELS)}, got {self.channels}")
-        if not 0.0 <= self.embedding_weight <= 1.0:
-            raise ValueError(f"embedding_weight must lie in [0, 1], got {self.embedding_weight}")
+        for name in ("embedding_weight", "model_weight"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         for name in ("lexical_weight", "source_weight"):
             if getattr(self, name) < 0.0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

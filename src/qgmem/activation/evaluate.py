@@ -299,6 +299,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rerank-depth", type=int, default=defaults.rerank_depth,
                         help="model rerankers score only the top N of the embedding reranker's order "
                              f"(default {defaults.rerank_depth}: the whole pool)")
+    parser.add_argument("--model-weight", type=float, default=defaults.model_weight,
+                        help="a model reranker's share of the score beside the embedding reranker's: "
+                             f"(1 - W) * embedding + W * model (default {defaults.model_weight}: the model alone)")
     parser.add_argument("--reranker-path", default=None,
                         help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")
     parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
@@ -392,7 +395,8 @@ def run(args: argparse.Namespace) -> int:
                                   expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
                                   hop_extra_units=args.hop_extra_units,
                                   dense_speaker_names=args.dense_speaker_names,
-                                  rerank_depth=args.rerank_depth, source_weight=args.source_weight,
+                                  rerank_depth=args.rerank_depth, model_weight=args.model_weight,
+                                  source_weight=args.source_weight,
                                   max_units_per_turn=args.max_units_per_turn,
                                   channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()),
                                   fusion_weights=parse_fusion_weights(args.fusion_weights))
