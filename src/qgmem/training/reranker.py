@@ -342,7 +342,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{'all' if d.num_cases is None else d.num_cases})")
     parser.add_argument("--select-cases", type=int, default=d.select_cases,
                         help="training-split cases held apart whose loss chooses the saved step "
-                             f"(default {d.select_cases}: the last step)")
+                             f"(default {d.select_cases}; 0: none, the last step is saved)")
     parser.add_argument("--eval-cases", type=int, default=d.eval_cases,
                         help=f"validation cases for the loss curve (default {d.eval_cases}; 0 = none)")
     parser.add_argument("--negatives", type=int, default=d.negatives,
