@@ -48,6 +48,9 @@ VARIANTS: dict[str, dict] = {
     "trained@100": {"reranker": "trained", "rerank_depth": 0},
     # round 11: the model's score beside the first stage's, half and half (``model_weight``)
     "trained_mix0.5@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.5},
+    # round 12: less and more of the model's score
+    "trained_mix0.25@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.25},
+    "trained_mix0.75@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.75},
     "llm@20": {"reranker": "llm", "rerank_depth": 20},
 }
 #: round 5: the units' source turns (a fourth channel; a reranker term) and turn diversity
