@@ -7,7 +7,8 @@
 ``misses``: every gold turn outside the top k, as ungrounded (no unit grounds it), outside the fused pool
 (with the question's per-channel pool recall beside it), or in the pool but ranked below k; with the ranks
 the BM25 and dense baselines over raw turns give it. ``compare``: Recall@k per category, A → B, with the
-paired bootstrap 95 % interval of the change (questions resampled), and every question whose recall moved.
+paired bootstrap 95 % interval of the change (questions resampled), the same for nDCG@k over all
+questions, how many questions' recall falls and rises, and every question whose recall moved.
 ``speakers``: for questions that name one speaker of the dialogue, the share of the top k spoken by that
 speaker, over the questions whose gold turns all reach the top k and over the rest, beside the share of
 gold turns the named speaker said: whether a name in the question pulls activation to that speaker.
@@ -68,7 +69,15 @@ def compare(a: dict[str, dict], b: dict[str, dict], k: int) -> None:
     ids = list(a)
     mean, lo, hi = paired_interval([a[i][metric] for i in ids], [b[i][metric] for i in ids])
     print(f"| all | {len(ids)} | {np.mean([a[i][metric] for i in ids]):.3f} | "
-          f"{np.mean([b[i][metric] for i in ids]):.3f} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |\n")
+          f"{np.mean([b[i][metric] for i in ids]):.3f} | {mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |")
+    ndcg = f"ndcg@{k}"
+    before, after = [a[i][ndcg] for i in ids], [b[i][ndcg] for i in ids]
+    mean, lo, hi = paired_interval(before, after)
+    print(f"| all, {ndcg} | {len(ids)} | {np.mean(before):.3f} | {np.mean(after):.3f} | "
+          f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] |\n")
+    down = sum(b[i][metric] < a[i][metric] for i in ids)
+    up = sum(b[i][metric] > a[i][metric] for i in ids)
+    print(f"questions whose {metric} falls: {down}; rises: {up}")
     for qid in ids:
         if a[qid][metric] != b[qid][metric]:
             print(f"{a[qid]['category']}: {a[qid][metric]:.2f} -> {b[qid][metric]:.2f}  {a[qid]['question'][:80]}")
