@@ -109,6 +109,7 @@ def test_model_card_names_the_licence(tmp_path):
     card = write_card(tmp_path, RerankerTrainingConfig(), info).read_text()
     assert TRAINING_DATA_LICENSE == "CC-BY-NC-4.0" and "licence CC-BY-NC-4.0" in card
     assert card.startswith("---\nlicense: cc-by-nc-4.0\n") and "0.700" in card and "0.600" in card
+    assert "rerank_depth=20, model_weight=0.25" in card  # the validated setting travels with the weights
     json.dumps(info)
 
 

