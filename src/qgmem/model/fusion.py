@@ -87,10 +87,10 @@ def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_
             raise ValueError(f"a shared prefix of {P} columns must not hold labels")
         with torch.no_grad():
             cache = decoder(inputs_embeds=embeds[:1, :P], attention_mask=attention_mask[:1, :P],
-                            position_ids=position_ids[:1, :P], use_cache=True).past_key_values
+                            position_ids=position_ids[:1, :P], use_cache=True).cache
         cache.batch_repeat_interleave(embeds.size(0))
         hidden = decoder(inputs_embeds=embeds[:, P:], attention_mask=attention_mask,
-                         position_ids=position_ids[:, P:], past_key_values=cache, use_cache=True).last_hidden_state
+                         position_ids=position_ids[:, P:], cache=cache, use_cache=True).last_hidden_state
         labels = labels[:, P:]
     else:
         hidden = decoder(inputs_embeds=embeds, attention_mask=attention_mask,

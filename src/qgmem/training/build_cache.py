@@ -63,7 +63,7 @@ def _data_module(data):
     parser.add_class_arguments(QGMemDataModule, "data", fail_untyped=False)
     values = data.as_dict() if hasattr(data, "as_dict") else dict(data)
     try:
-        return parser.instantiate_classes(parser.parse_object({"data": values})).data
+        return parser.instantiate(parser.parse_object({"data": values})).data
     except Exception as exc:  # jsonargparse names the offending key
         raise UserError(f"data: {exc}") from exc
 
