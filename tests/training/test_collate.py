@@ -112,6 +112,29 @@ def test_node_texts_become_word_ids_on_their_graph(smollm2_tokenizer):
     assert "node_word_ids" not in GraphTextCollator(smollm2_tokenizer)(ITEMS[:2])["graph"]  # no texts, no ids
 
 
+def test_graphs_alone_equal_the_full_batchs_graph_and_reuse_the_word_pieces(smollm2_tokenizer):
+    """``graphs(items)`` (the alignment stage's batches) is the graph of ``collator(items)``, to the
+    tensor; the node word pieces are tokenized once per graph, and the collator still pickles."""
+    import pickle
+
+    items = [dict(ITEMS[0], node_text=["user", "sister Ana"]), dict(ITEMS[1], node_text=["user", "bees", "hives"])]
+    collator = GraphTextCollator(smollm2_tokenizer)
+    full, alone = collator(items)["graph"], collator.graphs(items)
+    assert set(alone) == {"graph"}
+    for key in ("x", "edge_index", "edge_attr", "batch", "node_word_ids"):
+        assert torch.equal(alone["graph"][key], full[key]), key
+    calls = []
+    collator.encoder.tokenizer = lambda *a, **k: calls.append(a) or smollm2_tokenizer(*a, **k)
+    collator.graphs(items)
+    assert calls == []  # the same graphs again: no tokenization
+    collator.graphs([dict(ITEMS[2], node_text=["user", "name"])])
+    assert len(calls) == 2  # a new graph: its two node texts
+    collator.encoder.tokenizer = smollm2_tokenizer
+    assert torch.equal(pickle.loads(pickle.dumps(collator)).graphs(items)["graph"].node_word_ids, full.node_word_ids)
+    with pytest.raises(ValueError, match="empty"):
+        collator.graphs([])
+
+
 @pytest.mark.parametrize("m", [0, 1, 2, None])
 def test_memory_units_cut_the_text_but_not_the_graph(smollm2_tokenizer, m):
     """``memory_units=m``: the prompt's text holds entries [M1]..[Mm]; the graph keeps every node."""

@@ -18,6 +18,7 @@ from qgmem.model.alignment import node_word_ids
 from qgmem.prompting import PromptEncoder, PromptSettings
 
 IGNORE_INDEX = -100
+WORD_MEMO_SIZE = 4096  # graphs whose node word pieces a collator keeps
 
 
 class GraphTextCollator:
@@ -27,6 +28,9 @@ class GraphTextCollator:
         """``overrides`` replace single fields of ``settings`` (e.g. ``max_prompt_tokens=96`` in tests)."""
         settings = replace(settings or PromptSettings(), **overrides)
         self.encoder = PromptEncoder(tokenizer, settings)
+        # a graph's node word pieces, memoized (a plain dict, so the collator still pickles for loader
+        # workers): the alignment stage collates the same graphs every step
+        self._word_memo: dict[tuple[tuple[str, ...], int], torch.Tensor] = {}
 
     def __call__(self, items: list[dict[str, Any]]) -> dict[str, Any]:
         if not items:
@@ -76,5 +80,17 @@ class GraphTextCollator:
         if "node_text" not in item:
             return graph
         graph = copy.copy(graph)
-        graph.node_word_ids = node_word_ids([item["node_text"]], [int(graph.num_nodes)], self.encoder.tokenizer)
+        key = (tuple(item["node_text"]), int(graph.num_nodes))
+        if key not in self._word_memo:
+            if len(self._word_memo) >= WORD_MEMO_SIZE:
+                self._word_memo.clear()
+            self._word_memo[key] = node_word_ids([key[0]], [key[1]], self.encoder.tokenizer)
+        graph.node_word_ids = self._word_memo[key]
         return graph
+
+    def graphs(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """The graph part of ``self(items)`` alone (``{"graph": Batch}``), for stages that read no prompt
+        (the node-token alignment); it skips the prompts' tokenization."""
+        if not items:
+            raise ValueError("cannot collate an empty list of items")
+        return {"graph": Batch.from_data_list([self._with_words(item) for item in items])}

@@ -382,7 +382,8 @@ class QGMemModule(LightningModule):
 
         started = time.perf_counter()
         loader = self.trainer.train_dataloader
-        result = align_node_tokens(self.net, loader.dataset, loader.collate_fn, self.lm.get_input_embeddings().weight,
+        collate = getattr(loader.collate_fn, "graphs", loader.collate_fn)  # the stage reads the graphs only
+        result = align_node_tokens(self.net, loader.dataset, collate, self.lm.get_input_embeddings().weight,
                                    steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
                                    seed=_order_seed(getattr(self.trainer, "datamodule", None)),
                                    device=self.device)
