@@ -4,7 +4,7 @@ The stage reads only ``batch["graph"]`` (with ``node_word_ids``). It used to cal
 which also tokenizes every prompt and answer and tokenized the node texts again at every step;
 now it calls ``GraphTextCollator.graphs``, whose node word pieces are memoized per graph. Both are
 timed on the training split of the config's cache (built or reused first), one batch of
-``model.align_batch_size`` items, side by side in one run. The batches' graphs are checked equal.
+``model.align_batch_size`` items, side by side in one run (interleaved repeats, medians). The batches' graphs are checked equal.
 
     python bench/alignment_collate.py                      # configs/default.yaml
     python bench/alignment_collate.py --repeats 50
@@ -16,18 +16,8 @@ import argparse
 import inspect
 import json
 import os
-import statistics
-import time
 
-
-def per_call(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls."""
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+from reliability_overhead import interleaved  # the timer of the bench beside this one
 
 
 def main() -> None:
@@ -59,9 +49,9 @@ def main() -> None:
 
     full, alone = before()["graph"], collator.graphs(items)["graph"]
     same = all(torch.equal(full[k], alone[k]) for k in ("x", "edge_index", "edge_attr", "batch", "node_word_ids"))
+    seconds = interleaved({"before": before, "graphs": lambda: collator.graphs(items)}, args.repeats)
     figures = {"config": args.config, "batch_items": len(items),
-               "before_s_per_batch": round(per_call(before, args.repeats), 4),
-               "graphs_s_per_batch": round(per_call(lambda: collator.graphs(items), args.repeats), 4),
+               "before_s_per_batch": round(seconds["before"], 4), "graphs_s_per_batch": round(seconds["graphs"], 4),
                "same_graphs": same, "cpu_threads": torch.get_num_threads(),
                "load_avg_1m": round(os.getloadavg()[0], 2)}
     figures["speedup"] = round(figures["before_s_per_batch"] / max(figures["graphs_s_per_batch"], 1e-9), 1)

@@ -3,7 +3,7 @@
 Like the feature-alignment stage of visual instruction tuning, it teaches the projector the LM's
 input space before the answer loss is used, but here the target is known in closed form (the mean
 word embedding of each node's text, :mod:`qgmem.model.alignment`), so the stage runs no LM forward
-pass: a step is the graph encoder and projector over one batch of training graphs (about 0.3 s on 2 CPU
+pass: a step is the graph encoder and projector over one batch of training graphs (0.2–0.3 s on 2 CPU
 cores). It reads the training split only.
 """
 

@@ -93,7 +93,7 @@ class QGMemModule(LightningModule):
         num_graph_tokens: Graph tokens of the ``queries``, ``nodes`` and ``summary_nodes`` readouts (1 with ``mean``).
         align_steps: Steps of the node-token alignment stage run before answer training (0 = off): the
             projector's per-node output is fitted to the LM's word embedding of each node's text
-            (:mod:`qgmem.training.alignment`); no LM forward pass (on 2 CPU cores about 0.3 s a step, the graph encoder and projector).
+            (:mod:`qgmem.training.alignment`); no LM forward pass (on 2 CPU cores 0.2–0.3 s a step, the graph encoder and projector).
         align_batch_size: Graphs per alignment step.
         align_lr: Adam learning rate of the alignment stage.
         align_weight: Weight of the same alignment loss added to the answer loss in every training step
