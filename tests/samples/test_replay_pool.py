@@ -1,0 +1,133 @@
+"""The cache build's replay on worker processes (``cache_processes``) against the serial build."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from qgmem.llm.base import LLMConfig
+from qgmem.samples import cache as C
+from qgmem.samples.build import Shard, build_cache, build_samples
+from qgmem.samples.replay_pool import THREAD_VARIABLES, WorkerFailed, _thread_environment
+from qgmem.samples.spec import CacheSpec
+
+from samples.test_build_shards import assert_same_samples, rows_of
+from training.test_datamodule import HashEncoder, StubAnswerer, _dm, write_convomem
+
+
+class DyingEncoder(HashEncoder):
+    """Ends its process, as the kernel's OOM killer would, when it meets ``word``."""
+
+    def __init__(self, word: str):
+        super().__init__()
+        self.word = word
+
+    def encode(self, texts):
+        if any(self.word in t for t in texts):
+            os._exit(9)
+        return super().encode(texts)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_convomem(tmp_path_factory.mktemp("pool") / "convomem")
+
+
+def test_two_processes_build_the_serial_dataset(data, tmp_path):
+    serial = _dm(data, tmp_path / "serial", answer_filter="none")
+    one = build_cache(serial, encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+    pooled = _dm(data, tmp_path / "pooled", answer_filter="none", cache_processes=2)
+    two = build_cache(pooled, encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+    assert pooled.cache_key == serial.cache_key  # how the build runs is in no key
+    assert one["seconds"]["processes"] == 1 and two["seconds"]["processes"] == 2
+    assert two["seconds"]["cases_built_this_run"] == one["seconds"]["cases_built_this_run"] == len(
+        C.SampleCache(pooled.samples_dir).plan())
+    # both workers' memo counts are added up: every distinct text was encoded by one of them at least
+    assert two["seconds"]["embedding_memo"]["encoded"] >= one["seconds"]["embedding_memo"]["encoded"] > 0
+    assert_same_samples(rows_of(pooled.dataset_dir), rows_of(serial.dataset_dir))
+
+
+def test_every_case_is_reported_once_as_its_shard_is_written(data, tmp_path, monkeypatch):
+    from qgmem.samples import replay_pool
+
+    spec = _dm(data, tmp_path / "c", answer_filter="none").cache_spec
+    samples = C.SampleCache(spec.samples_dir)
+    seen, original = [], replay_pool.replay_in_processes
+
+    def spy(*args, **kwargs):
+        assert all(samples.has_shard(i) for i in seen)  # each case was reported after its shard was written
+        return original(*args, **{**kwargs, "on_case": lambda i: (seen.append(i), kwargs["on_case"](i))})
+
+    monkeypatch.setattr(replay_pool, "replay_in_processes", spy)
+    done = build_samples(spec, samples, encoder=HashEncoder(), progress=False, processes=3)
+    planned = len(samples.plan())
+    assert sorted(seen) == list(range(planned)) and done["seconds"]["processes"] == 3
+    assert samples.complete and not samples.damaged_shards(planned)
+
+
+def test_more_processes_than_cases_left_use_one_per_case(data, tmp_path):
+    spec = _dm(data, tmp_path / "c", answer_filter="none", cache_processes=4).cache_spec
+    samples = C.SampleCache(spec.samples_dir)
+    first = build_samples(spec, samples, encoder=HashEncoder(), progress=False, shard=Shard(0, 2), processes=1)
+    missing = first["planned"] - first["present"]
+    samples.remove_shard(0)  # one more of the first slice to do again
+    again = build_samples(spec, samples, encoder=HashEncoder(), progress=False, shard=Shard(1, 2))
+    assert again["complete"] is False and again["built"] == missing and again["processes"] == min(4, missing)
+    assert not samples.complete and not samples.has_shard(0)
+    last = build_samples(spec, samples, encoder=HashEncoder(), progress=False)
+    assert last["seconds"]["cases_built_this_run"] == 1 and last["seconds"]["processes"] == 1
+    assert samples.complete
+
+
+def test_a_failed_case_stops_a_strict_build_by_name_and_keeps_the_written_shards(data, tmp_path):
+    dm = _dm(data, tmp_path / "strict", answer_filter="none", cache_processes=2)
+    with pytest.raises(WorkerFailed, match=r"case \d+ \('.*p-bob.*'.*construction/activation failed: "
+                                           r"RuntimeError: cannot encode 'p-bob'") as failed:
+        build_cache(dm, encoder=HashEncoder(explode_on="p-bob"), answerer=StubAnswerer(), progress=False)
+    samples = C.SampleCache(dm.samples_dir)
+    plan = samples.plan()
+    assert not samples.complete
+    written = [i for i in range(len(plan)) if samples.has_shard(i)]
+    # the named case has no shard, nor has any of p-bob's evidence questions (they name p-bob); the
+    # worker that failed had written the cases it took before (which others were done depends on timing)
+    assert not samples.has_shard(int(str(failed.value).split()[1]))
+    assert not [i for i in written if "user_evidence" in plan[i]["case_id"] and "p-bob" in plan[i]["case_id"]]
+    assert written
+    # a rerun with a working encoder goes on from the shards that exist
+    summary = build_cache(dm, encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+    assert summary["seconds"]["cases_built_this_run"] == len(plan) - len(written)
+
+
+def test_a_lenient_build_counts_the_failed_cases_as_skipped(tmp_path):
+    data = write_convomem(tmp_path / "data")
+    file = next(data.rglob("p-cy_Tester.json"))
+    file.write_text(file.read_text().replace("Dana", "Zorblax"))
+    dm = _dm(data, tmp_path / "lenient", answer_filter="none", strict=False, cache_processes=2)
+    summary = build_cache(dm, encoder=HashEncoder(explode_on="Zorblax"), answerer=StubAnswerer(), progress=False)
+    skipped = summary["skipped_cases"]
+    assert skipped and all("p-cy" in s["case_id"] and "Zorblax" in s["reason"] for s in skipped)
+    assert sum(len(v) for v in summary["samples"].values()) > 0  # the other persons' cases were built
+
+
+def test_a_worker_that_dies_stops_the_build_with_its_exit_code(data, tmp_path):
+    dm = _dm(data, tmp_path / "dies", answer_filter="none", cache_processes=2)
+    with pytest.raises(WorkerFailed, match="exit code 9 before it finished"):
+        build_cache(dm, encoder=DyingEncoder("p-cy"), answerer=StubAnswerer(), progress=False)
+    assert not C.SampleCache(dm.samples_dir).complete
+
+
+def test_workers_get_their_share_of_threads_and_the_environment_is_restored(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    with _thread_environment(1):
+        assert all(os.environ[name] == "1" for name in THREAD_VARIABLES)
+    assert os.environ["OMP_NUM_THREADS"] == "7" and "MKL_NUM_THREADS" not in os.environ
+
+
+def test_bad_process_counts_are_refused(data, tmp_path):
+    with pytest.raises(ValueError, match="cache_processes must be >= 1"):
+        CacheSpec(data_path=str(data), cache_dir=tmp_path, cache_processes=0)
+    with pytest.raises(ValueError, match="would load construction_llm once per process"):
+        CacheSpec(data_path=str(data), cache_dir=tmp_path, cache_processes=2,
+                  construction_llm=LLMConfig(backend="transformers"))
