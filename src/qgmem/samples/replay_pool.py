@@ -32,6 +32,8 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
 
 #: seconds between liveness checks of the workers while no message arrives
 POLL_S = 1.0
+#: seconds a worker that reported "done" gets to exit before it is stopped
+EXIT_S = 60.0
 
 
 class WorkerFailed(RuntimeError):
@@ -89,10 +91,11 @@ def replay_in_processes(spec: Any, samples: Any, plan: Sequence[tuple[str, Any]]
                 log.debug("cache worker traceback:\n%s", trace)
                 raise WorkerFailed(message)
     finally:
-        for worker in workers:
+        for worker in workers:  # after "done" a worker is still exiting: let it, or its semaphores leak
+            worker.join(timeout=EXIT_S if finished == processes else 0)
             if worker.is_alive():
                 worker.terminate()
-            worker.join()
+                worker.join()
         jobs.cancel_join_thread()
         jobs.close()
         results.close()
