@@ -56,8 +56,12 @@ def test_every_case_is_reported_once_as_its_shard_is_written(data, tmp_path, mon
     seen, original = [], replay_pool.replay_in_processes
 
     def spy(*args, **kwargs):
-        assert all(samples.has_shard(i) for i in seen)  # each case was reported after its shard was written
-        return original(*args, **{**kwargs, "on_case": lambda i: (seen.append(i), kwargs["on_case"](i))})
+        def on_case(index):
+            assert samples.has_shard(index)  # each case is reported after its shard was written
+            seen.append(index)
+            kwargs["on_case"](index)
+
+        return original(*args, **{**kwargs, "on_case": on_case})
 
     monkeypatch.setattr(replay_pool, "replay_in_processes", spy)
     done = build_samples(spec, samples, encoder=HashEncoder(), progress=False, processes=3)
