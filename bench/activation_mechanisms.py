@@ -93,6 +93,8 @@ VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight":
 CONSTRUCTIONS: dict[str, dict] = {
     "default": {},
     "unread_fallback": {"unread_turn_fallback": True},  # round 8: ground the turns no rule reads
+    # round 13: the construction before round 8 (with the ``paper`` activation: the settings before round 5)
+    "no_fallback": {"unread_turn_fallback": False},
 }
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
