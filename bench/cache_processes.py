@@ -3,9 +3,10 @@
 Each run is the real command, ``qgmem build-cache --config CONFIG --data.cache_processes P``, into a
 fresh folder (no embedding memo, no shards), the process counts taking turns over ``--rounds``
 rounds. Wall seconds are the command's, model loading and the plan included. The datasets are then
-compared with the first count's: the same samples in the same order with the same texts and edges,
-and the largest absolute difference of any node or edge feature (vectors first encoded in other
-batches differ in the last float32 bits).
+compared with the first count's, and with ``--rounds`` above 1 each count's later rounds with its
+own first (is the same command reproducible?): the same samples in the same order with the same texts
+and edges, and the largest absolute difference of any node or edge feature (vectors first encoded in
+other batches differ in the last float32 bits).
 
     python bench/cache_processes.py                      # configs/default.yaml, P = 1,2, 1 round
 """
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 FLOAT_COLUMNS = ("x", "edge_attr", "ablated_x", "ablated_edge_attr")
 
@@ -45,21 +47,25 @@ def compare(left: str, right: str) -> dict:
     from qgmem.samples import cache as C
 
     a, b = C.DatasetCache(left).load(), C.DatasetCache(right).load()
-    same, worst = True, 0.0
+    worst, differing, fields = 0.0, 0, Counter()  # fields: column -> samples where it differs
     for split in C.SPLITS:
         if len(a[split]) != len(b[split]):
             return {"same_samples": False, "why": f"{split}: {len(a[split])} vs {len(b[split])} samples"}
         for x, y in zip(a[split], b[split]):
+            changed = set()
             for key in x:
                 if key in FLOAT_COLUMNS:
                     u, v = np.asarray(x[key] or [], np.float32), np.asarray(y[key] or [], np.float32)
                     if u.shape != v.shape:
-                        same = False
+                        changed.add(key)
                     elif u.size:
                         worst = max(worst, float(np.abs(u - v).max()))
                 elif x[key] != y[key]:
-                    same = False
-    return {"same_samples": same, "max_abs_feature_diff": worst}
+                    changed.add(key)
+            fields.update(changed)
+            differing += bool(changed)
+    return {"same_samples": not differing, "samples_differing": differing, "fields_differing": dict(fields),
+            "max_abs_feature_diff": worst}
 
 
 def main() -> None:
@@ -86,6 +92,9 @@ def main() -> None:
                    "same_cache_key": len({r["cache_key"] for rs in runs.values() for r in rs}) == 1,
                    "against_first": {p: compare(runs[first][0]["dataset"], rs[0]["dataset"])
                                      for p, rs in runs.items() if p != first},
+                   # the same command again: is the build reproducible run to run?
+                   "against_own_first_round": {p: [compare(rs[0]["dataset"], r["dataset"]) for r in rs[1:]]
+                                               for p, rs in runs.items() if len(rs) > 1},
                    "load_avg_1m_end": round(os.getloadavg()[0], 2)}
         best = {p: min(r["wall_s"] for r in rs) for p, rs in runs.items()}
         figures["speedup_vs_first"] = {p: round(best[first] / best[p], 2) for p in counts}

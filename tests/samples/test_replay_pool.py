@@ -135,3 +135,44 @@ def test_bad_process_counts_are_refused(data, tmp_path):
     with pytest.raises(ValueError, match="would load construction_llm once per process"):
         CacheSpec(data_path=str(data), cache_dir=tmp_path, cache_processes=2,
                   construction_llm=LLMConfig(backend="transformers"))
+
+
+class NoModels:
+    """A worker's replayer stand-in: no models, no memo."""
+
+    memo = None
+
+    def close(self):
+        pass
+
+
+def no_models(spec, encoder):
+    return NoModels()
+
+
+def replay_noting_the_worker(replayer, samples, plan, index, shard):
+    """Writes which worker replayed the case; case 0 is slow, so a free worker would take the rest."""
+    import multiprocessing
+    import time
+    from pathlib import Path
+
+    if index == 0:
+        time.sleep(1.5)
+    Path(samples.root, f"case-{index}.worker").write_text(multiprocessing.current_process().name)
+
+
+def test_each_worker_replays_a_fixed_share_of_the_cases_whatever_their_speed(tmp_path):
+    # the same cases go to the same worker every run, so each worker's encoder meets the same texts in
+    # the same batches and the vectors do not depend on timing (a shared queue gave worker 1 all the
+    # cases that came while case 0 was slow: this test failed with it)
+    from qgmem.samples.replay_pool import replay_in_processes
+
+    samples = C.SampleCache(tmp_path / "samples")
+    samples.root.mkdir(parents=True, exist_ok=True)
+    todo = [0, 1, 2, 3, 4, 5]
+    seen = []
+    replay_in_processes(None, samples, {i: None for i in todo}, todo, 2, None, replayer=no_models,
+                        replay=replay_noting_the_worker, on_case=seen.append)
+    assert sorted(seen) == todo
+    workers = {i: (samples.root / f"case-{i}.worker").read_text() for i in todo}
+    assert workers == {i: f"qgmem-cache-{position % 2}" for position, i in enumerate(todo)}

@@ -2,15 +2,21 @@
 
 Why: a heuristic replay is one Python thread of parsing, extraction and activation beside the sentence
 encoder's matrix products, so one process keeps about 1.5 of 2 cores busy (``docs/BENCHMARKS.md``,
-*Cache build on both cores*). Workers take the next case from one queue (a long case does not hold up
-a fixed slice), each with its own models and ``cores / processes`` threads, and write the case's shard
-exactly as the serial build does (:func:`~qgmem.samples.build.replay_case`). The parent only hands out
-cases, counts them and reports.
+*Cache build on both cores*). Each worker has its own models and ``cores / processes`` threads, and
+writes a case's shard exactly as the serial build does (:func:`~qgmem.samples.build.replay_case`). The
+parent only hands out cases, counts them and reports.
 
-What differs from the serial build: each worker's embedding memo starts from the chunks on disk, so a
-text new to this build may be encoded in another batch than the serial build would have used, which
-moves its float32 vector in the last bits (about 2e-7) and nothing else. With a deterministic encoder
-the datasets are equal (``tests/samples/test_replay_pool.py``).
+Worker ``w`` of ``N`` replays the cases at positions ``w, w + N, …`` of the build's list, in order, not
+the next case whoever is free: a vector is what the encoder returned for the batch the text first came
+in, so with a shared queue the batches, and the last bits of the vectors, followed the workers' timing,
+and near-ties in the ranking flipped between two runs of the same command (15 of the default's samples
+differed in their graph's facts; ``bench/cache_processes.py --processes 2 --rounds 2``). With fixed
+shares the same command builds the same dataset.
+
+What differs from the serial build: each worker's embedding memo starts from the chunks on disk and
+meets only its share of the cases, so a text may be encoded in another batch than the serial build
+would have used, which moves its float32 vector in the last bits (about 3e-7). With a deterministic
+encoder the datasets are equal (``tests/samples/test_replay_pool.py``).
 
 A failed case stops a strict build with the worker's message; a worker that dies (killed, out of
 memory) stops it with its exit code. The shards already written are kept, so a rerun goes on from there.
@@ -55,10 +61,10 @@ def replay_in_processes(spec: Any, samples: Any, plan: Sequence[tuple[str, Any]]
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")  # no forked copies of torch's or tokenizers' threads
-    jobs, results = context.Queue(), context.Queue()
-    for index in todo:
-        jobs.put((index, plan[index]))
-    for _ in range(processes):
+    shares, results = [context.Queue() for _ in range(processes)], context.Queue()
+    for position, index in enumerate(todo):  # fixed shares: the same run gives the same batches
+        shares[position % processes].put((index, plan[index]))
+    for jobs in shares:
         jobs.put(None)
     threads = max(1, _cores() // processes)
     workers = []
@@ -66,7 +72,7 @@ def replay_in_processes(spec: Any, samples: Any, plan: Sequence[tuple[str, Any]]
         for number in range(processes):
             worker = context.Process(target=_work, name=f"qgmem-cache-{number}", daemon=True,
                                      args=(replayer, replay, spec, encoder, str(samples.root), shard, threads,
-                                           jobs, results))
+                                           shares[number], results))
             worker.start()
             workers.append(worker)
     log.info("cache: %d cases on %d worker processes, %d thread(s) each", len(todo), processes, threads)
@@ -96,8 +102,9 @@ def replay_in_processes(spec: Any, samples: Any, plan: Sequence[tuple[str, Any]]
             if worker.is_alive():
                 worker.terminate()
                 worker.join()
-        jobs.cancel_join_thread()
-        jobs.close()
+        for jobs in shares:
+            jobs.cancel_join_thread()
+            jobs.close()
         results.close()
     return memo
 
@@ -133,7 +140,7 @@ def _thread_environment(threads: int) -> Iterator[None]:
 
 
 def _work(make_replayer, replay, spec, encoder, root: str, shard, threads: int, jobs, results) -> None:
-    """One worker: its own models, then cases from ``jobs`` until the stop sign (``None``)."""
+    """One worker: its own models, then its share of the cases from ``jobs`` until the stop sign (``None``)."""
     import torch
 
     from qgmem.samples import cache as C
