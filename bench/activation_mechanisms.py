@@ -95,6 +95,8 @@ CONSTRUCTIONS: dict[str, dict] = {
     "unread_fallback": {"unread_turn_fallback": True},  # round 8: ground the turns no rule reads
     # round 13: the construction before round 8 (with the ``paper`` activation: the settings before round 5)
     "no_fallback": {"unread_turn_fallback": False},
+    # round 14: source-turn vectors of the turn's text alone, without the ``speaker:`` label
+    "no_label": {"source_turn_label": False},
 }
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",

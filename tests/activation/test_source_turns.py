@@ -178,3 +178,43 @@ def test_a_large_store_without_source_vectors_is_warned_about(hash_encoder, capl
     with caplog.at_level("WARNING", logger="qgmem.activation.activator"):
         Activator(store, hash_encoder, ActivationConfig())
     assert "no source-turn vectors" not in caplog.text
+
+
+def test_source_turn_label_off_embeds_the_text_alone(hash_encoder):
+    unit = make_unit("a", "fact a", "a", "is", "x", ["t1"], speaker="Ann", source_text="We met at noon")
+    assert source_turn_text(unit, label=False) == "We met at noon"
+    bare = source_turn_embeddings([unit], hash_encoder, label=False)
+    np.testing.assert_allclose(bare[0], hash_encoder.encode(["We met at noon"])[0], rtol=1e-6)
+    # negative control: the labelled vector is another one
+    assert not np.allclose(bare[0], source_turn_embeddings([unit], hash_encoder)[0])
+
+
+def test_builder_and_append_follow_source_turn_label_and_record_it(hash_encoder):
+    """Build and append embed the turns as the setting says; the store's params record a non-default value
+    only (stores built before the setting keep their keys), and an activator over a store without source
+    vectors embeds them as its params say."""
+    from qgmem.memory.builder import MemoryBuilder
+    from qgmem.memory.config import ConstructionConfig
+    from qgmem.serving.history_file import sessions_to_dialogue
+
+    sessions = [[{"speaker": "User", "text": "I adopted a puppy named Biscuit last week."},
+                 {"speaker": "Assistant", "text": "Biscuit is a lovely name for a puppy."}]]
+    more = sessions_to_dialogue([[{"speaker": "User", "text": "Biscuit now sleeps in the garden shed."}]], "more")
+    stores = {}
+    for label in (True, False):
+        config = ConstructionConfig(extractor="heuristic", source_turn_label=label)
+        builder = MemoryBuilder(config, hash_encoder)
+        store = builder.build(sessions_to_dialogue(sessions, "history"))
+        store, _ = builder.append(store, more.sessions)
+        assert len(store) >= 2 and {u.session_id for u in store.units} == {"s0", "s1"}
+        np.testing.assert_allclose(store.source_embeddings,
+                                   source_turn_embeddings(store.units, hash_encoder, label=label), rtol=1e-6)
+        assert ("source_turn_label" in store.meta["params"]) == (not label)
+        stores[label] = store
+    assert not np.allclose(stores[True].source_embeddings, stores[False].source_embeddings)
+
+    bare = stores[False]
+    bare.source_embeddings = None  # as a store saved before stores kept the vectors
+    act = Activator(bare, hash_encoder, ActivationConfig())
+    np.testing.assert_allclose(act.source_embeddings, source_turn_embeddings(bare.units, hash_encoder, label=False),
+                               rtol=1e-6)

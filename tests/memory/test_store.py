@@ -30,7 +30,7 @@ def test_round_trip_keeps_units_traces_embeddings(built):
     assert back.embeddings.dtype == np.float32 and back.embeddings.shape == store.embeddings.shape
     np.testing.assert_array_equal(back.embeddings, store.embeddings)
     assert back.dialogue_id == "dlg/1#x" and back.meta["num_units"] == len(store.units)
-    assert back.meta["params"] == ConstructionConfig(min_fact_similarity=0.1).to_dict()
+    assert back.meta["params"] == ConstructionConfig(min_fact_similarity=0.1).key_dict()
     unit = back.units[0]
     assert back.unit(unit.id) is unit and back.index_of(unit.id) == 0
     traced = next(u for u in back.units if u.trace_id)

@@ -25,7 +25,7 @@ from qgmem.activation.query import QueryConstraints, QueryParser, make_parser
 from qgmem.activation.records import WorkingMemory
 from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, candidate_document, make_reranker
 from qgmem.activation.serialize import serialize_working_memory
-from qgmem.memory.source_turns import source_turn_embeddings
+from qgmem.memory.source_turns import source_turn_embeddings, stored_label
 from qgmem.memory.store import MemoryStore
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,8 @@ class Activator:
             log.warning("store %r holds no source-turn vectors (built before stores kept them): embedding its "
                         "%d units' turns now, at every start; rebuild it, or save it after an append, to keep them",
                         store.dialogue_id, len(store))
-        return source_turn_embeddings(store.units, encoder)  # a store built before it kept them
+        # a store built before it kept them, embedded as its construction settings say
+        return source_turn_embeddings(store.units, encoder, stored_label(store.meta))
 
     def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
         """An activator over ``store``, this one's store with units appended (``MemoryBuilder.append``).

@@ -231,7 +231,8 @@ class MemoryBuilder:
         self.stats.merge(stats)
         return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta,
-                           source_embeddings=source_turn_embeddings(units, self.encoder))
+                           source_embeddings=source_turn_embeddings(units, self.encoder,
+                                                                    self.config.source_turn_label))
 
     def check_failures(self, dialogue_id: str, stats: BuildStats) -> None:
         """Raise :class:`ConstructionFailed` when too many windows of one dialogue got no usable reply.
@@ -306,11 +307,12 @@ class MemoryBuilder:
                 "extent": {"sessions": extent["sessions"] + len(renumbered),
                            "turns": extent["turns"] + dialogue.num_turns(),
                            "windows": extent["windows"] + len(windows), "user": user}}
-        source = source_turn_embeddings(new_units, self.encoder)
+        label = self.config.source_turn_label
+        source = source_turn_embeddings(new_units, self.encoder, label)
         if len(store):
             old_source = store.source_embeddings
             if old_source is None or old_source.shape[0] != len(store):  # a store built before it kept them
-                old_source = source_turn_embeddings(store.units, self.encoder)
+                old_source = source_turn_embeddings(store.units, self.encoder, label)
             source = np.concatenate([np.asarray(old_source, np.float32), source])
         return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta, source_embeddings=source), index

@@ -14,7 +14,7 @@ MAX_FAILED_WINDOW_SHARE = 0.5
 CONSOLIDATIONS = ("auto", "rule", "llm")
 #: fields added after stores and caches were first keyed by these settings, each with the value that
 #: reproduces construction as it was before the field existed (see ``ConstructionConfig.key_dict``)
-LATER_FIELDS: dict[str, object] = {"unread_turn_fallback": False}
+LATER_FIELDS: dict[str, object] = {"unread_turn_fallback": False, "source_turn_label": True}
 
 
 @dataclass
@@ -55,6 +55,10 @@ class ConstructionConfig:
     # rule extractors: a turn whose content sentences no rule could read, and that gives no other unit,
     # becomes one "mentions" unit of those sentences, so it is grounded (docs/memory.md); on since round 8
     unread_turn_fallback: bool = True
+    # the source-turn vectors that activation's ``source`` channel and term search embed each turn as
+    # ``speaker: text`` (True) or as its text alone (False); the label puts the speaker's name in every
+    # one of their turns' vectors (round 14 of docs/BENCHMARKS.md)
+    source_turn_label: bool = True
 
     def __post_init__(self) -> None:
         if self.window_size < 1:

@@ -13,14 +13,21 @@ import numpy as np
 from qgmem.memory.records import MemoryUnit
 
 
-def source_turn_text(unit: MemoryUnit) -> str:
-    """A unit's source turn as the dense turn baseline embeds a turn: ``speaker: text``."""
-    return f"{unit.speaker}: {unit.source_text}" if unit.speaker else unit.source_text
+def source_turn_text(unit: MemoryUnit, label: bool = True) -> str:
+    """A unit's source turn as text: ``speaker: text``, as the dense turn baseline embeds a turn, or, with
+    ``label`` False (``ConstructionConfig.source_turn_label``), the turn's text without the speaker."""
+    return f"{unit.speaker}: {unit.source_text}" if unit.speaker and label else unit.source_text
 
 
-def source_turn_embeddings(units: list[MemoryUnit], encoder) -> np.ndarray:
+def stored_label(meta: dict) -> bool:
+    """Whether a store's source-turn vectors carry the speaker label, from the construction settings its
+    ``meta`` records (a store that records none was built before the setting, with the label)."""
+    return bool(meta.get("params", {}).get("source_turn_label", True))
+
+
+def source_turn_embeddings(units: list[MemoryUnit], encoder, label: bool = True) -> np.ndarray:
     """One normalized embedding of each unit's source turn, ``[U, dim]``; each distinct turn encoded once."""
-    texts = [source_turn_text(u) for u in units]
+    texts = [source_turn_text(u, label) for u in units]
     if not texts:
         return np.zeros((0, int(getattr(encoder, "dim", 0))), dtype=np.float32)
     distinct = list(dict.fromkeys(texts))
