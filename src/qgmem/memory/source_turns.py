@@ -22,7 +22,9 @@ def source_turn_text(unit: MemoryUnit, label: bool = True) -> str:
 def stored_label(meta: dict) -> bool:
     """Whether a store's source-turn vectors carry the speaker label, from the construction settings its
     ``meta`` records (a store that records none was built before the setting, with the label)."""
-    return bool(meta.get("params", {}).get("source_turn_label", True))
+    from qgmem.memory.config import LATER_FIELDS
+
+    return bool(meta.get("params", {}).get("source_turn_label", LATER_FIELDS["source_turn_label"]))
 
 
 def source_turn_embeddings(units: list[MemoryUnit], encoder, label: bool = True) -> np.ndarray:
