@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qgmem.memory.config import LATER_FIELDS
 from qgmem.memory.records import MemoryUnit
 
 
@@ -22,8 +23,6 @@ def source_turn_text(unit: MemoryUnit, label: bool = True) -> str:
 def stored_label(meta: dict) -> bool:
     """Whether a store's source-turn vectors carry the speaker label, from the construction settings its
     ``meta`` records (a store that records none was built before the setting, with the label)."""
-    from qgmem.memory.config import LATER_FIELDS
-
     return bool(meta.get("params", {}).get("source_turn_label", LATER_FIELDS["source_turn_label"]))
 
 
