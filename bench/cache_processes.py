@@ -9,6 +9,7 @@ and edges, and the largest absolute difference of any node or edge feature (vect
 other batches differ in the last float32 bits).
 
     python bench/cache_processes.py                      # configs/default.yaml, P = 1,2, 1 round
+    python bench/cache_processes.py --compare A/dataset-KEY B/dataset-KEY   # two built caches, no build
 """
 
 from __future__ import annotations
@@ -73,7 +74,12 @@ def main() -> None:
     parser.add_argument("--config", default="default")
     parser.add_argument("--processes", default="1,2")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--compare", nargs=2, metavar="DATASET",
+                        help="compare two dataset folders already built (two runs of train.py, say) and exit")
     args = parser.parse_args()
+    if args.compare:
+        print(json.dumps(compare(*args.compare)))
+        return
 
     counts = [int(p) for p in args.processes.split(",")]
     root = tempfile.mkdtemp(prefix="qgmem-bench-processes-")
