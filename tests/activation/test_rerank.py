@@ -13,6 +13,8 @@ from qgmem.activation.rerank import (
     make_reranker,
 )
 
+from qgmem.errors import InputPathError, UserError
+
 from .helpers import save_tiny_cross_encoder
 
 
@@ -101,6 +103,20 @@ def test_make_reranker_validates():
         make_reranker("cross-encoder", embeddings=np.zeros((0, 4), np.float32))
     with pytest.raises(ValueError, match="unknown reranker"):
         make_reranker("bm25", embeddings=np.zeros((0, 4), np.float32))
+
+
+def test_trained_reranker_path_is_checked_before_loading(tmp_path, small_store):
+    missing, empty, good = tmp_path / "missing", tmp_path / "empty", tmp_path / "good"
+    empty.mkdir()
+    (empty / "config.json").write_text("{}")
+    with pytest.raises(InputPathError, match="reranker_path .*missing.*no such folder"):
+        make_reranker("trained", embeddings=small_store.embeddings, path=str(missing))
+    with pytest.raises(UserError, match="reranker_path .*empty.*no weight file"):
+        make_reranker("trained", embeddings=small_store.embeddings, path=str(empty))
+    # positive control: a real folder passes the check and loads
+    save_tiny_cross_encoder(good, hidden=32, max_positions=512)
+    reranker = make_reranker("trained", embeddings=small_store.embeddings, path=str(good))
+    assert isinstance(reranker, CrossEncoderReranker)
 
 
 @pytest.mark.slow

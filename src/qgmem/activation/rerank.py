@@ -22,6 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from qgmem.activation.serialize import turn_label
+from qgmem.errors import InputPathError, UserError
 from qgmem.memory.records import MemoryTrace, MemoryUnit
 
 
@@ -143,6 +144,18 @@ class CrossEncoderReranker:
 
 #: files whose bytes are a model reranker's weights (what a cache key must cover)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def check_trained_folder(path: str | Path) -> None:
+    """A ``trained`` reranker is a local folder that holds weights; say which setting is wrong before
+    sentence-transformers fails deeper with a message that names neither."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputPathError(f"reranker_path {str(path)!r}: no such folder (reranker='trained' reads a local "
+                             "folder)", hint="`qgmem train-reranker --out DIR` writes one")
+    if not any(f.suffix in WEIGHT_SUFFIXES for f in folder.rglob("*") if f.is_file()):
+        raise UserError(f"reranker_path {str(path)!r}: the folder holds no weight file "
+                        f"({', '.join(WEIGHT_SUFFIXES)})", hint="`qgmem train-reranker --out DIR` writes one")
 
 
 def weights_digest(path: str | Path) -> str:
@@ -282,6 +295,8 @@ def make_reranker(kind: str, *, embeddings: np.ndarray, encoder=None, path: str 
         if not path:
             raise ValueError(f"reranker={kind!r} needs reranker_path (a sentence-transformers cross-encoder folder"
                              + ("; `qgmem train-reranker --out DIR` writes one)" if kind == "trained" else ")"))
+        if kind == "trained":
+            check_trained_folder(path)
         return CrossEncoderReranker(path, batch_size=batch_size, device=device)
     if kind == "llm":
         from qgmem.lm import EMBEDDED_LM
