@@ -23,6 +23,7 @@ class StubServer:
     def __init__(self, respond: Callable[[dict], Reply | tuple[str, float]]):
         self.requests: list[dict] = []
         self.headers: list[dict] = []
+        self.dropped = 0  # replies the client hung up on before they were written
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -42,8 +43,12 @@ class StubServer:
                 self.send_header("Content-Length", str(len(payload)))
                 if status == 429:
                     self.send_header("Retry-After", "0")
-                self.end_headers()
-                self.wfile.write(payload)
+                try:
+                    self.end_headers()
+                    self.wfile.write(payload)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout test)
+                    with lock:
+                        server.dropped += 1
 
             def log_message(self, *args):  # keep test output clean
                 pass

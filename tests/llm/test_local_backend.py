@@ -37,6 +37,15 @@ def test_batched_greedy_matches_one_by_one(tiny_backend):
     assert tiny_backend.tokenizer.padding_side == "left"
 
 
+def test_callers_tokenizer_is_left_as_it_was(tiny_backend, smollm2_tokenizer):
+    # the fixture's tokenizer is shared (session scope, right padding); the backend pads its own copy
+    assert smollm2_tokenizer.padding_side == "right"
+    assert tiny_backend.tokenizer is not smollm2_tokenizer
+    left = type(smollm2_tokenizer).from_pretrained(smollm2_tokenizer.name_or_path, padding_side="left")
+    backend = TransformersChatBackend(LLMConfig(model="tiny-random"), model=tiny_backend.model, tokenizer=left)
+    assert backend.tokenizer is left  # already left-padded with a pad token: no copy needed
+
+
 def test_generation_failure_is_an_error_per_item(tiny_backend, monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("out of memory")

@@ -8,6 +8,8 @@ every prompt's last token at the same position so one call of the shared generat
 
 from __future__ import annotations
 
+import copy
+
 from qgmem.llm.base import ChatResult, Conversation, LLMBackend, LLMConfig
 
 
@@ -20,7 +22,11 @@ class TransformersChatBackend(LLMBackend):
 
         self.config = config
         self.chunk_size = max(1, config.batch_size)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.model, padding_side="left")
+        if tokenizer is None:
+            tokenizer = load_tokenizer(config.model, padding_side="left")
+        elif tokenizer.padding_side != "left" or tokenizer.pad_token is None:
+            tokenizer = copy.deepcopy(tokenizer)  # the caller's tokenizer (shared with training, say) stays as it was
+        self.tokenizer = tokenizer
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
