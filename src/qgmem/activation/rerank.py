@@ -146,6 +146,12 @@ class CrossEncoderReranker:
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 
+def weight_files(path: Path) -> list[Path]:
+    """A reranker's weight files, sorted: those under a folder, or the file itself."""
+    return sorted(p for p in (path.rglob("*") if path.is_dir() else [path])
+                  if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
 def check_trained_folder(path: str | Path) -> None:
     """A ``trained`` reranker is a local folder that holds weights; say which setting is wrong before
     sentence-transformers fails deeper with a message that names neither."""
@@ -153,7 +159,7 @@ def check_trained_folder(path: str | Path) -> None:
     if not folder.is_dir():
         raise InputPathError(f"reranker_path {str(path)!r}: no such folder (reranker='trained' reads a local "
                              "folder)", hint="`qgmem train-reranker --out DIR` writes one")
-    if not any(f.suffix in WEIGHT_SUFFIXES for f in folder.rglob("*") if f.is_file()):
+    if not weight_files(folder):
         raise UserError(f"reranker_path {str(path)!r}: the folder holds no weight file "
                         f"({', '.join(WEIGHT_SUFFIXES)})", hint="`qgmem train-reranker --out DIR` writes one")
 
@@ -167,8 +173,7 @@ def weights_digest(path: str | Path) -> str:
     import hashlib
 
     root = Path(path)
-    files = sorted(p for p in (root.rglob("*") if root.is_dir() else [root])
-                   if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    files = weight_files(root)
     if not files:
         raise FileNotFoundError(f"{root}: no weight files ({', '.join(WEIGHT_SUFFIXES)}) to fingerprint")
     digest = hashlib.sha256()
