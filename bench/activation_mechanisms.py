@@ -7,7 +7,10 @@ fixtures ``tests/fixtures/locomo_small.json`` and ``tests/activation/fixtures/lo
 ``convomem_long`` is a long-history stress set built from the same validation cases: they are taken
 round-robin over the categories and concatenated in groups of ``--long-group`` (4: about 1,150 turns and
 1,200 units per store, against ~300 for one case), each case's sessions one after another, every
-question asked of the whole group's store. Every store is built once (parser extractor, MiniLM) and shared by all variants, so only activation
+question asked of the whole group's store. ``convomem_named_long`` is the same set in the LoCoMo form
+(``qgmem.activation.named_form``: the speakers named, the questions in the third person), and
+``convomem_named_long_swapped`` asks its questions that name one speaker with the other's name, on the
+same stores. Every store is built once (parser extractor, MiniLM) and shared by all variants, so only activation
 differs; activation uses an encoder without a memo, so each variant pays for its question encodings. Per set and variant: fused-pool recall, Recall@10, nDCG@10, working-memory tokens, p50
 activation latency, per-category Recall@10, and a paired bootstrap interval of each variant's R@10
 difference from the default (1000 resamples of the questions).
@@ -98,6 +101,8 @@ CONSTRUCTIONS: dict[str, dict] = {
     # round 14: source-turn vectors of the turn's text alone, without the ``speaker:`` label
     "no_label": {"source_turn_label": False},
 }
+#: round 15: ``convomem_long`` in the LoCoMo form (``qgmem.activation.named_form``), and its swapped-speaker probe
+NAMED_SETS = ("convomem_named_long", "convomem_named_long_swapped")
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
     "locomo_form": ROOT / "tests" / "activation" / "fixtures" / "locomo_form.json",
@@ -156,7 +161,7 @@ def main() -> int:
                         help="activation variants (names in VARIANTS at the top of this file)")
     parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
                         choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES,
-                                 "locomo_form_swapped"])
+                                 "locomo_form_swapped", *NAMED_SETS])
     parser.add_argument("--constructions", nargs="+", default=["default"], choices=list(CONSTRUCTIONS),
                         help="construction variants; each builds its own stores (default: only the default)")
     parser.add_argument("--long-group", type=int, default=4,
@@ -180,6 +185,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     from qgmem.activation.adversarial import swapped_speaker_cases
+    from qgmem.activation.named_form import named_speaker_cases
     from qgmem.activation.config import ActivationConfig
     from qgmem.activation.evaluate import evaluate_cases
     from qgmem.activation.rerank import make_reranker
@@ -218,15 +224,27 @@ def main() -> int:
         shared["llm"] = make_reranker("llm", embeddings=np.zeros((0, encoder.dim), np.float32))
 
     sets = {}
-    val = None
+    loaded = {}
+
+    def val_split():
+        if "val" not in loaded:
+            loaded["val"] = convomem_splits(list(load_cases("convomem", ROOT / "data" / "convomem").cases))["val"]
+        return loaded["val"]
+
     for name in args.sets:
-        if name.startswith("convomem_"):
-            if val is None:
-                val = convomem_splits(list(load_cases("convomem", ROOT / "data" / "convomem").cases))["val"]
+        if name in ("convomem_val1", "convomem_val2", "convomem_long"):
+            val = val_split()
             if name == "convomem_long":
                 sets[name] = concatenated_cases(val, args.long_group)
             else:
                 sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
+        elif name in NAMED_SETS:  # convomem_long in the LoCoMo form; the swapped set asks its questions of the other
+            named = named_speaker_cases(concatenated_cases(val_split(), args.long_group))
+            sets[name] = named
+            if name.endswith("_swapped"):
+                sets[name], left_out = swapped_speaker_cases(named)
+                print(f"{name}: {sum(len(c.qas) for c in sets[name])} questions; {left_out} left out "
+                      "(they name neither speaker, or both)", file=sys.stderr)
         elif name == "locomo_form_swapped":  # the form fixture's stores, its questions with the speakers swapped
             sets[name], left_out = swapped_speaker_cases(load_cases("locomo", FIXTURES["locomo_form"]).cases)
             print(f"swapped-speaker set: {sum(len(c.qas) for c in sets[name])} questions; {left_out} left out "
@@ -234,21 +252,31 @@ def main() -> int:
         else:
             sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
 
+    built = {}  # (store folder, construction, case id) -> store: a swapped set shares its set's stores
+
     def build(set_name: str, case, construction: str):
         builder = builders[construction]
+        set_folder = {"convomem_long": f"convomem_long{args.long_group}",
+                      "convomem_named_long": f"convomem_named_long{args.long_group}",
+                      "convomem_named_long_swapped": f"convomem_named_long{args.long_group}",
+                      "locomo_form_swapped": "locomo_form"}.get(set_name, set_name)
+        key = (set_folder, construction, case.id)
+        if key in built:
+            return built[key]
         if args.store_dir is None:
-            return builder.build(case.dialogue)
+            built[key] = builder.build(case.dialogue)
+            return built[key]
         from qgmem.memory.store import MemoryStore
 
-        set_folder = {"convomem_long": f"convomem_long{args.long_group}",
-                      "locomo_form_swapped": "locomo_form"}.get(set_name, set_name)
         if construction != "default":
             set_folder += f".{construction}"
         folder = Path(args.store_dir) / set_folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)
         if (folder / "meta.json").is_file():
-            return MemoryStore.load(folder, expected_meta=builder.expected_meta())
+            built[key] = MemoryStore.load(folder, expected_meta=builder.expected_meta())
+            return built[key]
         store = builder.build(case.dialogue)
         store.save(folder)
+        built[key] = store
         return store
 
     results: dict[str, dict[str, dict]] = {}

@@ -112,6 +112,9 @@ def main() -> int:
     two = sub.add_parser("compare", help="per-category recall, A -> B, paired")
     two.add_argument("a")
     two.add_argument("b")
+    two.add_argument("--shared", action="store_true",
+                     help="compare the questions both files hold, their ids read without the swapped-speaker "
+                          "probe's '/swapped' (a swapped file against the file it was made from)")
     three = sub.add_parser("speakers", help="whether the speaker a question names fills its top k")
     three.add_argument("file")
     for p in (one, two, three):
@@ -123,6 +126,12 @@ def main() -> int:
         speakers(load(args.file), args.k)
     else:
         a, b = load(args.a), load(args.b)
+        if args.shared:
+            a, b = ({qid.removesuffix("/swapped"): row for qid, row in rows.items()} for rows in (a, b))
+            shared = set(a) & set(b)
+            print(f"{len(shared)} questions in both files ({len(a) - len(shared)} only in A, "
+                  f"{len(b) - len(shared)} only in B)")
+            a, b = ({qid: rows[qid] for qid in rows if qid in shared} for rows in (a, b))
         if set(a) != set(b):
             parser.error("the two files hold different questions")
         compare(a, b, args.k)

@@ -283,6 +283,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         default=defaults.dense_speaker_names,
                         help="what the dense query does with the dialogue's speaker names in a question "
                              f"(default {defaults.dense_speaker_names})")
+    parser.add_argument("--name-speakers", default=None, metavar="USER,ASSISTANT",
+                        help="ConvoMem in the LoCoMo form: name its two speakers and ask every question in the "
+                             "third person (docs/activation.md); applied before --swap-speakers")
     parser.add_argument("--swap-speakers", action="store_true",
                         help="an adversarial probe: ask each question that names one of its dialogue's two "
                              "speakers with the other's name, gold turns kept (docs/activation.md)")
@@ -381,6 +384,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)
     cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
+    named = None
+    if args.name_speakers is not None:
+        from qgmem.activation.named_form import named_speaker_cases
+
+        with as_user_error(ValueError, prefix="--name-speakers: "):
+            cases = named_speaker_cases(cases, args.name_speakers.split(","))
+        named = args.name_speakers.split(",")
     swapped = None
     if args.swap_speakers:
         from qgmem.activation.adversarial import swapped_speaker_cases
@@ -414,6 +424,7 @@ def run(args: argparse.Namespace) -> int:
     summary = evaluate_cases(cases, _construction(args, encoder), encoder, config, tokenizer, reranker,
                              progress=True, out=args.out, dense_baseline=not args.no_dense_baseline)
     summary["dataset"] = args.dataset
+    summary["named_speakers"] = named
     summary["swapped_speakers"] = swapped
     summary["load_skipped"] = loaded.report.get("skipped", 0)
     summary["tokenizer"] = args.tokenizer if tokenizer is not None else None

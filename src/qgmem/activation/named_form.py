@@ -1,0 +1,121 @@
+"""ConvoMem in the LoCoMo form: both speakers named, every question in the third person.
+
+ConvoMem's speakers are *User* and *Assistant*, and its questions are the user's, asked in the first
+person ("What did I say was the best part of my new townhouse?"). LoCoMo's speakers are two people,
+and its questions name them ("What did Ingrid say was the best part of Ingrid's new townhouse?"). Speaker
+names are what a question shares with every unit a speaker said, so how activation treats them
+(``dense_speaker_names``, ``lexical_speaker_once``, the swapped-speaker probe of
+:mod:`qgmem.activation.adversarial`) can only be measured on the LoCoMo form. The one LoCoMo-form
+fixture of this repository is a 69-unit dialogue; this rewrite gives the form at ConvoMem's scale, with
+ConvoMem's gold turns (``qgmem eval-retrieval --name-speakers Ingrid,Tobias``).
+
+The rewrite is a proxy, not a translation: turns keep their text and their role (so construction reads
+them as before, with the names where it wrote *User* and *Assistant*), and questions are rewritten by
+the pronoun rules of :data:`FIRST_PERSON` and :data:`SECOND_PERSON`, which fix the common verb forms
+("am I", "do you") and leave the rest ("Ingrid need" for "I need") to stemming and the encoder.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+from qgmem.data.records import QA, Case, Dialogue
+
+#: the speakers a ConvoMem case has, in the order the two names are given
+CONVOMEM_SPEAKERS = ("User", "Assistant")
+#: names for them that no ConvoMem text holds, so a name in a question points at one speaker only
+DEFAULT_NAMES = ("Ingrid", "Tobias")
+
+_APOSTROPHE = "['’]"
+#: (pattern, replacement) for the asker's own words, applied in order; ``{name}`` is the user's name
+FIRST_PERSON: tuple[tuple[str, str], ...] = (
+    (r"\bam I\b", "is {name}"),
+    (rf"\bI{_APOSTROPHE}m\b", "{name} is"),
+    (r"\bI am\b", "{name} is"),
+    (r"\bhave I\b", "has {name}"),
+    (rf"\bI{_APOSTROPHE}ve\b", "{name} has"),
+    (r"\bI have\b", "{name} has"),
+    (r"\bdo I\b", "does {name}"),
+    (r"\bI do\b", "{name} does"),
+    (rf"\bI{_APOSTROPHE}d\b", "{name} would"),
+    (rf"\bI{_APOSTROPHE}ll\b", "{name} will"),
+    (r"\bI\b", "{name}"),
+    (r"\b(?:me|myself)\b", "{name}"),
+    (r"\b(?:my|mine)\b", "{name}'s"),
+)
+#: the same for the words the asker addresses to the assistant; ``{name}`` is the assistant's name
+SECOND_PERSON: tuple[tuple[str, str], ...] = (
+    (r"\bare you\b", "is {name}"),
+    (rf"\byou{_APOSTROPHE}re\b", "{name} is"),
+    (r"\byou are\b", "{name} is"),
+    (r"\bwere you\b", "was {name}"),
+    (r"\byou were\b", "{name} was"),
+    (r"\bhave you\b", "has {name}"),
+    (rf"\byou{_APOSTROPHE}ve\b", "{name} has"),
+    (r"\byou have\b", "{name} has"),
+    (r"\bdo you\b", "does {name}"),
+    (rf"\byou{_APOSTROPHE}d\b", "{name} would"),
+    (rf"\byou{_APOSTROPHE}ll\b", "{name} will"),
+    (r"\byourself\b", "{name}"),
+    (r"\byours?\b", "{name}'s"),
+    (r"\byou\b", "{name}"),
+)
+_SENTENCE_START = re.compile(r"(?:^|[.!?\"“(]\s*)$")
+
+
+def _substitute(pattern: str, replacement: str, text: str) -> str:
+    """``re.sub`` with the pronoun's case: "I" is matched as written; any other form is matched in lower
+    case anywhere and capitalized only where a sentence opens ("My" there, but not "Mine Safety Act"), and
+    a replacement that opens a sentence is capitalized."""
+    def swap(match: re.Match) -> str:
+        opens = bool(_SENTENCE_START.search(text[:match.start()]))
+        if match.group(0)[0].isupper() and not opens and not match.group(0).startswith("I"):
+            return match.group(0)
+        return replacement[0].upper() + replacement[1:] if opens else replacement
+
+    return re.sub(pattern, swap, text, flags=re.IGNORECASE if pattern[2:3] != "I" else 0)
+
+
+def check_names(names) -> tuple[str, str]:
+    """Two distinct single-word names (``ValueError`` otherwise): the user's, then the assistant's."""
+    names = tuple(str(n).strip() for n in names)
+    if len(names) != 2 or not all(re.fullmatch(r"[A-Z][A-Za-z]+", n) for n in names) or names[0] == names[1]:
+        raise ValueError(f"speaker names must be two different capitalized words, as USER,ASSISTANT "
+                         f"(got {','.join(names)!r})")
+    return names  # type: ignore[return-value]
+
+
+def third_person(question: str, user: str, assistant: str) -> str:
+    """``question``, asked by ``user`` of ``assistant``, with its pronouns replaced by their names."""
+    for rules, name in ((FIRST_PERSON, user), (SECOND_PERSON, assistant)):
+        for pattern, replacement in rules:
+            question = _substitute(pattern, replacement.format(name=name), question)
+    return question
+
+
+def named_speaker_cases(cases, names=DEFAULT_NAMES) -> list[Case]:
+    """The ConvoMem ``cases`` in the LoCoMo form: *User* and *Assistant* renamed ``names`` in every turn,
+    every question in the third person (same ids, categories and gold turns).
+
+    A case whose speakers are not ConvoMem's two is a ``ValueError`` naming it: the rewrite reads "I"
+    as the user, which holds for ConvoMem only.
+    """
+    user, assistant = check_names(names)
+    rename = dict(zip(CONVOMEM_SPEAKERS, (user, assistant)))
+    out: list[Case] = []
+    for case in cases:
+        speakers = {t.speaker for t in case.dialogue.turns()}
+        if not speakers <= set(CONVOMEM_SPEAKERS):
+            raise ValueError(f"case {case.id!r}: speakers {sorted(speakers)} are not ConvoMem's "
+                             f"{' and '.join(CONVOMEM_SPEAKERS)}")
+        sessions = [replace(s, meta=dict(s.meta), turns=[replace(t, speaker=rename[t.speaker]) for t in s.turns])
+                    for s in case.dialogue.sessions]
+        dialogue = Dialogue(id=case.dialogue.id, sessions=sessions,
+                            meta={**case.dialogue.meta, "speaker_a": user, "speaker_b": assistant})
+        qas = [QA(id=q.id, question=third_person(q.question, user, assistant), answer=q.answer,
+                  category=q.category, evidence_turn_ids=list(q.evidence_turn_ids),
+                  question_time=q.question_time, meta=dict(q.meta)) for q in case.qas]
+        out.append(Case(id=case.id, dialogue=dialogue, qas=qas,
+                        source={**case.source, "speaker_names": [user, assistant]}))
+    return out
