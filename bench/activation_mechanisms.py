@@ -239,10 +239,9 @@ def main() -> int:
             else:
                 sets[name] = per_category_slice(val, 0, 10) if name.endswith("1") else per_category_slice(val, 10, 10)
         elif name in NAMED_SETS:  # convomem_long in the LoCoMo form; the swapped set asks its questions of the other
-            named = named_speaker_cases(concatenated_cases(val_split(), args.long_group))
-            sets[name] = named
+            sets[name] = named_speaker_cases(concatenated_cases(val_split(), args.long_group))
             if name.endswith("_swapped"):
-                sets[name], left_out = swapped_speaker_cases(named)
+                sets[name], left_out = swapped_speaker_cases(sets[name])
                 print(f"{name}: {sum(len(c.qas) for c in sets[name])} questions; {left_out} left out "
                       "(they name neither speaker, or both)", file=sys.stderr)
         elif name == "locomo_form_swapped":  # the form fixture's stores, its questions with the speakers swapped
@@ -256,10 +255,9 @@ def main() -> int:
 
     def build(set_name: str, case, construction: str):
         builder = builders[construction]
-        set_folder = {"convomem_long": f"convomem_long{args.long_group}",
-                      "convomem_named_long": f"convomem_named_long{args.long_group}",
-                      "convomem_named_long_swapped": f"convomem_named_long{args.long_group}",
-                      "locomo_form_swapped": "locomo_form"}.get(set_name, set_name)
+        set_folder = set_name.removesuffix("_swapped")  # a swapped set asks its questions of its set's stores
+        if set_folder.endswith("_long"):
+            set_folder += str(args.long_group)
         key = (set_folder, construction, case.id)
         if key in built:
             return built[key]

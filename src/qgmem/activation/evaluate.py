@@ -386,11 +386,11 @@ def run(args: argparse.Namespace) -> int:
     cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
     named = None
     if args.name_speakers is not None:
-        from qgmem.activation.named_form import named_speaker_cases
+        from qgmem.activation.named_form import check_names, named_speaker_cases
 
         with as_user_error(ValueError, prefix="--name-speakers: "):
-            cases = named_speaker_cases(cases, args.name_speakers.split(","))
-        named = args.name_speakers.split(",")
+            named = list(check_names(args.name_speakers.split(",")))
+            cases = named_speaker_cases(cases, named)
     swapped = None
     if args.swap_speakers:
         from qgmem.activation.adversarial import swapped_speaker_cases
