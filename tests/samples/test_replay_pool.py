@@ -176,3 +176,52 @@ def test_each_worker_replays_a_fixed_share_of_the_cases_whatever_their_speed(tmp
     assert sorted(seen) == todo
     workers = {i: (samples.root / f"case-{i}.worker").read_text() for i in todo}
     assert workers == {i: f"qgmem-cache-{position % 2}" for position, i in enumerate(todo)}
+
+
+SCRIPT = '''
+from qgmem.samples.replay_pool import replay_in_processes
+
+
+class Samples:
+    root = "."
+
+
+class Replayer:
+    memo = None
+
+    def close(self):
+        pass
+
+
+def make_replayer(spec, encoder):
+    return Replayer()
+
+
+def replay(replayer, samples, plan, index, shard):
+    pass
+
+
+def build():
+    plan = [("case", "x" * 100_000)] * 4  # more than a pipe holds: a job queue that nobody reads stays full
+    print(replay_in_processes(None, Samples(), plan, range(4), 2, None, replayer=make_replayer, replay=replay))
+'''
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_script_without_a_main_guard_stops_with_a_message_not_a_hang(tmp_path, guarded):
+    """A spawned worker imports the main module: unguarded, it runs the build again and fails there.
+
+    Before the job queues' feeders were released, that worker hung at exit on its full queues and the
+    parent polled it for ever. The guarded script is the positive control: the same build finishes."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "build_script.py"
+    script.write_text(SCRIPT + ('if __name__ == "__main__":\n    build()\n' if guarded else "build()\n"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    if guarded:
+        assert done.returncode == 0, done.stderr
+        assert "'encoded': 0" in done.stdout
+    else:
+        assert done.returncode == 1
+        assert "exit code 1 before it finished" in done.stderr and '__name__ == "__main__"' in done.stderr

@@ -218,3 +218,31 @@ def test_train_script_user_error_is_one_message_and_exit_2(monkeypatch, capsys, 
     err = capsys.readouterr().err
     assert "non-finite training loss nan at step 0" in err
     assert ("Traceback" in err) is debug
+
+
+class DrawingData(TinyData):
+    """TinyData whose ``prepare_data`` draws from every global generator, as an in-process cache build does."""
+
+    def __init__(self, draws: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        self.draws = draws
+
+    def prepare_data(self) -> None:
+        import random
+
+        import numpy as np
+
+        for _ in range(self.draws):  # the first call builds; fit's own call finds the cache and draws nothing
+            random.random(), np.random.rand(), torch.rand(1)
+        self.draws = 0
+
+
+def test_a_cache_stage_that_draws_does_not_change_the_run(lm_path, tmp_path):
+    """Built (draws) or loaded (no draws), the same command gives the same figures.
+
+    Dropout is on, so fit reads torch's generator; were the draws not undone, the runs would differ."""
+    runs = [main(tiny_args(tmp_path / f"run{draws}", lm_path, "--model.encoder.dropout", "0.5",
+                           "--data.draws", str(draws), "--export", "false"),
+                 datamodule_class=DrawingData)
+            for draws in (0, 7)]
+    assert runs[0]["val"] == runs[1]["val"] and runs[0]["test"] == runs[1]["test"]

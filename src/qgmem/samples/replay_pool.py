@@ -62,6 +62,8 @@ def replay_in_processes(spec: Any, samples: Any, plan: Sequence[tuple[str, Any]]
 
     context = multiprocessing.get_context("spawn")  # no forked copies of torch's or tokenizers' threads
     shares, results = [context.Queue() for _ in range(processes)], context.Queue()
+    for jobs in shares:  # a process never waits at exit to feed these (see _check_alive)
+        jobs.cancel_join_thread()
     for position, index in enumerate(todo):  # fixed shares: the same run gives the same batches
         shares[position % processes].put((index, plan[index]))
     for jobs in shares:
@@ -103,18 +105,27 @@ def replay_in_processes(spec: Any, samples: Any, plan: Sequence[tuple[str, Any]]
                 worker.terminate()
                 worker.join()
         for jobs in shares:
-            jobs.cancel_join_thread()
             jobs.close()
         results.close()
     return memo
 
 
 def _check_alive(workers) -> None:
+    """Stop the build when a worker ended before its "done".
+
+    Exit code 1 is most often a script that starts the build from its top level without an
+    ``if __name__ == "__main__":`` guard: a spawned worker imports the main module, so it runs the
+    build again and Python refuses to start processes from it. Its own job queues would keep that
+    worker waiting at exit, with the parent polling it for ever, were their feeders not released at
+    creation (``cancel_join_thread``)."""
     for worker in workers:
         if worker.exitcode not in (None, 0):
+            hint = ("; a script that builds the cache must guard its top level with "
+                    "`if __name__ == \"__main__\":` (each worker imports the main module), or set "
+                    "data.cache_processes: 1") if worker.exitcode == 1 else " (killed, or out of memory?)"
             raise WorkerFailed(f"cache worker {worker.name} (pid {worker.pid}) stopped with exit code "
-                               f"{worker.exitcode} before it finished (killed, or out of memory?); the "
-                               "shards written so far are kept and a rerun continues from them")
+                               f"{worker.exitcode} before it finished{hint}; the shards written so far "
+                               "are kept and a rerun continues from them")
 
 
 def _cores() -> int:

@@ -19,8 +19,9 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -139,6 +140,28 @@ class ValidationHistory(Callback):
                                                  if k.startswith("val/")}
 
 
+@contextmanager
+def rng_kept() -> Iterator[None]:
+    """Run a block, then put Python's, NumPy's and torch's random states back as they were.
+
+    Why: the seed is set before the cache stage, and fit's data order and initial draws follow from it.
+    A cache built in this process (which samples, shuffles and runs models) would otherwise leave the
+    generators elsewhere than a cache that is only loaded, and the same command would give other figures.
+    """
+    import random
+
+    import numpy as np
+
+    python, numpy = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+
+
 def run_training(cli: QGMemCLI) -> dict[str, Any]:
     """Fit, re-validate and test the best checkpoint, write ``metrics.json``, export; return the metrics."""
     cfg = cli.config
@@ -149,7 +172,8 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
     seconds: dict[str, float] = {}
     started = time.perf_counter()
     if trainer.world_size <= 1 and hasattr(data, "prepare_data"):  # the cache stage, timed on its own
-        data.prepare_data()
+        with rng_kept():  # a build that draws does not move fit's draws: built or loaded, the same run
+            data.prepare_data()
     seconds["cache"] = time.perf_counter() - started
     started = time.perf_counter()
     trainer.fit(model, datamodule=data, ckpt_path=cfg.get("ckpt_path"))
