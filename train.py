@@ -12,7 +12,7 @@ from qgmem.omp import prefer_passive_waiting
 
 prefer_passive_waiting()  # before torch is imported
 
-from qgmem.training.cli import script_main  # noqa: E402
+from qgmem.job import script_main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(script_main(default_config="default"))

@@ -8,7 +8,7 @@ fixtures ``tests/fixtures/locomo_small.json`` and ``tests/activation/fixtures/lo
 round-robin over the categories and concatenated in groups of ``--long-group`` (4: about 1,150 turns and
 1,200 units per store, against ~300 for one case), each case's sessions one after another, every
 question asked of the whole group's store. ``convomem_named_long`` is the same set in the LoCoMo form
-(``qgmem.activation.named_form``: the speakers named, the questions in the third person), and
+(``qgmem.evaluation.named_form``: the speakers named, the questions in the third person), and
 ``convomem_named_long_swapped`` asks its questions that name one speaker with the other's name, on the
 same stores. Every store is built once (parser extractor, MiniLM) and shared by all variants, so only activation
 differs; activation uses an encoder without a memo, so each variant pays for its question encodings. Per set and variant: fused-pool recall, Recall@10, nDCG@10, working-memory tokens, p50
@@ -101,7 +101,7 @@ CONSTRUCTIONS: dict[str, dict] = {
     # round 14: source-turn vectors of the turn's text alone, without the ``speaker:`` label
     "no_label": {"source_turn_label": False},
 }
-#: round 15: ``convomem_long`` in the LoCoMo form (``qgmem.activation.named_form``), and its swapped-speaker probe
+#: round 15: ``convomem_long`` in the LoCoMo form (``qgmem.evaluation.named_form``), and its swapped-speaker probe
 NAMED_SETS = ("convomem_named_long", "convomem_named_long_swapped")
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
@@ -184,12 +184,12 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
-    from qgmem.activation.adversarial import swapped_speaker_cases
-    from qgmem.activation.named_form import named_speaker_cases
+    from qgmem.evaluation.adversarial import swapped_speaker_cases
+    from qgmem.evaluation.named_form import named_speaker_cases
     from qgmem.activation.config import ActivationConfig
-    from qgmem.activation.evaluate import evaluate_cases
+    from qgmem.evaluation.retrieval import evaluate_cases
     from qgmem.activation.rerank import make_reranker
-    from qgmem.training.reranker import convomem_splits
+    from qgmem.reranker_training import convomem_splits
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
     from qgmem.lm import EMBEDDED_LM, load_tokenizer

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qgmem.bootstrap import hierarchical_bootstrap
+from qgmem.evaluation.bootstrap import hierarchical_bootstrap
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -72,7 +72,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     faiss.omp_set_num_threads(args.threads)
     from qgmem.activation.config import ActivationConfig
-    from qgmem.activation.evaluate import evaluate_cases
+    from qgmem.evaluation.retrieval import evaluate_cases
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
     from qgmem.lm import EMBEDDED_LM, load_tokenizer

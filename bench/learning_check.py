@@ -4,7 +4,7 @@ Each setting trains the graph encoder once per seed on the usable QAs of the dat
 (configs/default.yaml's data and model settings; all cases, splits grouped as the data module does).
 A seed fixes the initialisation, dropout, the training data order and the alignment stage's order.
 The same trained weights are then scored on the held-out split under every condition of
-:mod:`qgmem.training.protocol` (own, ablated, shuffled, norel, none); the text of the prompt is the
+:mod:`qgmem.evaluation.protocol` (own, ablated, shuffled, norel, none); the text of the prompt is the
 same in all of them, only the graph changes. Settings (``--protocol``):
 
 - ``text-graph``: the product's prompt (textual working memory + graph tokens), full memory;
@@ -180,7 +180,7 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
         runs.append(result)
         seeds_info.append({k: result[k] for k in ("seed", "train_s", "score_s", "load_start", "load_end",
                                                    "final_train_nll", "pairing")})
-    from qgmem.training.protocol import SampleScores, summarize
+    from qgmem.evaluation.protocol import SampleScores, summarize
 
     scores = [SampleScores.from_dict(r["scores"]) for r in runs]
     summary = summarize(scores, n_boot=args.n_boot)
@@ -311,7 +311,7 @@ def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, cond
     from lightning.pytorch import Trainer, seed_everything
 
     from qgmem.training.module import QGMemModule
-    from qgmem.training.protocol import score_conditions
+    from qgmem.evaluation.protocol import score_conditions
 
     load_start = os.getloadavg()[0]
     seed_everything(seed, verbose=False)
@@ -347,7 +347,7 @@ def run_probe(dm, items, groups, conditions, args) -> dict[str, Any]:
     sys.path.insert(0, str(REPO / "bench"))
     from node_word_probe import probe_scores
 
-    from qgmem.training.protocol import summarize
+    from qgmem.evaluation.protocol import summarize
 
     t = time.perf_counter()
     scores = probe_scores(dm, items, groups, conditions=[c for c in conditions if c != "norel"])
@@ -420,7 +420,7 @@ def lora_contrast(graph: dict[str, Any], only: dict[str, Any], n_boot: int) -> d
     """LoRA+graph (own) − LoRA-only, paired per sample and seed (seed i of one with seed i of the other)."""
     import numpy as np
 
-    from qgmem.training.protocol import hierarchical_bootstrap
+    from qgmem.evaluation.protocol import hierarchical_bootstrap
 
     a = np.asarray([[np.nan if v is None else v for v in r["nll"]["own"]] for r in graph["_scores"]])
     b = np.asarray([[np.nan if v is None else v for v in r["nll"]["none"]] for r in only["_scores"]])

@@ -30,14 +30,14 @@ def probe_scores(dm, items, groups, *, conditions=("own", "ablated", "shuffled",
 
     The prompt is ``dm``'s (text+graph, graph-only or a memory budget); ``shuffled`` takes the
     protocol's derangement partner's node texts, ``ablated`` the evidence-ablated graph's (items
-    without one score ``None``). Returns :class:`qgmem.training.protocol.SampleScores`.
+    without one score ``None``). Returns :class:`qgmem.evaluation.protocol.SampleScores`.
     """
     import torch
 
     from qgmem.lm import load_causal_lm
     from qgmem.model.alignment import node_word_ids, word_targets
     from qgmem.model.fusion import answer_nll, insert_token
-    from qgmem.training.protocol import SampleScores, derangement, graph_signature
+    from qgmem.evaluation.protocol import SampleScores, derangement, graph_signature
 
     lm = lm if lm is not None else load_causal_lm(dm.lm).eval()
     table = lm.get_input_embeddings().weight.detach()
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     from qgmem.model.alignment import node_word_ids, word_targets
     from qgmem.model.fusion import answer_nll, insert_token
     from qgmem.training.datamodule import QGMemDataModule
-    from qgmem.training.protocol import paired_bootstrap
+    from qgmem.evaluation.protocol import paired_bootstrap
 
     sys.path.insert(0, str(REPO / "bench"))
     from learning_check import usable

@@ -84,7 +84,7 @@ def compare(a: dict[str, dict], b: dict[str, dict], k: int) -> None:
 
 
 def speakers(rows: dict[str, dict], k: int) -> None:
-    from qgmem.activation.adversarial import names_in
+    from qgmem.evaluation.adversarial import names_in
 
     names = sorted({u["speaker"] for r in rows.values() for u in r["activated"] if u["speaker"]})
     shares: dict[str, list[float]] = defaultdict(list)

@@ -59,7 +59,7 @@ def main() -> int:
     from qgmem.data.loaders import load_cases
     from qgmem.memory.config import ConstructionConfig
     from qgmem.memory.extract_heuristic import SENTENCE_OUTCOMES
-    from qgmem.training.reranker import convomem_splits
+    from qgmem.reranker_training import convomem_splits
 
     config = ConstructionConfig(**({"unread_turn_fallback": False} if args.rules_only else {}))
     results = {}

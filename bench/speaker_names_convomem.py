@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def questions_naming_a_speaker(path: Path, distractors: int) -> tuple[int, int]:
-    from qgmem.activation.adversarial import names_in
+    from qgmem.evaluation.adversarial import names_in
     from qgmem.data.loaders import load_cases
 
     cases = load_cases("convomem", path, distractor_conversations=distractors).cases

@@ -185,7 +185,7 @@ def test_bad_fusion_weights_are_a_user_error(value, needle, locomo_file, capsys)
 
 
 def test_fusion_weights_flag_parses_pairs():
-    from qgmem.activation.evaluate import parse_fusion_weights
+    from qgmem.evaluation.retrieval import parse_fusion_weights
 
     assert parse_fusion_weights("source=2, lexical=0.5") == {"source": 2.0, "lexical": 0.5}
     assert parse_fusion_weights("") == {}

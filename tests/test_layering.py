@@ -17,25 +17,31 @@ import pytest
 import qgmem
 
 #: the import order, lowest first: a module may import its own layer and any layer below it. The first
-#: layer is the ground floor, one rule each, importable by anyone. ``export`` sits below ``training``
-#: (the job exports its best checkpoint; an export is read with model code only). ``qgmem`` is the
-#: package's own ``__init__``; ``__main__`` runs the command line.
+#: layer is the ground floor, one rule each, importable by anyone. ``model`` (the networks and the empty
+#: graph) sits below ``activation``; ``export`` sits above ``training`` (an export is read with model code
+#: only). ``reranker_training`` trains an activation component with another framework, reading the
+#: training preset's split. ``evaluation`` measures the product and sits on top of it, beside ``job``
+#: (``python train.py``'s whole job) and the command line. ``qgmem`` is the package's own ``__init__``;
+#: ``__main__`` runs the command line.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("qgmem", "errors", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting",
-     "bootstrap", "provenance", "omp"),
+     "provenance", "omp"),
     ("data",),
     ("llm",),
     ("memory",),
+    ("model",),
     ("activation",),
     ("samples",),
-    ("model",),
-    ("export",),
     ("training",),
-    ("serving",),
-    ("cli", "__main__"),
+    ("export",),
+    ("serving", "reranker_training"),
+    ("evaluation",),
+    ("job", "cli", "__main__"),
 )
 #: units that never import training, whatever the order allows
-NEVER_IMPORT_TRAINING = ("serving", "model")
+NEVER_IMPORT_TRAINING = ("serving", "model", "export")
+#: units outside the product: nothing of the product may import them
+NOT_THE_PRODUCT = ("evaluation", "job", "cli", "__main__")
 
 
 def module_name(path: Path, root: Path, package: str) -> str:
@@ -130,6 +136,19 @@ def test_nothing_imports_a_higher_layer(graph):
 
 def test_serving_and_model_never_import_training(graph):
     assert training_imports(graph) == []
+
+
+def product_imports_of_evaluation(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} imports {b}" for a, targets in graph.items() for b in targets
+                  if unit(b) == "evaluation" and unit(a) not in NOT_THE_PRODUCT)
+
+
+def test_the_product_never_imports_evaluation(graph):
+    assert {"qgmem.evaluation.retrieval", "qgmem.evaluation.eval_qa", "qgmem.evaluation.bootstrap"} <= set(graph)
+    assert product_imports_of_evaluation(graph) == []
+    # negative control: an edge from the product into evaluation is found
+    assert product_imports_of_evaluation({"qgmem.serving.x": {"qgmem.evaluation.bootstrap"}}) == \
+        ["qgmem.serving.x imports qgmem.evaluation.bootstrap"]
 
 
 def test_the_checks_catch_a_cycle_an_upward_import_and_training_from_serving(tmp_path):

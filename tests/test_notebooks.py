@@ -64,7 +64,7 @@ def test_explore_memory_draws_the_local_graph_beside_the_working_memory():
 def token_and_text_only_runs(tmp_path_factory):
     """A graph-token run with a text-only run inside it, as the notebook's markdown suggests."""
     from qgmem.model.random_lm import save_random_lm
-    from qgmem.training.cli import main
+    from qgmem.job import main
     from training.test_train_cli import TinyData, tiny_args
 
     tmp = tmp_path_factory.mktemp("runs")

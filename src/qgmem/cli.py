@@ -23,13 +23,13 @@ from qgmem.errors import DEBUG_FLAG, USER_ERROR_EXIT, argparse_command, run_comm
 COMMANDS: dict[str, tuple[str, str]] = {
     "data-stats": ("qgmem.data.stats", "Count cases, sessions, turns, QAs and evidence mapping of a data set."),
     "build-memory": ("qgmem.memory.build_cli", "Build per-dialogue memory stores (units, traces, embeddings)."),
-    "eval-retrieval": ("qgmem.activation.evaluate", "Evaluate activation against gold evidence, beside a BM25 baseline."),
-    "train-reranker": ("qgmem.training.reranker", "Train a cross-encoder reranker on ConvoMem's training split."),
+    "eval-retrieval": ("qgmem.evaluation.retrieval", "Evaluate activation against gold evidence, beside a BM25 baseline."),
+    "train-reranker": ("qgmem.reranker_training", "Train a cross-encoder reranker on ConvoMem's training split."),
     "build-cache": ("qgmem.training.build_cache", "Build a config's training cache (whole, one --shard I/N, or every torchrun/SLURM rank)."),
     "graph-stats": ("qgmem.samples.graph_stats", "Speech-verb edges, long nodes, hub share and top predicates of cached graphs."),
     "export": ("qgmem.export", "Export a trained checkpoint's graph encoder + projector for serving."),
     "answer": ("qgmem.serving.answer_cli", "Answer questions about a dialogue history with an export."),
-    "eval-qa": ("qgmem.serving.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
+    "eval-qa": ("qgmem.evaluation.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
     "serve": ("qgmem.serving.serve_cli", "Serve an export over HTTP: per-user memories, answers, OpenAI-compatible chat."),
 }
 

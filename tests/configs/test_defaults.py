@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from qgmem.training.cli import resolved_config
+from qgmem.job import resolved_config
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs").glob("*.yaml"))

@@ -71,7 +71,7 @@ def test_strip_thinking(text, expected):
 @pytest.mark.parametrize("prediction", ["2023-05-07", "May 7, 2023", "5/7/2023", "on the 7th of May 2023"])
 def test_dates_are_compared_in_one_form(prediction):
     """The time resolver's ISO form: one date written four ways is one answer (EM, F1 and the match rule)."""
-    from qgmem.samples.judge import JudgeItem, MatchJudge
+    from qgmem.llm.judge import JudgeItem, MatchJudge
 
     assert token_f1("2023-05-07", "7 May 2023") == 1.0 and exact_match("2023-05-07", "7 May 2023") == 1.0
     assert MatchJudge()([JudgeItem("When?", "7 May 2023", prediction)]) == [True]

@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_train_cli import TinyData  # noqa: E402
 
-from qgmem.training.cli import main  # noqa: E402
+from qgmem.job import main  # noqa: E402
 
 
 class KillAt(Callback):

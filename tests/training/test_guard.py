@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
-from qgmem.training.cli import main
+from qgmem.job import main
 from qgmem.training.datamodule import InMemoryDataModule, QGMemDataModule, synthetic_items
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
 from qgmem.training.module import QGMemModule

@@ -153,7 +153,7 @@ def test_shuffled_pairs_each_sample_with_another_graph(lm_path):
     # a batch of one gets the empty graph, as in serving
     from torch_geometric.data import Batch
 
-    from qgmem.activation.graph import empty_graph
+    from qgmem.model.graph_modes import empty_graph
 
     alone = module.graph_tokens(Batch.from_data_list(graphs[:1]))
     torch.testing.assert_close(alone, module.net(empty_graph(D, facts=True)), atol=1e-5, rtol=1e-5)

@@ -17,7 +17,7 @@ import torch
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.resume import (EpochRandomSampler, RandomStates, ResumableDataLoader, collect_rng_states,
                                    set_rng_states)
-from qgmem.training.cli import main
+from qgmem.job import main
 
 from .test_train_cli import TinyData
 

@@ -11,7 +11,8 @@ import torch
 
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.random_lm import save_random_lm
-from qgmem.training.cli import main, run_subcommand
+from qgmem.job import main
+from qgmem.training.cli import run_subcommand
 from qgmem.training.datamodule import InMemoryDataModule
 from qgmem.training.synthetic import synthetic_items
 
@@ -148,7 +149,7 @@ def test_optimizer_and_lr_scheduler_follow_lightning_cli(capsys):
         run_subcommand(["fit", "--help"])
     usage = capsys.readouterr().out
     assert "--optimizer" in usage and "--lr_scheduler" in usage
-    from qgmem.training.cli import resolved_config
+    from qgmem.job import resolved_config
 
     cfg = resolved_config(["--optimizer", "SGD", "--optimizer.lr", "0.05", "--lr_scheduler.warmup_steps", "3"])
     assert cfg["optimizer"]["class_path"] == "torch.optim.SGD" and cfg["optimizer"]["init_args"]["lr"] == 0.05
@@ -206,7 +207,7 @@ def test_each_argument_has_its_own_help(key, target):
 @pytest.mark.parametrize("debug", [False, True])
 def test_train_script_user_error_is_one_message_and_exit_2(monkeypatch, capsys, debug):
     from qgmem.errors import UserError
-    from qgmem.training import cli as training_cli
+    from qgmem import job as training_cli
 
     def failing_main(args, default_config=None):
         assert "--debug" not in args

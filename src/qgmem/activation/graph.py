@@ -19,6 +19,7 @@ from torch_geometric.data import Data
 from qgmem.activation.channels import normalize_name
 from qgmem.activation.records import LocalGraph
 from qgmem.memory.records import MemoryUnit
+from qgmem.model.graph_modes import empty_graph
 
 INVERSE_PREFIX = "inverse: "
 
@@ -70,15 +71,6 @@ def add_reverse_edges(graph: LocalGraph) -> LocalGraph:
         edge_text=[x for _, x, _ in forward] + [INVERSE_PREFIX + x for _, x, _ in forward],
         edge_unit=[u for _, _, u in forward] * 2,
     )
-
-
-def empty_graph(feature_dim: int, edge_dim: int | None = None, facts: bool = False) -> Data:
-    """The graph of an empty working memory: one all-zero node and no edges (the encoder pools over at
-    least one node). The one home of that rule: the cache, the export's encoder and the ablations use it."""
-    edge_dim = feature_dim if edge_dim is None else edge_dim
-    extra = {"edge_fact": torch.zeros((0, edge_dim), dtype=torch.float32)} if facts else {}
-    return Data(x=torch.zeros((1, feature_dim), dtype=torch.float32), edge_index=torch.zeros((2, 0), dtype=torch.long),
-                edge_attr=torch.zeros((0, edge_dim), dtype=torch.float32), num_nodes=1, **extra)
 
 
 def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,

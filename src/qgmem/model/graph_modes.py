@@ -3,12 +3,15 @@
 One list of modes and one shuffling rule for training, the export's pipeline and the API backbone, so an
 ablation means the same wherever it runs: sample ``i`` gets sample ``i + 1``'s graph (the last gets the
 first's), and a sample alone gets the empty graph. The evaluation protocol's derangement
-(:mod:`qgmem.training.protocol`) is stricter on purpose: it also never pairs two identical graphs.
+(:mod:`qgmem.evaluation.protocol`) is stricter on purpose: it also never pairs two identical graphs.
 """
 
 from __future__ import annotations
 
 from typing import Literal, Sequence, TypeVar, get_args
+
+import torch
+from torch_geometric.data import Data
 
 GraphMode = Literal["token", "none", "shuffled"]
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
@@ -27,3 +30,12 @@ def check_mode(mode: str) -> str:
     if mode not in GRAPH_MODES:
         raise ValueError(f"graph must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     return mode
+
+
+def empty_graph(feature_dim: int, edge_dim: int | None = None, facts: bool = False) -> Data:
+    """The graph of an empty working memory: one all-zero node and no edges (the encoder pools over at
+    least one node). The one home of that rule: the cache, the local graph, the export's encoder and the ablations use it."""
+    edge_dim = feature_dim if edge_dim is None else edge_dim
+    extra = {"edge_fact": torch.zeros((0, edge_dim), dtype=torch.float32)} if facts else {}
+    return Data(x=torch.zeros((1, feature_dim), dtype=torch.float32), edge_index=torch.zeros((2, 0), dtype=torch.long),
+                edge_attr=torch.zeros((0, edge_dim), dtype=torch.float32), num_nodes=1, **extra)

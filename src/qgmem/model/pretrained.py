@@ -32,7 +32,7 @@ from huggingface_hub import ModelHubMixin
 from safetensors.torch import load_file, save_file
 from torch_geometric.data import Batch, Data
 
-from qgmem.activation.graph import empty_graph
+from qgmem.model.graph_modes import empty_graph
 from qgmem.errors import InputPathError, IntegrityError, UserError
 from qgmem.finite import nonfinite_names
 from qgmem.integrity import restore_replaced, seal, verify_sealed

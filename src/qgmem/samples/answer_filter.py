@@ -4,7 +4,7 @@ The paper supervises the graph token only on QA pairs whose final answer was cor
 the graph token should help the LM *use* evidence the working memory holds, not memorize answers the
 memory cannot support. This module answers each training QA with the frozen LM on the textual working
 memory (through the shared prompt contract and generation helper, :mod:`qgmem.prompting`), judges the
-answer by a configurable rule (the shared judges, :mod:`qgmem.samples.judge`) and reports what was kept per
+answer by a configurable rule (the shared judges, :mod:`qgmem.llm.judge`) and reports what was kept per
 split and category.
 
 ConvoMem's ``preference_evidence`` and ``implicit_connection_evidence`` "answers" are grading rubrics
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from qgmem.prompting import PromptSettings
-from qgmem.samples.judge import (RUBRIC_CATEGORIES, Judge, JudgeItem, LLMJudge, MatchJudge, MatchRule,
+from qgmem.llm.judge import (RUBRIC_CATEGORIES, Judge, JudgeItem, LLMJudge, MatchJudge, MatchRule,
                               backend_completer, llm_judge)
 
 __all__ = ["RUBRIC_CATEGORIES", "RULES", "FilterDecision", "FilterReport", "Judge", "JudgeItem", "LLMJudge",

@@ -232,7 +232,7 @@ def row_to_data(row: dict[str, Any]):
     import torch
     from torch_geometric.data import Data
 
-    from qgmem.activation.graph import empty_graph
+    from qgmem.model.graph_modes import empty_graph
 
     n, e, d = int(row["num_nodes"]), int(row["num_edges"]), int(row["feature_dim"])
     x = torch.as_tensor(np.asarray(row["x"], dtype=np.float32)).reshape(n, d)

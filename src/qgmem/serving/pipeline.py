@@ -21,7 +21,7 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.activation.config import ActivationConfig
-from qgmem.activation.graph import empty_graph
+from qgmem.model.graph_modes import empty_graph
 from qgmem.activation.records import WorkingMemory
 from qgmem.errors import UserError
 from qgmem.memory.config import ConstructionConfig

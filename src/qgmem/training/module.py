@@ -20,7 +20,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
-from qgmem.activation.graph import empty_graph
+from qgmem.model.graph_modes import empty_graph
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model.alignment import alignment_loss
 from qgmem.model.encoder import EncoderConfig

@@ -9,7 +9,7 @@ import torch
 from qgmem.activation.activator import Activator
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.rerank import CrossEncoderReranker, weights_digest
-from qgmem.training.reranker import (
+from qgmem.reranker_training import (
     TRAINING_DATA_LICENSE,
     RerankerTrainingConfig,
     mine_pairs,
@@ -157,7 +157,7 @@ def test_held_apart_cases_choose_the_saved_step(tiny_base, tmp_path, small_store
 
 
 def test_num_cases_all_and_selection_cases_are_disjoint(monkeypatch):
-    import qgmem.training.reranker as reranker
+    import qgmem.reranker_training as reranker
 
     cases = [Case(id=f"c{i}", dialogue=Dialogue(id=f"d{i}", sessions=[]), qas=[]) for i in range(12)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qgmem.text import token_f1
-from qgmem.samples.judge import (JudgeItem, LLMJudge, MatchRule, backend_completer, judge_messages, judge_system_prompt,
+from qgmem.llm.judge import (JudgeItem, LLMJudge, MatchRule, backend_completer, judge_messages, judge_system_prompt,
                               parse_verdict)
 
 ABSTAIN_REF = "There is no information in prior conversations to answer this question"

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from qgmem.activation.config import ActivationConfig
-from qgmem.activation.evaluate import evaluate_cases, select_cases
+from qgmem.evaluation.retrieval import evaluate_cases, select_cases
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
-FIXTURE = Path(__file__).parent / "fixtures" / "locomo_form.json"
+FIXTURE = Path(__file__).parents[1] / "activation" / "fixtures" / "locomo_form.json"
 
 
 def _case(small_store) -> Case:
@@ -128,7 +128,7 @@ def test_dense_baseline_encodes_the_question_as_written(small_store, hash_encode
     """With ``dense_speaker_names`` drop the activator's query leaves the name out; the dense turn baseline
     must still embed the question as written, or it would stop being the plain baseline."""
     from qgmem.activation.activator import Activator
-    from qgmem.activation.baseline import DenseTurnBaseline
+    from qgmem.evaluation.baselines import DenseTurnBaseline
 
     case = _case(small_store)
     # a question naming a speaker; its gold turn ranks 3rd for the question as written, 8th without the name

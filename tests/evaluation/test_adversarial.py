@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from qgmem.activation.adversarial import swapped_speaker_cases
+from qgmem.evaluation.adversarial import swapped_speaker_cases
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
-FIXTURE = Path(__file__).parent / "fixtures" / "locomo_form.json"
+FIXTURE = Path(__file__).parents[1] / "activation" / "fixtures" / "locomo_form.json"
 
 
 def _case(speakers: list[str], questions: list[str]) -> Case:

@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from qgmem.activation.activator import Activator
-from qgmem.activation.baseline import BM25TurnBaseline, DenseTurnBaseline
+from qgmem.evaluation.baselines import BM25TurnBaseline, DenseTurnBaseline
 from qgmem.activation.config import CHANNELS, RERANKERS, SPEAKER_NAME_MODES, ActivationConfig
-from qgmem.activation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
+from qgmem.evaluation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
 from qgmem.activation.rerank import make_reranker
 from qgmem.activation.serialize import count_tokens
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
@@ -386,14 +386,14 @@ def run(args: argparse.Namespace) -> int:
     cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
     named = None
     if args.name_speakers is not None:
-        from qgmem.activation.named_form import check_names, named_speaker_cases
+        from qgmem.evaluation.named_form import check_names, named_speaker_cases
 
         with as_user_error(ValueError, prefix="--name-speakers: "):
             named = list(check_names(args.name_speakers.split(",")))
             cases = named_speaker_cases(cases, named)
     swapped = None
     if args.swap_speakers:
-        from qgmem.activation.adversarial import swapped_speaker_cases
+        from qgmem.evaluation.adversarial import swapped_speaker_cases
 
         cases, left_out = swapped_speaker_cases(cases)
         swapped = {"questions": sum(len(c.qas) for c in cases), "left_out": left_out}

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchmetrics.functional.retrieval import retrieval_recall
 
-from qgmem.activation.metrics import evidence_metrics, mean_metrics, percentiles
+from qgmem.evaluation.metrics import evidence_metrics, mean_metrics, percentiles
 
 L2 = math.log2
 

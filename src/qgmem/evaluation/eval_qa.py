@@ -11,7 +11,7 @@ differences with a bootstrap interval over cases (``nll``: ``own_vs_none``, ``ow
 ``own_vs_shuffled``).
 Scores use the one normalizer (:mod:`qgmem.text`): exact match and token F1 against the reference, and
 a judge: ``rule`` (the normalized match rule) or ``llm`` (an LLM through the shared backend, with the
-grading rules of :mod:`qgmem.samples.judge`). Rubric categories (ConvoMem's preference and implicit
+grading rules of :mod:`qgmem.llm.judge`). Rubric categories (ConvoMem's preference and implicit
 connection) have no reference answer: only the LLM judge scores them; otherwise they are counted as
 not scored. The efficiency columns are the paper's: retrieved-context tokens, total online tokens
 and seconds per QA by stage (memory construction amortized over the case's questions).
@@ -29,7 +29,7 @@ from typing import Any
 from qgmem.errors import UserError
 from qgmem.serving.commands import add_export_arguments, api_config, load_pipeline
 from qgmem.text import exact_match, token_f1
-from qgmem.samples.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
+from qgmem.llm.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
 
 SPLITS = ("train", "val", "test", "all")
 STAGES = ("construction", "activation", "graph_features", "graph_encoding", "generation")
@@ -255,7 +255,7 @@ def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) ->
 
 def nll_contrasts(rows: list[dict[str, Any]], modes: list[str], n_boot: int = 10_000) -> dict[str, Any]:
     """Paired ``own − other`` reference NLL per question, with a bootstrap interval over cases."""
-    from qgmem.bootstrap import paired_bootstrap
+    from qgmem.evaluation.bootstrap import paired_bootstrap
 
     by_mode = {m: {r["qa_id"]: r for r in rows if r["graph_mode"] == m and r.get("nll") is not None} for m in modes}
     out: dict[str, Any] = {}

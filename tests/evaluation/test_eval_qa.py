@@ -11,10 +11,10 @@ import pytest
 from qgmem.cli import main
 from qgmem.data.records import QA, Case, Dialogue
 from qgmem.errors import UserError
-from qgmem.samples.judge import LLMJudge, MatchJudge
-from qgmem.serving.eval_qa import format_table, nll_contrasts, parse_modes, score_with_judge, select_questions, summarize
+from qgmem.llm.judge import LLMJudge, MatchJudge
+from qgmem.evaluation.eval_qa import format_table, nll_contrasts, parse_modes, score_with_judge, select_questions, summarize
 
-from .helpers import make_export
+from serving.helpers import make_export
 
 
 def _case(i: int, categories: list[str]) -> Case:

@@ -1,6 +1,6 @@
 """Percentile bootstrap intervals for paired differences: over groups, and over seeds then groups.
 
-The learning check (:mod:`qgmem.training.protocol`) and ``qgmem eval-qa`` report paired answer-NLL
+The learning check (:mod:`qgmem.evaluation.protocol`) and ``qgmem eval-qa`` report paired answer-NLL
 differences with these intervals, so both read the same way.
 """
 

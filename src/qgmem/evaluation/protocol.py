@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from qgmem.activation.graph import graph_signature
-from qgmem.bootstrap import hierarchical_bootstrap, paired_bootstrap
+from qgmem.evaluation.bootstrap import hierarchical_bootstrap, paired_bootstrap
 
 CONDITIONS = ("own", "ablated", "shuffled", "norel", "none")
 CONTRASTS = {"own_vs_ablated": ("own", "ablated"), "own_vs_none": ("own", "none"),

@@ -12,7 +12,7 @@ from qgmem.model.random_lm import save_random_lm
 from qgmem.training.collate import GraphTextCollator
 from qgmem.training.datamodule import synthetic_items
 from qgmem.training.module import QGMemModule
-from qgmem.training.protocol import (SampleScores, derangement, graph_signature, hierarchical_bootstrap,
+from qgmem.evaluation.protocol import (SampleScores, derangement, graph_signature, hierarchical_bootstrap,
                                      paired_bootstrap, score_conditions, summarize, tie_report)
 from qgmem.training.synthetic import control_items
 

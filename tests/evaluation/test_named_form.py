@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from qgmem.activation.adversarial import swapped_speaker_cases
-from qgmem.activation.named_form import check_names, named_speaker_cases, third_person
+from qgmem.evaluation.adversarial import swapped_speaker_cases
+from qgmem.evaluation.named_form import check_names, named_speaker_cases, third_person
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
 REPO = Path(__file__).resolve().parents[2]
-FIXTURE = Path(__file__).parent / "fixtures" / "locomo_form.json"
+FIXTURE = Path(__file__).parents[1] / "activation" / "fixtures" / "locomo_form.json"
 
 
 @pytest.mark.parametrize(("question", "expected"), [
