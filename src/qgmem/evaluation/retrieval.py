@@ -29,6 +29,7 @@ from qgmem.activation.serialize import count_tokens
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.data.records import Case
 from qgmem.errors import as_user_error
+from qgmem.lm import EMBEDDED_LM
 from qgmem.memory.store import MemoryStore
 
 
@@ -308,7 +309,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reranker-path", default=None,
                         help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")
     parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
-    parser.add_argument("--tokenizer", default="embedded:SmolLM2-135M-Instruct",
+    parser.add_argument("--tokenizer", default=EMBEDDED_LM,
                         help="tokenizer that counts working-memory tokens ('none' to skip)")
     parser.add_argument("--superseded", default=defaults.superseded, choices=["attach", "fold", "keep"],
                         help="superseded trace members: keep and attach the latest state (default), fold into it, or keep")
