@@ -222,7 +222,7 @@ def evaluate_cases(cases: Iterable[Case], build_store: Callable[[Case], MemorySt
     return summary
 
 
-def select_cases(cases: list[Case], limit: int | None = None, per_category: int | None = None) -> list[Case]:
+def first_cases(cases: list[Case], limit: int | None = None, per_category: int | None = None) -> list[Case]:
     """The first ``per_category`` cases whose first question is of each category, then the first ``limit``."""
     if per_category is not None:
         taken: dict[str, int] = defaultdict(int)
@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
     if loaded.report.get("skipped"):
         print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)
-    cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
+    cases = first_cases(loaded.cases, args.limit, args.limit_per_category)
     named = None
     if args.name_speakers is not None:
         from qgmem.evaluation.named_form import check_names, named_speaker_cases
