@@ -86,7 +86,8 @@ def test_write_text_atomic_replaces_the_file_and_leaves_no_temp(tmp_path, monkey
     path = tmp_path / "summary.json"
     path.write_text("old", encoding="utf-8")
     assert write_text_atomic(path, "new ü\n") == path
-    assert path.read_text(encoding="utf-8") == "new ü\n" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+    assert path.read_text(encoding="utf-8") == "new ü\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
     # a write that fails midway leaves the old file whole (and its temp file, which the stale sweep removes)
     def fail(self, *a, **k):
         raise OSError("disk full")

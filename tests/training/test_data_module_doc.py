@@ -1,4 +1,4 @@
-"""The settings table of docs/data_module.md states ``QGMemDataModule``'s signature, and the presets' values it names."""
+"""docs/data_module.md's settings table states ``QGMemDataModule``'s signature and the preset values it names."""
 
 from __future__ import annotations
 

@@ -30,6 +30,7 @@ from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.data.records import Case
 from qgmem.errors import as_user_error
 from qgmem.lm import EMBEDDED_LM
+from qgmem.memory.config import EXTRACTORS, ConstructionConfig
 from qgmem.memory.store import MemoryStore
 
 
@@ -297,8 +298,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N cases")
     parser.add_argument("--limit-per-category", type=int, default=None,
                         help="evaluate only the first N cases of each question category")
-    parser.add_argument("--extractor", default="parser", choices=["parser", "heuristic", "llm"],
-                        help="memory construction extractor (default parser: rules + spaCy parse, no LLM)")
+    parser.add_argument("--extractor", default=ConstructionConfig().extractor, choices=EXTRACTORS,
+                        help="memory construction extractor (default: ConstructionConfig's, the parser: rules + "
+                             "spaCy parse, no LLM)")
     parser.add_argument("--reranker", default=defaults.reranker, choices=list(RERANKERS))
     parser.add_argument("--rerank-depth", type=int, default=defaults.rerank_depth,
                         help="model rerankers score only the top N of the embedding reranker's order "
@@ -326,7 +328,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _construction(args: argparse.Namespace, encoder) -> Callable[[Case], MemoryStore]:
     from qgmem.memory.builder import MemoryBuilder
-    from qgmem.memory.config import ConstructionConfig
 
     if args.extractor == "llm":
         from qgmem.llm.backends import make_backend

@@ -153,7 +153,8 @@ def plan_cases(spec: CacheSpec) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
         used, shared = "dialogue", _shared_groups(parts, "dialogue")
     groups = {name: len({group_of(case, used) for case in parts.get(name, [])}) for name in C.SPLITS}
     info = {
-        "cases": {"loaded": len(cases), "sampled": sum(len(part) for part in parts.values()), **{n: len(parts.get(n, [])) for n in C.SPLITS}},
+        "cases": {"loaded": len(cases), "sampled": sum(len(part) for part in parts.values()),
+                  **{n: len(parts.get(n, [])) for n in C.SPLITS}},
         "qas": {n: sum(len(c.qas) for c in parts.get(n, [])) for n in C.SPLITS},
         "split": {"group_key": spec.group_key, "group_key_used": used, "groups": groups,
                   "groups_shared_across_splits": shared, "warnings": split_warnings},

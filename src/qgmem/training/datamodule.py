@@ -149,9 +149,9 @@ class QGMemDataModule(GraphTextDataModule):
 
     Defaults are the embedded setting (the real ConvoMem sample, parser extractor, MiniLM,
     SmolLM2-135M-Instruct, no answer filter, two distractor conversations per history); the ``default``
-    preset adds only its CPU budget (a shorter prompt cap, two cache processes). The paper's setting (preset ``qwen3_8b``) raises
-    ``num_cases`` to 1,200, swaps the models and filters with an LLM judge. ``answer_batch_size``,
-    ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
+    preset adds only its CPU budget (a shorter prompt cap, two cache processes). The paper's setting
+    (preset ``qwen3_8b``) raises ``num_cases`` to 1,200, swaps the models and filters with an LLM judge.
+    ``answer_batch_size``, ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
     local copies). ``rebuild=True`` discards this key's dataset folder (not its shards or answers).
     The cache settings, keys and folders are :attr:`cache_spec`'s, readable here by name too.
