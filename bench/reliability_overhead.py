@@ -51,6 +51,7 @@ def interleaved(fns: dict, repeats: int) -> dict[str, float]:
 
 def default_shaped_export(folder: Path):
     from qgmem.activation.config import ActivationConfig
+    from qgmem.lm import EMBEDDED_LM
     from qgmem.memory.config import ConstructionConfig
     from qgmem.model.encoder import EncoderConfig
     from qgmem.model.graph_token import GraphTokenConfig
@@ -59,7 +60,7 @@ def default_shaped_export(folder: Path):
 
     config = GraphTokenConfig(feature_dim=384, edge_dim=384, lm_hidden=576, features="node_words", readout="nodes",
                               num_graph_tokens=16, encoder=EncoderConfig(hidden=256, heads=4, layers=2, dropout=0.0))
-    export = {"lm": {"id": "embedded:SmolLM2-135M-Instruct", "hidden_size": 576, "load_dtype": "auto"},
+    export = {"lm": {"id": EMBEDDED_LM, "hidden_size": 576, "load_dtype": "auto"},
               "prompt": PromptSettings().to_dict(),
               "sentence_encoder": {"id": "embedded:all-MiniLM-L6-v2", "dim": 384},
               "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),

@@ -9,7 +9,7 @@ import pytest
 
 from qgmem.errors import IntegrityError, UserError
 from qgmem.integrity import (manifest, publish_dir, remove_stale_temp, sha256_file, stale_temp, temp_path,
-                             verify_file, verify_files)
+                             verify_file, verify_files, write_text_atomic)
 
 
 @pytest.fixture()
@@ -80,6 +80,23 @@ def test_publish_dir_needs_an_explicit_choice(tmp_path):
         publish_dir(tmp, final)
     with pytest.raises(ValueError, match="if_exists"):
         publish_dir(tmp, final, if_exists="merge")
+
+
+def test_write_text_atomic_replaces_the_file_and_leaves_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "summary.json"
+    path.write_text("old", encoding="utf-8")
+    assert write_text_atomic(path, "new ü\n") == path
+    assert path.read_text(encoding="utf-8") == "new ü\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+    # a write that fails midway leaves the old file whole (and its temp file, which the stale sweep removes)
+    def fail(self, *a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(path), "write_text", fail)
+    with pytest.raises(OSError, match="disk full"):
+        write_text_atomic(path, "newer")
+    monkeypatch.undo()
+    assert path.read_text(encoding="utf-8") == "new ü\n"
 
 
 def test_stale_temp_by_dead_pid_or_age(tmp_path):

@@ -8,7 +8,8 @@ truncated without reading it all.
 
 Temporary folders follow one naming rule, ``.<name>.tmp-<pid>`` next to the final folder
 (:func:`temp_path`); a build that is killed leaves one behind, and :func:`remove_stale_temp` deletes
-those whose process is gone (or that are older than ``max_age_s``, in case the pid was reused).
+those whose process is gone (or that are older than ``max_age_s``, in case the pid was reused). Every
+atomic write goes through here: :func:`write_text_atomic` for one file, :func:`publish_dir` for a folder.
 """
 
 from __future__ import annotations
@@ -197,6 +198,19 @@ def remove_stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> lis
             entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a :func:`temp_path` file and a rename: the one atomic file write.
+
+    A reader sees the old file or the new one, never a part; a kill leaves a temp file that
+    :func:`remove_stale_temp` deletes.
+    """
+    path = Path(path)
+    tmp = temp_path(path)
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
 
 
 def publish_dir(tmp: str | Path, final: str | Path, *, if_exists: Literal["keep", "replace"]) -> Path:

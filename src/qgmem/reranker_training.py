@@ -87,15 +87,14 @@ def convomem_splits(cases: list[Case], seed: int = 0) -> dict[str, list[Case]]:
 
 def preset_held_out_ids(cases: list[Case]) -> set[str]:
     """Ids of the cases the default training preset validates and tests on (its sample and split)."""
-    from qgmem.data.splits import sample_cases, split_cases
+    from qgmem.data.splits import run_splits
     from qgmem.training.datamodule import QGMemDataModule
 
     params = inspect.signature(QGMemDataModule.__init__).parameters
-    num, seed = params["num_cases"].default, params["seed"].default
-    chosen = sample_cases(cases, num, seed) if num is not None else list(cases)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        parts = split_cases(chosen, params["split_ratios"].default, seed, params["group_key"].default)
+        parts = run_splits(cases, params["num_cases"].default, params["seed"].default,
+                           params["split_ratios"].default, params["group_key"].default)
     return {case.id for name in ("val", "test") for case in parts[name]}
 
 

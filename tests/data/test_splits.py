@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from qgmem.data.records import QA, Case, Dialogue
-from qgmem.data.splits import sample_cases, split_cases
+from qgmem.data.splits import run_splits, sample_cases, split_cases
 
 
 def make_cases(n_persons: int, per_person: int) -> list[Case]:
@@ -94,3 +94,14 @@ def test_dialogue_key_groups_shared_dialogues():
 def test_bad_split_settings(kwargs, message):
     with pytest.raises(ValueError, match=message):
         split_cases(make_cases(3, 1), **kwargs)
+
+
+def test_run_splits_samples_then_splits_with_one_seed():
+    cases = make_cases(10, 5)
+    parts = run_splits(cases, 20, seed=1, ratios=(0.5, 0.25, 0.25), group_key="person")
+    ids = [c.id for name in ("train", "val", "test") for c in parts[name]]
+    assert sorted(ids) == sorted(c.id for c in sample_cases(cases, 20, seed=1))  # a partition of the sample
+    assert run_splits(cases, 20, seed=1, ratios=(0.5, 0.25, 0.25), group_key="person") == parts
+    # the seed reaches the sample as well as the split
+    assert run_splits(cases, 20, seed=2, ratios=(0.5, 0.25, 0.25), group_key="person") != parts
+    assert sum(len(v) for v in run_splits(cases, None, 0, (0.7, 0.15, 0.15), "person").values()) == len(cases)

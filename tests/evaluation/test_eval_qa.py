@@ -131,3 +131,24 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     assert main(["answer", "--export", str(export), "--history", str(tmp_path / "missing.json"),
                  "--question", "Q?"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_eval_qa_finds_the_training_runs_split(convomem_path):
+    """``--split test`` picks exactly the cases the sample build planned as test for the recorded settings."""
+    from qgmem.data.loaders import load_cases
+    from qgmem.evaluation.eval_qa import training_split_cases
+    from qgmem.samples.build import plan_cases
+    from qgmem.samples.spec import CacheSpec
+
+    recorded = {"dataset": "convomem", "num_cases": 12, "split_ratios": [0.5, 0.25, 0.25], "group_key": "dialogue",
+                "seed": 3, "distractor_conversations": 0}
+    spec = CacheSpec(data_path=str(convomem_path), num_cases=12, split_ratios=(0.5, 0.25, 0.25),
+                     group_key="dialogue", seed=3, distractor_conversations=0, data_fingerprint="stat")
+    plan, _ = plan_cases(spec)
+    cases = list(load_cases("convomem", convomem_path, distractor_conversations=0, seed=3).cases)
+    for split in ("train", "val", "test"):
+        chosen, note = training_split_cases(cases, split, recorded, "convomem")
+        assert [c.id for c in chosen] == [c.id for name, c in plan if name == split] and chosen, split
+    assert training_split_cases(cases, "all", recorded, "convomem")[0] == cases
+    other = training_split_cases(cases, "test", {**recorded, "seed": 4}, "convomem")[0]
+    assert [c.id for c in other] != [c.id for name, c in plan if name == "test"]  # the recorded seed is used

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qgmem.evaluation.adversarial import swapped_speaker_cases
-from qgmem.evaluation.named_form import check_names, named_speaker_cases, third_person
+from qgmem.evaluation.named_form import check_names, named_speaker_cases, third_person_question
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ FIXTURE = Path(__file__).parents[1] / "activation" / "fixtures" / "locomo_form.j
     ("What are some good fences for a townhouse?", "What are some good fences for a townhouse?"),  # names nobody
     ("Is the Mine Safety Act in Illinois?", "Is the Mine Safety Act in Illinois?"),  # capital I inside words
 ])
-def test_third_person(question, expected):
-    assert third_person(question, "Ingrid", "Tobias") == expected
+def test_third_person_question(question, expected):
+    assert third_person_question(question, "Ingrid", "Tobias") == expected
 
 
 def _case(speakers=("User", "Assistant", "User")) -> Case:
@@ -109,3 +109,20 @@ def test_cli_named_convomem(capsys, tmp_path):
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert {a["speaker"] for a in record["activated"]} <= {"Ingrid", "Tobias"}
     assert record["activated"] and record["gold_turn_ids"]
+
+
+def test_verb_rules_agree_as_construction_does():
+    """Each verb rule's verb ("am I" -> "is", "you've" -> "has") is what construction's agreement gives."""
+    from qgmem.evaluation.named_form import _APOSTROPHE, FIRST_PERSON, SECOND_PERSON
+    from qgmem.memory.extract_heuristic import third_person_verb
+
+    checked = 0
+    for pattern, replacement in FIRST_PERSON + SECOND_PERSON:
+        text = pattern.replace("\\b", "").replace(_APOSTROPHE, "'")
+        if "(" in text or text in ("I", "you"):  # a pronoun rule, no verb
+            continue
+        verb = next(w for w in text.replace("'", " '").split() if w not in ("I", "you"))
+        agreed = next(w for w in replacement.split() if w != "{name}")
+        assert third_person_verb(verb) == agreed, (pattern, replacement)
+        checked += 1
+    assert checked == 21  # every verb rule was read (a rule the reading skipped would fail here)

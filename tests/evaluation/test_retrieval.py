@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from qgmem.activation.config import ActivationConfig
-from qgmem.evaluation.retrieval import evaluate_cases, select_cases
+from qgmem.evaluation.retrieval import evaluate_cases, first_cases
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
 FIXTURE = Path(__file__).parents[1] / "activation" / "fixtures" / "locomo_form.json"
@@ -83,15 +83,15 @@ def test_per_question_file(small_store, hash_encoder, tmp_path):
     assert summary["baseline_bm25_turns"]["recall@2"] == 1.0
 
 
-def test_select_cases_per_category(small_store):
+def test_first_cases_per_category(small_store):
     cases = []
     for i, category in enumerate(["a", "a", "b", "a", "b", "c"]):
         case = _case(small_store)
         case.id, case.qas = f"c{i}", [QA(id=f"q{i}", question="?", answer="", category=category)]
         cases.append(case)
-    assert [c.id for c in select_cases(cases, per_category=1)] == ["c0", "c2", "c5"]
-    assert [c.id for c in select_cases(cases, limit=2, per_category=2)] == ["c0", "c1"]
-    assert len(select_cases(cases)) == 6
+    assert [c.id for c in first_cases(cases, per_category=1)] == ["c0", "c2", "c5"]
+    assert [c.id for c in first_cases(cases, limit=2, per_category=2)] == ["c0", "c1"]
+    assert len(first_cases(cases)) == 6
 
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qgmem.lm import EMBEDDED_LM
 from qgmem.samples import cache as C
 from qgmem.samples.build import Shard, build_cache, build_on_ranks
 from qgmem.training.build_cache import data_module
@@ -112,7 +113,7 @@ def test_build_on_ranks_waits_and_only_rank_zero_filters(tmp_path):
 def _config(tmp_path: Path, data: Path, cache: Path) -> Path:
     config = tmp_path / f"{cache.name}.yaml"
     config.write_text(
-        "model:\n  lm: embedded:SmolLM2-135M-Instruct\n"
+        f"model:\n  lm: {EMBEDDED_LM}\n"
         f"data:\n  data_path: {data}\n  cache_dir: {cache}\n  num_cases: null\n  distractor_conversations: 1\n"
         "  split_ratios: [0.5, 0.25, 0.25]\n  answer_filter: none\n  construction: {extractor: heuristic}\n",
         encoding="utf-8")
@@ -124,7 +125,7 @@ def test_config_data_section_makes_the_data_modules_spec(tmp_path):
     config = _config(tmp_path, data, tmp_path / "cache")
     dm = data_module(["--config", str(config), "--data.num_cases", "3", "--data.construction.window_size", "4"])
     assert dm.cache_spec.num_cases == 3 and dm.cache_spec.construction.window_size == 4
-    assert dm.cache_spec.construction.extractor == "heuristic" and dm.cache_spec.lm == "embedded:SmolLM2-135M-Instruct"
+    assert dm.cache_spec.construction.extractor == "heuristic" and dm.cache_spec.lm == EMBEDDED_LM
     # model.lm reaches data.lm through the training link, so the cache key names the run's LM
     assert data_module(["--config", str(config), "--model.lm", "some/other-lm"]).cache_spec.lm == "some/other-lm"
     with pytest.raises(SystemExit) as exit_info:  # the parser names the unknown key

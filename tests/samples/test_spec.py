@@ -40,3 +40,15 @@ def test_key_covers_the_reranker_weights(tmp_path):
     save_tiny_cross_encoder(model, max_positions=64)
     (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-1] + b"\x01")
     assert _spec(config).samples_key != before.samples_key
+
+
+def test_distractors_default_to_the_training_histories_and_resolve_before_the_key():
+    """``None`` is the training caches' number (both presets' 2), not the loader's 6; the key holds the number."""
+    from qgmem.data.convomem_history import DEFAULT_DISTRACTORS, TRAINING_DISTRACTORS
+
+    default = CacheSpec(answer_filter="none", data_fingerprint="stat")
+    assert default.distractor_conversations == TRAINING_DISTRACTORS == 2 != DEFAULT_DISTRACTORS
+    explicit = CacheSpec(answer_filter="none", data_fingerprint="stat", distractor_conversations=TRAINING_DISTRACTORS)
+    assert explicit.samples_key == default.samples_key  # a preset that wrote 2 keeps its cache
+    loader = CacheSpec(answer_filter="none", data_fingerprint="stat", distractor_conversations=DEFAULT_DISTRACTORS)
+    assert loader.samples_key != default.samples_key

@@ -25,6 +25,7 @@ from qgmem.training import datamodule as D
 from qgmem.samples.answer_filter import RUBRIC_CATEGORIES, LLMJudge, backend_completer
 from qgmem.samples.cache import SampleCache
 from qgmem.embed import sentence_encoder_dim
+from qgmem.lm import EMBEDDED_LM
 from qgmem.samples.build import build_cache
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.synthetic import synthetic_items
@@ -511,7 +512,7 @@ def test_real_sample_with_smollm2_answer_filter(convomem_path, tmp_path):
     assert judged == summary["answers"]["needed"] == summary["answers"]["generated"]
     rows = [dm.split("train").row(i) for i in range(len(dm.split("train")))]
     assert all(r["correct"] and r["lm_answer"] for r in rows)
-    assert summary["settings"]["lm"] == "embedded:SmolLM2-135M-Instruct"
+    assert summary["settings"]["lm"] == EMBEDDED_LM
 
 
 @pytest.mark.parametrize("graph_only", [False, True])

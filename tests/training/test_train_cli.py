@@ -127,7 +127,7 @@ def test_subcommands_fit_then_test_and_validate_a_checkpoint_without_retraining(
     assert scalars["val/nll"][-1] == pytest.approx(float(best.stem.split("val_nll")[1]), abs=1e-4)
 
 
-@pytest.mark.parametrize("config,expected", [("default", "embedded:SmolLM2-135M-Instruct"),
+@pytest.mark.parametrize("config,expected", [("default", EMBEDDED_LM),
                                              ("qwen3_8b.yaml", "Qwen/Qwen3-8B"),
                                              (str(REPO / "configs" / "qwen3_8b.yaml"), "Qwen/Qwen3-8B")])
 def test_shipped_configs_parse_by_name_or_path(config, expected, capsys):
@@ -176,7 +176,7 @@ def test_subcommand_print_config_reads_presets(subcommand, capsys):
     with pytest.raises(SystemExit):
         run_subcommand([subcommand, "--config", "default", "--print_config"])
     printed = capsys.readouterr().out
-    assert "lm: embedded:SmolLM2-135M-Instruct" in printed and "ckpt_path: null" in printed
+    assert f"lm: {EMBEDDED_LM}" in printed and "ckpt_path: null" in printed
 
 
 @pytest.mark.parametrize("key,target", [("model", "qgmem.training.module.QGMemModule"),

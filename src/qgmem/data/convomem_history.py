@@ -16,8 +16,13 @@ from typing import Any
 
 from qgmem.data.records import Dialogue, Session, Turn
 
-#: default number of distractor conversations: with ~40 messages each, a history of a few hundred turns
+#: the loader's number of distractor conversations: with ~40 messages each, a history of a few hundred
+#: turns, like ConvoMem's own pre-mixed cases; the histories activation is measured on (eval-retrieval,
+#: build-memory, train-reranker, data-stats and the bench scripts load with it)
 DEFAULT_DISTRACTORS = 6
+#: distractor conversations of a training cache's histories (``distractor_conversations: null``, what
+#: both presets train on): about 125 turns, so the embedded job builds its cache within its 15 minutes
+TRAINING_DISTRACTORS = 2
 
 
 @dataclass(frozen=True)

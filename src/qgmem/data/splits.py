@@ -80,3 +80,11 @@ def split_cases(cases: Sequence[Case], ratios: Sequence[float] = (0.7, 0.15, 0.1
         members[k].extend(groups[key])
         sizes[k] += len(groups[key])
     return {name: [cases[i] for i in sorted(idx)] for name, idx in zip(SPLITS, members)}
+
+
+def run_splits(cases: Sequence[Case], num_cases: int | None, seed: int, ratios: Sequence[float],
+               group_key: str) -> dict[str, list[Case]]:
+    """A run's splits: ``num_cases`` cases drawn with ``seed`` (all when ``None``), then :func:`split_cases`
+    with the same seed. The one rule by which the sample build made a run's splits, and by which
+    ``eval-qa --split`` and the reranker's held-out cases find them again."""
+    return split_cases(sample_cases(cases, num_cases, seed), ratios, seed, group_key)

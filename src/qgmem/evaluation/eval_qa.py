@@ -20,6 +20,7 @@ and seconds per QA by stage (memory construction amortized over the case's quest
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import warnings
 from collections import defaultdict
@@ -76,21 +77,23 @@ def parse_modes(text: str) -> list[str]:
     return list(dict.fromkeys(modes))
 
 
-def select_cases(cases: list, split: str, data_split: dict[str, Any] | None, dataset: str) -> tuple[list, str]:
-    """The cases of ``split`` as the training run split them; a note saying how they were chosen."""
-    from qgmem.data.splits import sample_cases, split_cases
+def training_split_cases(cases: list, split: str, data_split: dict[str, Any] | None,
+                         dataset: str) -> tuple[list, str]:
+    """The cases of ``split`` as the training run split them (:func:`qgmem.data.splits.run_splits` with the
+    export's recorded settings); a note saying how they were chosen."""
+    from qgmem.data.splits import run_splits, split_cases
 
     if split == "all":
         return cases, "all cases"
     if not data_split or data_split.get("dataset") not in (None, dataset):
         raise UserError(f"--split {split}: the export records no split of {dataset!r} cases (trained on "
                         f"{(data_split or {}).get('dataset')!r}); use --split all")
-    num = data_split.get("num_cases")
-    chosen = sample_cases(cases, num, int(data_split.get("seed") or 0)) if num else cases
+    defaults = inspect.signature(split_cases).parameters
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the one-persona sample falls back to dialogue grouping, as in training
-        parts = split_cases(chosen, tuple(data_split.get("split_ratios") or (0.7, 0.15, 0.15)),
-                            int(data_split.get("seed") or 0), data_split.get("group_key") or "person")
+        parts = run_splits(cases, data_split.get("num_cases") or None, int(data_split.get("seed") or 0),
+                           tuple(data_split.get("split_ratios") or defaults["ratios"].default),
+                           data_split.get("group_key") or defaults["group_key"].default)
     return list(parts.get(split, [])), f"the {split} split of the training run ({len(parts.get(split, []))} cases)"
 
 
@@ -377,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
         options = {"distractor_conversations": data_split.get("distractor_conversations") or 0,
                    "seed": int(data_split.get("seed") or 0)}
     loaded = load_cases(args.dataset, args.path, strict=args.strict, **options)
-    cases, how = select_cases(list(loaded.cases), args.split, data_split, args.dataset)
+    cases, how = training_split_cases(list(loaded.cases), args.split, data_split, args.dataset)
     if not cases:
         raise UserError(f"no cases in {how} of {args.path}")
     if "ablated" in modes and not any(qa.evidence_turn_ids for c in cases for qa in c.qas):

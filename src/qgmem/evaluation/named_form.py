@@ -11,8 +11,10 @@ ConvoMem's gold turns (``qgmem eval-retrieval --name-speakers Ingrid,Tobias``).
 
 The rewrite is a proxy, not a translation: turns keep their text and their role (so construction reads
 them as before, with the names where it wrote *User* and *Assistant*), and questions are rewritten by
-the pronoun rules of :data:`FIRST_PERSON` and :data:`SECOND_PERSON`, which fix the common verb forms
-("am I", "do you") and leave the rest ("Ingrid need" for "I need") to stemming and the encoder.
+the rules of :data:`FIRST_PERSON` and :data:`SECOND_PERSON`: the common verb forms first ("am I", "do
+you", their verbs agreeing by :data:`qgmem.text.pronouns.AGREEMENT`), then the pronouns themselves (the
+singular words of :data:`qgmem.text.pronouns.PRONOUNS`: the asker is one person); the rest ("Ingrid need"
+for "I need") is left to stemming and the encoder.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import re
 from dataclasses import replace
 
 from qgmem.data.records import QA, Case, Dialogue
+from qgmem.text.pronouns import pronouns
 
 #: the speakers a ConvoMem case has, in the order the two names are given
 CONVOMEM_SPEAKERS = ("User", "Assistant")
@@ -28,6 +31,13 @@ CONVOMEM_SPEAKERS = ("User", "Assistant")
 DEFAULT_NAMES = ("Ingrid", "Tobias")
 
 _APOSTROPHE = "['’]"
+
+
+def _any_word(words) -> str:
+    """A pattern matching any of ``words`` as a whole word."""
+    return r"\b(?:" + "|".join(sorted(words, key=lambda w: (-len(w), w))) + r")\b"
+
+
 #: (pattern, replacement) for the asker's own words, applied in order; ``{name}`` is the user's name
 FIRST_PERSON: tuple[tuple[str, str], ...] = (
     (r"\bam I\b", "is {name}"),
@@ -40,9 +50,9 @@ FIRST_PERSON: tuple[tuple[str, str], ...] = (
     (r"\bI do\b", "{name} does"),
     (rf"\bI{_APOSTROPHE}d\b", "{name} would"),
     (rf"\bI{_APOSTROPHE}ll\b", "{name} will"),
-    (r"\bI\b", "{name}"),
-    (r"\b(?:me|myself)\b", "{name}"),
-    (r"\b(?:my|mine)\b", "{name}'s"),
+    (r"\bI\b", "{name}"),  # as written: a lower-case "i" is no pronoun in a question
+    (_any_word(pronouns(1, "object", "reflexive", plural=False)), "{name}"),
+    (_any_word(pronouns(1, "possessive", plural=False)), "{name}'s"),
 )
 #: the same for the words the asker addresses to the assistant; ``{name}`` is the assistant's name
 SECOND_PERSON: tuple[tuple[str, str], ...] = (
@@ -57,9 +67,9 @@ SECOND_PERSON: tuple[tuple[str, str], ...] = (
     (r"\bdo you\b", "does {name}"),
     (rf"\byou{_APOSTROPHE}d\b", "{name} would"),
     (rf"\byou{_APOSTROPHE}ll\b", "{name} will"),
-    (r"\byourself\b", "{name}"),
-    (r"\byours?\b", "{name}'s"),
-    (r"\byou\b", "{name}"),
+    (_any_word(pronouns(2, "reflexive", plural=False)), "{name}"),
+    (_any_word(pronouns(2, "possessive")), "{name}'s"),
+    (_any_word(pronouns(2, "subject")), "{name}"),
 )
 _SENTENCE_START = re.compile(r"(?:^|[.!?\"“(]\s*)$")
 
@@ -86,7 +96,7 @@ def check_names(names) -> tuple[str, str]:
     return names  # type: ignore[return-value]
 
 
-def third_person(question: str, user: str, assistant: str) -> str:
+def third_person_question(question: str, user: str, assistant: str) -> str:
     """``question``, asked by ``user`` of ``assistant``, with its pronouns replaced by their names."""
     for rules, name in ((FIRST_PERSON, user), (SECOND_PERSON, assistant)):
         for pattern, replacement in rules:
@@ -113,7 +123,7 @@ def named_speaker_cases(cases, names=DEFAULT_NAMES) -> list[Case]:
                     for s in case.dialogue.sessions]
         dialogue = Dialogue(id=case.dialogue.id, sessions=sessions,
                             meta={**case.dialogue.meta, "speaker_a": user, "speaker_b": assistant})
-        qas = [QA(id=q.id, question=third_person(q.question, user, assistant), answer=q.answer,
+        qas = [QA(id=q.id, question=third_person_question(q.question, user, assistant), answer=q.answer,
                   category=q.category, evidence_turn_ids=list(q.evidence_turn_ids),
                   question_time=q.question_time, meta=dict(q.meta)) for q in case.qas]
         out.append(Case(id=case.id, dialogue=dialogue, qas=qas,

@@ -29,6 +29,8 @@ from qgmem.activation.serialize import count_tokens
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.data.records import Case
 from qgmem.errors import as_user_error
+from qgmem.lm import EMBEDDED_LM
+from qgmem.memory.config import EXTRACTORS, ConstructionConfig
 from qgmem.memory.store import MemoryStore
 
 
@@ -221,7 +223,7 @@ def evaluate_cases(cases: Iterable[Case], build_store: Callable[[Case], MemorySt
     return summary
 
 
-def select_cases(cases: list[Case], limit: int | None = None, per_category: int | None = None) -> list[Case]:
+def first_cases(cases: list[Case], limit: int | None = None, per_category: int | None = None) -> list[Case]:
     """The first ``per_category`` cases whose first question is of each category, then the first ``limit``."""
     if per_category is not None:
         taken: dict[str, int] = defaultdict(int)
@@ -296,8 +298,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N cases")
     parser.add_argument("--limit-per-category", type=int, default=None,
                         help="evaluate only the first N cases of each question category")
-    parser.add_argument("--extractor", default="parser", choices=["parser", "heuristic", "llm"],
-                        help="memory construction extractor (default parser: rules + spaCy parse, no LLM)")
+    parser.add_argument("--extractor", default=ConstructionConfig().extractor, choices=EXTRACTORS,
+                        help="memory construction extractor (default: ConstructionConfig's, the parser: rules + "
+                             "spaCy parse, no LLM)")
     parser.add_argument("--reranker", default=defaults.reranker, choices=list(RERANKERS))
     parser.add_argument("--rerank-depth", type=int, default=defaults.rerank_depth,
                         help="model rerankers score only the top N of the embedding reranker's order "
@@ -308,7 +311,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reranker-path", default=None,
                         help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")
     parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
-    parser.add_argument("--tokenizer", default="embedded:SmolLM2-135M-Instruct",
+    parser.add_argument("--tokenizer", default=EMBEDDED_LM,
                         help="tokenizer that counts working-memory tokens ('none' to skip)")
     parser.add_argument("--superseded", default=defaults.superseded, choices=["attach", "fold", "keep"],
                         help="superseded trace members: keep and attach the latest state (default), fold into it, or keep")
@@ -325,7 +328,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _construction(args: argparse.Namespace, encoder) -> Callable[[Case], MemoryStore]:
     from qgmem.memory.builder import MemoryBuilder
-    from qgmem.memory.config import ConstructionConfig
 
     if args.extractor == "llm":
         from qgmem.llm.backends import make_backend
@@ -383,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
     if loaded.report.get("skipped"):
         print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)
-    cases = select_cases(loaded.cases, args.limit, args.limit_per_category)
+    cases = first_cases(loaded.cases, args.limit, args.limit_per_category)
     named = None
     if args.name_speakers is not None:
         from qgmem.evaluation.named_form import check_names, named_speaker_cases

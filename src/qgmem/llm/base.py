@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.parsing import strip_reasoning
 
 Message = dict[str, str]
@@ -66,7 +67,7 @@ class LLMConfig:
     """
 
     backend: str = "transformers"
-    model: str = "embedded:SmolLM2-135M-Instruct"
+    model: str = EMBEDDED_LM
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key_env: str | None = "OPENAI_API_KEY"
     timeout_s: float = 120.0

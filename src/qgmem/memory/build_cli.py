@@ -25,8 +25,10 @@ from typing import Any
 
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError, as_user_error
-from qgmem.memory.config import MAX_FAILED_WINDOW_SHARE
-from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, write_index, write_json_atomic
+from qgmem.llm.base import LLMConfig
+from qgmem.memory.config import CONSOLIDATIONS, EXTRACTORS, MAX_FAILED_WINDOW_SHARE, ConstructionConfig
+from qgmem.integrity import write_text_atomic
+from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, write_index
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -35,39 +37,51 @@ def dialogue_folder(dialogue_id: str) -> str:
     return f"{slug}-{hashlib.sha1(dialogue_id.encode('utf-8')).hexdigest()[:8]}"
 
 
+#: flag dest -> the ``ConstructionConfig`` field it sets (the field's default is the flag's)
+CONSTRUCTION_FLAGS = {"extractor": "extractor", "window_size": "window_size", "window_overlap": "window_overlap",
+                      "consolidation": "consolidation"}
+#: flag dest -> the ``LLMConfig`` field it sets (the field's default is the flag's)
+LLM_FLAGS = {"llm_backend": "backend", "llm_model": "model", "llm_base_url": "base_url",
+             "llm_api_key_env": "api_key_env", "llm_concurrency": "max_concurrency", "llm_batch_size": "batch_size",
+             "llm_device": "device", "llm_timeout": "timeout_s", "llm_deadline": "deadline_s"}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    construction, llm_defaults = ConstructionConfig(), LLMConfig()
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data set file or folder")
     parser.add_argument("--out", required=True, help="output folder for the stores")
-    parser.add_argument("--extractor", default="parser", choices=("parser", "heuristic", "llm"),
-                        help="parser (default: rules + spaCy parse), heuristic (rules only) or llm")
+    parser.add_argument("--extractor", default=construction.extractor, choices=EXTRACTORS,
+                        help=f"parser (rules + spaCy parse), heuristic (rules only) or llm "
+                             f"(default {construction.extractor})")
     parser.add_argument("--limit", type=int, default=None, help="build only the first N dialogues")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
     add_load_arguments(parser)
     parser.add_argument("--encoder", default=None, help="sentence-transformers folder (default: embedded MiniLM)")
-    parser.add_argument("--window-size", type=int, default=6)
-    parser.add_argument("--window-overlap", type=int, default=2)
-    parser.add_argument("--consolidation", default="auto", choices=("auto", "rule", "llm"))
+    parser.add_argument("--window-size", type=int, default=construction.window_size)
+    parser.add_argument("--window-overlap", type=int, default=construction.window_overlap)
+    parser.add_argument("--consolidation", default=construction.consolidation, choices=CONSOLIDATIONS)
     parser.add_argument("--no-resume", action="store_true", help="rebuild stores that already exist")
     parser.add_argument("--max-failed-windows", type=float, default=MAX_FAILED_WINDOW_SHARE, metavar="SHARE",
                         help="stop when more than this share of one dialogue's windows got no usable LLM reply "
                              f"(default {MAX_FAILED_WINDOW_SHARE:g}; a dialogue whose windows all failed always stops)")
     llm = parser.add_argument_group("LLM (for --extractor llm or --consolidation llm)")
-    llm.add_argument("--llm-backend", default="transformers", choices=("transformers", "openai"))
-    llm.add_argument("--llm-model", default="embedded:SmolLM2-135M-Instruct", help="model folder, hub id or served name")
-    llm.add_argument("--llm-base-url", default="http://127.0.0.1:8000/v1")
-    llm.add_argument("--llm-api-key-env", default="OPENAI_API_KEY",
+    llm.add_argument("--llm-backend", default=llm_defaults.backend, choices=("transformers", "openai"))
+    llm.add_argument("--llm-model", default=llm_defaults.model, help="model folder, hub id or served name")
+    llm.add_argument("--llm-base-url", default=llm_defaults.base_url)
+    llm.add_argument("--llm-api-key-env", default=llm_defaults.api_key_env,
                      help="NAME of the environment variable holding the API key (the key itself is never logged)")
-    llm.add_argument("--llm-concurrency", type=int, default=8)
-    llm.add_argument("--llm-batch-size", type=int, default=8)
-    llm.add_argument("--llm-device", default=None)
+    llm.add_argument("--llm-concurrency", type=int, default=llm_defaults.max_concurrency)
+    llm.add_argument("--llm-batch-size", type=int, default=llm_defaults.batch_size)
+    llm.add_argument("--llm-device", default=llm_defaults.device)
     llm.add_argument("--llm-cache", default=None, help="SQLite response cache (default: OUT/llm_cache.sqlite)")
     llm.add_argument("--refresh-llm-cache", default=None, metavar="KEYS",
                      help="drop these cached replies first so they are asked again: all, a hex key prefix, "
                           "START..END (hex, end exclusive), model=NAME or since=UNIX_SECONDS")
-    llm.add_argument("--llm-timeout", type=float, default=120.0, help="seconds per network read (default 120)")
-    llm.add_argument("--llm-deadline", type=float, default=600.0,
-                     help="seconds for a whole request, retries included (default 600)")
+    llm.add_argument("--llm-timeout", type=float, default=llm_defaults.timeout_s,
+                     help=f"seconds per network read (default {llm_defaults.timeout_s:g})")
+    llm.add_argument("--llm-deadline", type=float, default=llm_defaults.deadline_s,
+                     help=f"seconds for a whole request, retries included (default {llm_defaults.deadline_s:g})")
 
 
 def _sentences_line(sentences: dict[str, int]) -> str:
@@ -104,14 +118,12 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
     from qgmem.memory.builder import BuildStats, ConstructionFailed, MemoryBuilder
-    from qgmem.memory.config import ConstructionConfig
     from qgmem.memory.store import MemoryStore, StoreMismatchError, clean_stale_temp
 
     started = time.perf_counter()
     out = Path(args.out)
     with as_user_error(ValueError, prefix="bad option: "):
-        config = ConstructionConfig(window_size=args.window_size, window_overlap=args.window_overlap,
-                                    extractor=args.extractor, consolidation=args.consolidation)
+        config = ConstructionConfig(**{name: getattr(args, dest) for dest, name in CONSTRUCTION_FLAGS.items()})
     loaded = load_cases(args.dataset, args.path, **load_arguments(args))
     dialogues, seen = [], set()
     for case in loaded.cases:  # one store per dialogue, even when several cases share it
@@ -130,14 +142,9 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
         raise UserError("--llm-timeout and --llm-deadline must be > 0")
     if config.extractor == "llm" or config.consolidation == "llm":
         from qgmem.llm.backends import make_backend
-        from qgmem.llm.base import LLMConfig
 
-        llm = make_backend(LLMConfig(
-            backend=args.llm_backend, model=args.llm_model, base_url=args.llm_base_url,
-            api_key_env=args.llm_api_key_env, max_concurrency=args.llm_concurrency,
-            batch_size=args.llm_batch_size, device=args.llm_device, timeout_s=args.llm_timeout,
-            deadline_s=args.llm_deadline, cache_path=args.llm_cache or str(out / "llm_cache.sqlite"),
-        ))
+        llm = make_backend(LLMConfig(**{name: getattr(args, dest) for dest, name in LLM_FLAGS.items()},
+                                     cache_path=args.llm_cache or str(out / "llm_cache.sqlite")))
         if args.refresh_llm_cache:
             dropped = llm.drop(args.refresh_llm_cache)
             print(f"dropped {dropped} cached LLM replies ({args.refresh_llm_cache})", file=sys.stderr)
@@ -193,7 +200,7 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     if llm is not None:
         stats["llm"] = {"backend": llm.name, "model": llm.model_id}
         llm.close()
-    write_json_atomic(out / SUMMARY_FILE, json.dumps(stats, indent=1, ensure_ascii=False))
+    write_text_atomic(out / SUMMARY_FILE, json.dumps(stats, indent=1, ensure_ascii=False))
     print(_summary_line(stats))
     if stats.get("sentences"):
         print(_sentences_line(stats["sentences"]))

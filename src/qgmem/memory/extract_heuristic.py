@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from qgmem.data.records import Turn
 from qgmem.memory.config import ConstructionConfig
+from qgmem.text.pronouns import AGREEMENT, pronouns
 from qgmem.timeexpr import find_fact_time
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.windows import Window
@@ -125,7 +126,7 @@ _ANNOUNCEMENT = re.compile(
 _EDGE_PUNCT = ",.;:!\" "
 _CONTRACTED = {"'s": "is", "'re": "are", "'m": "is", "'ve": "have", "'d": "would", "'ll": "will"}
 _CONJUNCTION = re.compile(r",\s*(?:but|and|so)\s+", re.IGNORECASE)
-_PERSONAL_PRONOUNS = {"he", "she", "they"}
+_PERSONAL_PRONOUNS = pronouns(3, "subject")
 _TIME_WORDS = {
     "mondays", "tuesdays", "wednesdays", "thursdays", "fridays", "saturdays", "sundays", "weekends", "mornings",
     "evenings", "nights", "afternoons", "weekdays", "lately", "recently", "usually", "mostly", "only", "about",
@@ -256,14 +257,11 @@ def _is_verb(token: str) -> bool:
     return t.endswith("ed") or (t.endswith("s") and not t.endswith(("ss", "us", "is", "ics", "ness")))
 
 
-def third_person(verb: str) -> str:
+def third_person_verb(verb: str) -> str:
     """Agreement for a main verb after a first/second-person subject became a name ("use" -> "uses")."""
     low = verb.lower()
-    fixed = {"am": "is", "'m": "is", "are": "is", "'re": "is", "have": "has", "'ve": "has", "do": "does",
-             "don't": "doesn't", "'d": "would", "'ll": "will", "were": "was", "aren't": "isn't",
-             "haven't": "hasn't", "weren't": "wasn't"}
-    if low in fixed:
-        return fixed[low]
+    if low in AGREEMENT:
+        return AGREEMENT[low]
     if low in _AUX or low in _IRREGULAR_PAST or not low.isalpha() or (low.endswith("ed") and not low.endswith("eed")) or (
             low.endswith("s") and not low.endswith("ss")):
         return verb
@@ -288,11 +286,13 @@ class _Rewriter:
     """Rewrites first person to the speaker and second person to the listener, as whole words."""
 
     def __init__(self, speaker: str, listener: str):
-        self.map = {
-            "i": speaker, "me": speaker, "myself": speaker, "my": f"{speaker}'s", "mine": f"{speaker}'s",
-            "we": speaker, "us": speaker, "our": f"{speaker}'s", "ours": f"{speaker}'s",
-            "you": listener, "your": f"{listener}'s", "yours": f"{listener}'s", "yourself": listener,
-        }
+        self.map = {}
+        for person, name in ((1, speaker), (2, listener)):
+            # without a parse: no informal spellings ("u"), and only the singular reflexive ("ourselves"
+            # stays as written, as it always has)
+            self.map.update(dict.fromkeys(pronouns(person, "subject", "object")
+                                          | pronouns(person, "reflexive", plural=False), name))
+            self.map.update(dict.fromkeys(pronouns(person, "possessive"), f"{name}'s"))
 
     _EXPANDED = {"'m": "is", "'ve": "has", "'d": "would", "'ll": "will", "'re": "is", "'s": "is"}
 
@@ -448,7 +448,7 @@ def parse_claim(sentence: str, speaker: str, listener: str, *, assistant: bool,
     if low[verb_at - 1] in ("i", "we", "you"):
         head = next((k for k, p in enumerate(pred) if p.lower() not in _ADVERBS), None)
         if head is not None:
-            pred[head] = third_person(pred[head])
+            pred[head] = third_person_verb(pred[head])
     words = [p.strip(",.;:!\"") for p in pred]
     if words[0] in _CONTRACTED:  # "Cooper 's been waiting" -> "Cooper has been waiting"
         perfect = len(words) > 1 and words[1].lower() in ("been", "got", "gotten", "had")

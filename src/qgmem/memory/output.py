@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem.errors import InputPathError, UserError
+from qgmem.integrity import write_text_atomic
 
 INDEX_FILE = "index.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -59,17 +60,8 @@ def build_lock(out: str | Path, timeout_s: float = 0.0) -> Iterator[None]:
         lock.release()
 
 
-def write_json_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file and a rename: a reader sees the old or the new file."""
-    from qgmem.integrity import temp_path
-
-    tmp = temp_path(path)
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-
-
 def write_index(out: Path, rows: list[dict[str, Any]]) -> None:
-    write_json_atomic(out / INDEX_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    write_text_atomic(out / INDEX_FILE, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def read_index(out: Path) -> list[dict[str, Any]]:

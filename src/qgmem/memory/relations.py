@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qgmem.memory.extract_heuristic import third_person
+from qgmem.memory.extract_heuristic import third_person_verb
+from qgmem.text.pronouns import AGREEMENT, pronouns
 
 MAX_NODE_CHARS = 40
 MAX_NODE_TOKENS = 5
@@ -48,18 +49,16 @@ _MODALS = {"will": "will", "'ll": "will", "wo": "will", "would": "would", "'d": 
            "can": "can", "ca": "can", "could": "could", "may": "may", "might": "might", "must": "must",
            "shall": "shall"}
 _NEGATIONS = {"not": "not", "n't": "not", "never": "never", "no": "not"}
-_FIRST = {"i", "me", "myself", "we", "us", "ourselves"}
-_FIRST_POSS = {"my", "our", "mine", "ours"}
-_SECOND = {"you", "yourself", "yourselves", "ya", "u"}
-_SECOND_POSS = {"your", "yours"}
-_THIRD = {"he", "she", "they", "him", "them", "himself", "herself", "themselves"}
-_THIRD_POSS = {"his", "their", "theirs"}
+_FIRST = pronouns(1, "subject", "object", "reflexive")
+_FIRST_POSS = pronouns(1, "possessive")
+_SECOND = pronouns(2, "subject", "object", "reflexive", "informal")  # "ya", "u": only where tagged PRON
+_SECOND_POSS = pronouns(2, "possessive")
+_THIRD = pronouns(3, "subject", "object", "reflexive")
+_THIRD_POSS = pronouns(3, "possessive")
 _KEEP_LEFT = {"compound", "amod", "nummod", "poss", "nmod", "quantmod", "npadvmod"}
 _OBJECT_DEPS = ("dobj", "obj", "attr", "oprd", "dative")
 _SUBJECT_DEPS = ("nsubj", "nsubjpass", "csubj", "csubjpass")
 _NOT_ENTITY_LABELS = {"DATE", "TIME", "CARDINAL", "ORDINAL", "PERCENT", "MONEY", "QUANTITY"}
-_THIRD_PERSON = {"am": "is", "'m": "is", "are": "is", "'re": "is", "have": "has", "'ve": "has", "do": "does",
-                 "were": "was", "'s": "is"}
 
 
 @dataclass
@@ -230,10 +229,8 @@ def _verb_form(verb, person: bool) -> str:
     if verb.lemma_ == "be" and low in ("'s", "'m", "'re", "am", "are", "is", "be"):
         return "is" if low != "be" else "be"
     if person and verb.tag_ == "VBP":
-        if low in _THIRD_PERSON:
-            return _THIRD_PERSON[low]
-        return third_person(low)
-    return _THIRD_PERSON.get(low, low) if person and low in ("'m", "'re", "'ve") else low
+        return third_person_verb(low)
+    return AGREEMENT.get(low, low) if person and low in ("'m", "'re", "'ve") else low
 
 
 def _predicate_words(verb, person: bool, advice: bool) -> list[str]:
@@ -517,7 +514,7 @@ def _question_relation(doc, names: Names) -> tuple[str, str] | None:
         words = _predicate_words(verb, person, False)
         words = [w for w in words if w not in ("does", "do", "did")]
         if person and verb.tag_ == "VB" and words and words[-1] == verb.text.lower():  # "do you live" -> lives
-            words[-1] = third_person(words[-1])
+            words[-1] = third_person_verb(words[-1])
         prep = next((c for c in verb.rights if c.dep_ == "prep" and _pobj(c) is None), None)
         if prep is not None:
             words.append(prep.text.lower())

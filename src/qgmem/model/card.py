@@ -12,6 +12,8 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from huggingface_hub.repocard_data import EvalResult
 
+from qgmem.lm import EMBEDDED_LM, EMBEDDED_LM_HUB_ID
+
 #: data set name in the config -> (Hub id, licence of the data the model was trained on)
 DATASETS = {
     "convomem": ("Salesforce/ConvoMem", "cc-by-nc-4.0"),
@@ -19,7 +21,7 @@ DATASETS = {
     "longmemeval": ("xiaowu0162/longmemeval", "mit"),
 }
 #: the embedded LM alias -> the Hub model it was converted from
-BASE_MODELS = {"embedded:SmolLM2-135M-Instruct": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+BASE_MODELS = {EMBEDDED_LM: EMBEDDED_LM_HUB_ID}
 
 
 def _metric_rows(metrics: dict[str, Any] | None) -> list[tuple[str, str, float]]:

@@ -133,7 +133,7 @@ def plan_cases(spec: CacheSpec) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
     one-persona sample) says so: the warning text is kept in the summary.
     """
     from qgmem.data.loaders import load_cases
-    from qgmem.data.splits import sample_cases, split_cases
+    from qgmem.data.splits import run_splits
 
     spec = as_spec(spec)
     options: dict[str, Any] = {}
@@ -143,10 +143,9 @@ def plan_cases(spec: CacheSpec) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
         options["seed"] = spec.seed
     loaded = load_cases(spec.dataset, spec.data_path, strict=spec.strict, **options)
     cases = list(loaded.cases)
-    chosen = sample_cases(cases, spec.num_cases, spec.seed) if spec.num_cases is not None else cases
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        parts = split_cases(chosen, spec.split_ratios, spec.seed, spec.group_key)
+        parts = run_splits(cases, spec.num_cases, spec.seed, spec.split_ratios, spec.group_key)
     split_warnings = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
     plan = [(name, case) for name in C.SPLITS for case in parts.get(name, [])]
     shared, used = _shared_groups(parts, spec.group_key), spec.group_key
@@ -154,7 +153,8 @@ def plan_cases(spec: CacheSpec) -> tuple[list[tuple[str, Any]], dict[str, Any]]:
         used, shared = "dialogue", _shared_groups(parts, "dialogue")
     groups = {name: len({group_of(case, used) for case in parts.get(name, [])}) for name in C.SPLITS}
     info = {
-        "cases": {"loaded": len(cases), "sampled": len(chosen), **{n: len(parts.get(n, [])) for n in C.SPLITS}},
+        "cases": {"loaded": len(cases), "sampled": sum(len(part) for part in parts.values()),
+                  **{n: len(parts.get(n, [])) for n in C.SPLITS}},
         "qas": {n: sum(len(c.qas) for c in parts.get(n, [])) for n in C.SPLITS},
         "split": {"group_key": spec.group_key, "group_key_used": used, "groups": groups,
                   "groups_shared_across_splits": shared, "warnings": split_warnings},

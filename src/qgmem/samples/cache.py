@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -39,7 +38,7 @@ import numpy as np
 
 from qgmem.errors import IntegrityError
 from qgmem.integrity import CHECKSUMS as INTEGRITY_CHECKSUMS
-from qgmem.integrity import fresh_temp_dir, publish_dir
+from qgmem.integrity import fresh_temp_dir, publish_dir, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -348,10 +347,8 @@ def _empty(features: Any):
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """Write JSON atomically (:func:`qgmem.integrity.write_text_atomic`), keys sorted."""
+    write_text_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
 
 
 def read_json(path: Path) -> Any:

@@ -38,6 +38,8 @@ class CacheSpec:
     split_ratios: tuple[float, float, float] = (0.7, 0.15, 0.15)
     group_key: Literal["person", "dialogue"] = "person"
     seed: int = 0
+    #: ConvoMem distractor conversations per history (``None``: the training caches' number,
+    #: :data:`qgmem.data.convomem_history.TRAINING_DISTRACTORS`); resolved before it enters the key
     distractor_conversations: int | None = None
     construction: ConstructionConfig = field(default_factory=ConstructionConfig)
     activation: ActivationConfig = field(default_factory=ActivationConfig)
@@ -152,9 +154,9 @@ def _store_format_version() -> Any:
 
 def _resolve_distractors(dataset: str, value: int | None) -> int | None:
     if value is None and dataset == "convomem":
-        from qgmem.data.convomem_history import DEFAULT_DISTRACTORS
+        from qgmem.data.convomem_history import TRAINING_DISTRACTORS
 
-        return int(DEFAULT_DISTRACTORS)
+        return int(TRAINING_DISTRACTORS)
     return value
 
 

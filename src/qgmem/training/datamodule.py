@@ -148,10 +148,10 @@ class QGMemDataModule(GraphTextDataModule):
     """Training samples for the graph token: cached replay of construction + activation + answer filter.
 
     Defaults are the embedded setting (the real ConvoMem sample, parser extractor, MiniLM,
-    SmolLM2-135M-Instruct, no answer filter); the ``default`` preset adds only its CPU budget (fewer
-    distractor conversations, a shorter prompt cap, two cache processes). The paper's setting (preset ``qwen3_8b``) raises
-    ``num_cases`` to 1,200, swaps the models and filters with an LLM judge. ``answer_batch_size``,
-    ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
+    SmolLM2-135M-Instruct, no answer filter, two distractor conversations per history); the ``default``
+    preset adds only its CPU budget (a shorter prompt cap, two cache processes). The paper's setting
+    (preset ``qwen3_8b``) raises ``num_cases`` to 1,200, swaps the models and filters with an LLM judge.
+    ``answer_batch_size``, ``answer_max_new_tokens`` and ``answer_device`` control answer generation for the filter.
     ``data_fingerprint`` is ``content`` (hash file bytes) or ``stat`` (path, size, mtime; for huge
     local copies). ``rebuild=True`` discards this key's dataset folder (not its shards or answers).
     The cache settings, keys and folders are :attr:`cache_spec`'s, readable here by name too.
@@ -164,8 +164,9 @@ class QGMemDataModule(GraphTextDataModule):
         group_key: What no two splits share: a ``person`` (falls back to ``dialogue`` when too few).
         seed: Seed of the case sampling and the split.
         distractor_conversations: Unrelated conversations of the same person added to each ConvoMem
-            history (``None`` = the data layer's default,
-            :data:`qgmem.data.convomem_history.DEFAULT_DISTRACTORS`).
+            history (``None`` = the training caches' 2,
+            :data:`qgmem.data.convomem_history.TRAINING_DISTRACTORS`; the loader's own default, 6, is
+            what retrieval is measured on).
         construction: Offline memory construction settings (windows, extractor, traces).
         activation: Query-time activation settings (channels, pool, k, reranker).
         construction_llm: LLM backend of the ``llm`` extractor (``None`` = no LLM construction).
