@@ -26,7 +26,7 @@ from typing import Any
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError, as_user_error
 from qgmem.memory.config import MAX_FAILED_WINDOW_SHARE
-from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, write_index, write_json_atomic
+from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, check_out, write_index, write_json_atomic
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -108,7 +108,7 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     from qgmem.memory.store import MemoryStore, StoreMismatchError, clean_stale_temp
 
     started = time.perf_counter()
-    out = Path(args.out)
+    out = check_out(args.out)  # a file of that name: one line, before any model or cache is opened
     with as_user_error(ValueError, prefix="bad option: "):
         config = ConstructionConfig(window_size=args.window_size, window_overlap=args.window_overlap,
                                     extractor=args.extractor, consolidation=args.consolidation)

@@ -10,10 +10,11 @@ An append is made durable before it is acknowledged: the session is applied to a
 memory, its journal line is written and ``fsync``-ed, the new store replaces the old one, and a snapshot
 is written into a temporary folder and renamed into place (never over an existing folder, so a kill
 leaves the previous snapshot whole). On load the newest snapshot that passes the store's integrity
-checks is read and the journal lines after it are replayed; a torn last line (a kill while it was being
-written, so never acknowledged) is dropped, and a bad line before the last is an
-:class:`~qgmem.errors.IntegrityError`: the journal was edited or damaged, and the user is not served
-from a guess.
+checks is read and the journal lines after it are replayed. Only an incomplete last line (no newline:
+a kill while it was being written, so never acknowledged) is dropped, and logged. A complete line that
+fails its checksum, the last one included, is an :class:`~qgmem.errors.IntegrityError`: the journal was
+edited or damaged after the session was acknowledged, and the user is not served from a guess. So is a
+snapshot ahead of the journal (the journal lost acknowledged lines); it is kept, never overwritten.
 
 Each user's memory is separate data (its own store, indexes and activator) and the user id is checked
 against :data:`USER_ID` before it names a folder: isolation is a filter by construction, not a field
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -42,6 +44,7 @@ from qgmem.serving.history_file import ASSISTANT_SPEAKERS
 USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 JOURNAL = "journal.jsonl"
 _SNAPSHOT = re.compile(r"snapshot-(\d{8})$")
+log = logging.getLogger("qgmem.serve")
 
 
 class BadUserId(UserError, ValueError):
@@ -206,15 +209,22 @@ class UserMemories:
     def _load(self, user_id: str, folder: Path) -> UserMemory:
         clean_stale_temp(folder)
         entries = read_journal(folder / JOURNAL)
-        if len(entries) and entries[-1] is None:  # a torn last line: never acknowledged, dropped
+        snapshots = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _SNAPSHOT.match(p.name)))
+        whole = len(entries) - (1 if entries and entries[-1] is None else 0)
+        ahead = [(n, p) for n, p in snapshots if n > whole]
+        if ahead:  # the journal is synced before any snapshot: it lost acknowledged lines. Keep both as they are
+            raise IntegrityError(f"{ahead[-1][1]} holds {ahead[-1][0]} sessions "
+                                 f"but {folder / JOURNAL} only {whole}: the journal lost acknowledged sessions "
+                                 "(cut or restored from an older copy); the user is not served until an operator "
+                                 "restores it")
+        if entries and entries[-1] is None:  # a torn last line: never acknowledged, dropped
             entries.pop()
             _truncate_last_line(folder / JOURNAL)
             self.dropped_torn_lines += 1
+            log.warning("user %s: dropped the incomplete last journal line (a write cut by a kill, never "
+                        "acknowledged)", user_id)
         store, seq = None, 0
-        snapshots = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _SNAPSHOT.match(p.name)))
         for n, path in reversed(snapshots):
-            if n > len(entries):
-                continue  # ahead of the journal: cannot be (the journal is written first); not trusted
             try:
                 candidate = MemoryStore.load(path)
             except (UserError, ValueError, OSError):
@@ -236,7 +246,13 @@ class UserMemories:
 
 
 def read_journal(path: Path) -> list[dict[str, Any] | None]:
-    """The journal's sessions in order; the last entry is ``None`` when the last line is torn."""
+    """The journal's sessions in order; the last entry is ``None`` when the file ends in a torn line.
+
+    A line is written with one ``write(line + "\\n")`` (JSON escapes newlines in the text), so a kill
+    can only leave an incomplete last line without its newline: that one is dropped. A complete line
+    that fails its checksum (wherever it is, the last included) was damaged or edited after it was
+    acknowledged: an :class:`~qgmem.errors.IntegrityError` naming the line, never a silent cut.
+    """
     raw = path.read_bytes()
     lines = raw.split(b"\n")
     complete, tail = lines[:-1], lines[-1]
@@ -244,13 +260,10 @@ def read_journal(path: Path) -> list[dict[str, Any] | None]:
     for number, line in enumerate(complete, start=1):
         entry = _entry(line)
         if entry is None or entry["seq"] != len(out):
-            if number == len(complete) and not tail:
-                out.append(None)  # the last line is bad: torn by a kill between write and fsync
-                return out
             raise IntegrityError(f"{path}, line {number}: not a whole journal entry (seq {len(out)} expected); "
-                                 "the journal was damaged or edited")
+                                 "the journal was damaged or edited after the session was acknowledged")
         out.append(entry)
-    if tail:  # no newline: the write was cut
+    if tail:  # no newline: the write was cut by a kill before it was acknowledged
         out.append(None)
     return out
 
