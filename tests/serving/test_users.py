@@ -36,7 +36,7 @@ def test_appends_persist_and_reload_to_the_same_store(tmp_path):
     reloaded = UserMemories(tmp_path, _Models())
     assert reloaded.user_ids() == ["ana"] and reloaded.replayed_sessions == 0
     assert _facts(reloaded, "ana") == _facts(users, "ana") and len(_facts(users, "ana")) == 4
-    assert sorted(p.name for p in (tmp_path / "users" / "ana").iterdir() if not p.name.endswith(".lock")) == [JOURNAL, "snapshot-00000004"]
+    assert sorted(p.name for p in (tmp_path / "users" / "ana").iterdir()) == [JOURNAL, "snapshot-00000004"]  # no lock files left
     with pytest.raises(UnknownUser):
         reloaded.get("bob")
 
@@ -113,3 +113,14 @@ def test_user_ids_never_become_paths(bad):
     with pytest.raises(BadUserId):
         check_user_id(bad)
     assert check_user_id("user-1_A.b") == "user-1_A.b" and check_user_id("x" * 128)
+
+
+def test_snapshot_embeddings_are_written_readable_like_their_neighbours(tmp_path):
+    """Was 0600 (safetensors' private temp file) beside 0644 units.jsonl."""
+    import os
+
+    users = UserMemories(tmp_path, _Models())
+    users.append("ana", TURNS[0])
+    snapshot = tmp_path / "users" / "ana" / "snapshot-00000001"
+    modes = {name: os.stat(snapshot / name).st_mode & 0o777 for name in ("units.jsonl", "embeddings.safetensors")}
+    assert modes["embeddings.safetensors"] == modes["units.jsonl"], modes

@@ -133,12 +133,13 @@ class MemoryService:
         with self.users.hold(user_id) as user:
             activator = self.users.activator(user)
             memory = WorkingMemory(question=question) if activator is None else activator.activate(question, when)
-            units = len(user.store)
+            store = user.store
+            units = len(store)
         seconds = time.perf_counter() - started
         ranked = list(zip(memory.units, memory.scores or [0.0] * len(memory.units)))[:limit]
         triples = serialize_graph_triples(memory.graph)
         return {"user": user_id, "question": question, "time": when, "store_units": units,
-                "units": [{"label": f"M{i + 1}", **unit_json(u, memory.traces.get(u.trace_id) if u.trace_id else None),
+                "units": [{"label": f"M{i + 1}", **unit_json(u, store.trace_of(u)),
                            "score": round(float(score), 4)} for i, (u, score) in enumerate(ranked)],
                 "graph": graph_json(memory.graph), "graph_text": triples,
                 "memory_text": memory_with_graph_text(memory.text, triples),

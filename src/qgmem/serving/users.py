@@ -343,6 +343,8 @@ class UserMemories:
                 candidate = MemoryStore.load(path)
             except (UserError, ValueError, OSError):
                 continue  # damaged: an older snapshot and the journal rebuild it
+            finally:
+                _remove_lock_file(path)  # the load's lock (one process serves a store root)
             if candidate.meta.get("journal_seq") == n and candidate.dialogue_id == user_id:
                 store, seq = candidate, n
                 break
