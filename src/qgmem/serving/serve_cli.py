@@ -27,6 +27,7 @@ class ServeSettings:
     api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
     device: str | None = None  #: cpu | cuda (default: cuda when available)
     max_new_tokens: int | None = None  #: answer length cap (default: the export's)
+    lm_dtype: str | None = None  #: the LM's weights: float32 | bfloat16 | float16 (default: the export's); check answers stay the same (docs/serving.md)
     threads: int | None = None  #: torch CPU threads (default: torch's; on a CPU shared with other jobs 1 is much faster)
     max_batch: int = 8  #: questions answered in one LM forward at most
     max_wait_ms: float = 5.0  #: how long the first question of a batch waits for others
@@ -89,6 +90,8 @@ def check(s: ServeSettings) -> None:
     for name in ("body_timeout_s", "idle_unload_s"):
         if getattr(s, name) is not None and not getattr(s, name) > 0:
             raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(s, name)}")
+    if s.lm_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"--lm-dtype must be one of auto, float32, bfloat16, float16, got {s.lm_dtype!r}")
     if s.max_wait_ms < 0:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
 
@@ -107,7 +110,8 @@ def build_service(settings: ServeSettings):
     from qgmem.serving.commands import load_models
     from qgmem.serving.server import Limits, MemoryService
 
-    pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens)
+    pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens,
+                           lm_dtype=settings.lm_dtype)
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_turns=settings.max_turns,
                     max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s)
     return MemoryService(pipeline, settings.store_root, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
