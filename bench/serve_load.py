@@ -155,6 +155,34 @@ def profile_answer(export: str, data: list[dict], sessions: int, threads: int | 
     print(f"unprofiled: p50 {np.median(times):.3f} s over 5 (min {min(times):.3f}); load average {os.getloadavg()[0]:.1f}")
 
 
+def search_latency(client: httpx.Client, url: str, units: int, n: int) -> dict:
+    """One user grown to at least ``units`` units from the ConvoMem sample's 20-turn sessions (cases one
+    after the other), then ``n`` warm ``POST /search`` one after the other (their questions in turn)."""
+    from qgmem.data.loaders import load_cases
+
+    cases = load_cases("convomem", "data/convomem").cases
+    questions = [qa.question for case in cases for qa in case.qas]
+    sessions = [turns[i:i + TURNS_PER_SESSION] for case in cases
+                for turns in [[{"speaker": t.speaker, "text": t.text} for t in case.dialogue.turns()]]
+                for i in range(0, len(turns), TURNS_PER_SESSION)]
+    have, appended = 0, 0
+    for session in sessions * (1 + units // 50):
+        if have >= units:
+            break
+        r = client.post(f"{url}/v1/users/big/sessions", json={"turns": session})
+        r.raise_for_status()
+        have, appended = r.json()["units"], appended + 1
+    client.post(f"{url}/v1/users/big/search", json={"question": questions[0]}).raise_for_status()  # warm
+    seconds, server = [], []
+    for question in (questions * (1 + n // len(questions)))[:n]:
+        t = time.perf_counter()
+        r = client.post(f"{url}/v1/users/big/search", json={"question": question})
+        r.raise_for_status()
+        seconds.append(time.perf_counter() - t)
+        server.append(r.json()["seconds"]["activation"])
+    return {"units": have, "sessions": appended, "search_s": pcts(seconds), "activation_s": pcts(server)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--export", required=True)
@@ -169,6 +197,8 @@ def main() -> None:
                         help="write --export (once) as an untrained export of the default preset's shape")
     parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for qgmem serve (repeat)")
     parser.add_argument("--profile", action="store_true", help="cProfile one warm answer in this process instead")
+    parser.add_argument("--search", type=int, default=0, help="N warm searches of one user grown to --search-units")
+    parser.add_argument("--search-units", type=int, default=1000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.untrained_export:
@@ -211,6 +241,19 @@ def main() -> None:
                 append_units.append(r.json()["units"])
         pending.extend((u, s) for s in history["sessions"][args.setup_sessions:])
     random.Random(args.seed).shuffle(pending)
+    if args.search:
+        try:
+            measured = search_latency(client, url, args.search_units, args.search)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        s, a = measured["search_s"], measured["activation_s"]
+        print(f"{args.search} warm searches of a {measured['units']}-unit user ({measured['sessions']} sessions): "
+              f"p50 {s['p50'] * 1e3:.1f} ms, p95 {s['p95'] * 1e3:.1f} ms over HTTP; activation in the server p50 "
+              f"{a['p50'] * 1e3:.1f} ms, p95 {a['p95'] * 1e3:.1f} ms; load average {os.getloadavg()[0]:.1f}")
+        if args.json:
+            print(json.dumps({**measured, "load_average": os.getloadavg()}))
+        return
     if args.single:
         try:
             measured = single(client, url, data, args.single)
