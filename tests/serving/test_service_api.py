@@ -203,20 +203,31 @@ def test_a_stalled_body_gets_408_within_the_deadline(pipeline, tmp_path):  # noq
         assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).status_code == 200  # control
 
 
-def test_users_beyond_the_budget_or_idle_are_unloaded_and_reloaded_the_same(pipeline, tmp_path):  # noqa: F811
-    service = _service(pipeline, tmp_path, max_loaded_users=1, idle_unload_s=0.3)
+def test_users_beyond_the_budget_are_unloaded_and_reloaded_the_same(pipeline, tmp_path):  # noqa: F811
+    service = _service(pipeline, tmp_path, max_loaded_users=1)
     with running(create_app(service)) as url:
         httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).raise_for_status()
         ask = {"question": "Where do I live?"}
         first = httpx.post(f"{url}/v1/users/alice/search", json=ask).json()
+        assert service.users.loaded() == 1 and service.users.unloaded == 0  # control: within the budget
         httpx.post(f"{url}/v1/users/bob/sessions", json={"turns": BOB}).raise_for_status()
         assert service.users.loaded() == 1 and service.users.unloaded == 1  # alice: least recently used
         again = httpx.post(f"{url}/v1/users/alice/search", json=ask).json()
         assert again["units"] == first["units"] and again["memory_text"] == first["memory_text"]
-        deadline = time.monotonic() + 5
+        assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": MORE}).json()["session"] == 1
+
+
+def test_idle_users_are_unloaded_by_the_sweep_and_reloaded_the_same(pipeline, tmp_path):  # noqa: F811
+    service = _service(pipeline, tmp_path, idle_unload_s=0.2)
+    assert service.users.unload_idle() == 0
+    with running(create_app(service)) as url:
+        httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).raise_for_status()
+        ask = {"question": "Where do I live?"}
+        first = httpx.post(f"{url}/v1/users/alice/search", json=ask).json()
+        deadline = time.monotonic() + 10
         while service.users.loaded() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert service.users.loaded() == 0  # idle: unloaded by the sweep
+        assert service.users.loaded() == 0 and service.users.unloaded >= 1  # the sweep, not a request
         assert httpx.post(f"{url}/v1/users/alice/search", json=ask).json()["units"] == first["units"]
         assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": MORE}).json()["session"] == 1
 
