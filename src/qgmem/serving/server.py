@@ -157,7 +157,7 @@ class MemoryService:
     def private(self, message: str) -> str:
         """``message`` with the store root's path taken out: a user's file named relative to it."""
         root = self.users.root
-        for prefix in {str(root.resolve()), str(root.absolute()), str(root)}:
+        for prefix in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
             message = message.replace(prefix.rstrip(os.sep) + os.sep, "")
         return message
 
