@@ -9,6 +9,14 @@ Reports throughput, p50 / p95 / p99 per endpoint, the activation seconds the ser
 error count and the server's RSS over the run; prints a table and one JSON line (the last).
 
     python bench/serve_load.py --export checkpoints/export            # 8 clients x 60 s
+
+``--single N`` measures single warm answers instead: one client asks N questions one after the other
+(``POST /answer``, the users' own questions in a fixed order) after one warm-up question, and records
+each answer's text, so two runs (say, ``--decode`` of the server before and after a change) can be
+checked for identical greedy answers. ``--untrained-export DIR`` writes (once) an export shaped like the
+one ``python train.py`` writes (the default preset's network, prompt contract, SmolLM2 and MiniLM) with
+untrained weights: the LM's work per answer, hence the latency, is the trained export's; the answers
+are not.
 """
 
 from __future__ import annotations
@@ -71,6 +79,110 @@ def pcts(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
 
 
+def untrained_export(folder: Path) -> Path:
+    """An export with the default preset's shapes and settings and random graph-encoder weights."""
+    import torch
+
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.embed import DEFAULT_ENCODER
+    from qgmem.lm import EMBEDDED_LM
+    from qgmem.memory.config import ConstructionConfig
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.model.pretrained import GraphTokenEncoder
+    from qgmem.prompting import PromptSettings
+
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(0)
+    config = GraphTokenConfig(feature_dim=384, edge_dim=384, lm_hidden=576, features="node_words",
+                              readout="summary_nodes", num_graph_tokens=17)
+    prompt = PromptSettings(max_prompt_tokens=288, max_answer_tokens=48, num_graph_tokens=17)
+    export_config = {"lm": {"id": EMBEDDED_LM, "hidden_size": 576, "load_dtype": "auto"},
+                     "prompt": prompt.to_dict(), "generation": {"max_new_tokens": 24},
+                     "sentence_encoder": {"id": DEFAULT_ENCODER, "dim": 384},
+                     "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),
+                     "dataset": "convomem", "graph_mode": "token", "metrics": None}
+    GraphTokenEncoder(config, export_config).eval().save_pretrained(folder)
+    return folder
+
+
+def single(client: httpx.Client, url: str, data: list[dict], n: int) -> dict:
+    """``n`` warm answers one after the other (after one warm-up), the users' questions in a fixed order."""
+    questions = [(u, h["questions"][i]) for i in range(max(len(h["questions"]) for h in data))
+                 for u, h in enumerate(data) if i < len(h["questions"])]
+    client.post(f"{url}/v1/users/u0/answer", json={"question": questions[0][1]}).raise_for_status()
+    seconds, answers, stages = [], [], []
+    for u, question in (questions * (1 + n // max(1, len(questions))))[:n]:
+        t = time.perf_counter()
+        r = client.post(f"{url}/v1/users/u{u}/answer", json={"question": question})
+        r.raise_for_status()
+        seconds.append(time.perf_counter() - t)
+        body = r.json()
+        answers.append(body["answer"])
+        stages.append(body["seconds"])
+    per_stage = {k: pcts([s.get(k, 0.0) for s in stages]) for k in stages[0]} if stages else {}
+    return {"answer_s": pcts(seconds), "stages_s": per_stage, "answers": answers}
+
+
+def profile_answer(export: str, data: list[dict], sessions: int, threads: int | None, top: int = 30) -> None:
+    """cProfile of one warm answer in this process (the pipeline ``qgmem serve`` runs), by cumulative
+    and by own time; then the same answer timed 5 times without the profiler."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from qgmem.serving.commands import load_models
+
+    torch.set_num_threads(threads or 1)
+    pipe = load_models(export)
+    pipe.remember(data[0]["sessions"][:sessions])
+    question = data[0]["questions"][0]
+    pipe.answer([question])  # warm: the activator's indexes, the first forward
+    profiler = cProfile.Profile()
+    profiler.enable()
+    answer = pipe.answer([question])[0]
+    profiler.disable()
+    print(f"question: {question}\nanswer: {answer.answer!r}\ntokens: {answer.tokens}\nseconds: "
+          f"{ {k: round(v, 3) for k, v in answer.seconds.items()} }")
+    for order in ("cumulative", "tottime"):
+        pstats.Stats(profiler).strip_dirs().sort_stats(order).print_stats(top)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        pipe.answer([question])
+        times.append(time.perf_counter() - t)
+    print(f"unprofiled: p50 {np.median(times):.3f} s over 5 (min {min(times):.3f}); load average {os.getloadavg()[0]:.1f}")
+
+
+def search_latency(client: httpx.Client, url: str, units: int, n: int) -> dict:
+    """One user grown to at least ``units`` units from the ConvoMem sample's 20-turn sessions (cases one
+    after the other), then ``n`` warm ``POST /search`` one after the other (their questions in turn)."""
+    from qgmem.data.loaders import load_cases
+
+    cases = load_cases("convomem", "data/convomem").cases
+    questions = [qa.question for case in cases for qa in case.qas]
+    sessions = [turns[i:i + TURNS_PER_SESSION] for case in cases
+                for turns in [[{"speaker": t.speaker, "text": t.text} for t in case.dialogue.turns()]]
+                for i in range(0, len(turns), TURNS_PER_SESSION)]
+    have, appended = 0, 0
+    for session in sessions * (1 + units // 50):
+        if have >= units:
+            break
+        r = client.post(f"{url}/v1/users/big/sessions", json={"turns": session})
+        r.raise_for_status()
+        have, appended = r.json()["units"], appended + 1
+    client.post(f"{url}/v1/users/big/search", json={"question": questions[0]}).raise_for_status()  # warm
+    seconds, server = [], []
+    for question in (questions * (1 + n // len(questions)))[:n]:
+        t = time.perf_counter()
+        r = client.post(f"{url}/v1/users/big/search", json={"question": question})
+        r.raise_for_status()
+        seconds.append(time.perf_counter() - t)
+        server.append(r.json()["seconds"]["activation"])
+    return {"units": have, "sessions": appended, "search_s": pcts(seconds), "activation_s": pcts(server)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--export", required=True)
@@ -80,16 +192,28 @@ def main() -> None:
     parser.add_argument("--setup-sessions", type=int, default=6, help="20-turn sessions per user before the load")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="the server's torch threads (qgmem serve --threads)")
+    parser.add_argument("--single", type=int, default=0, help="N single warm answers (no concurrent load)")
+    parser.add_argument("--untrained-export", action="store_true",
+                        help="write --export (once) as an untrained export of the default preset's shape")
+    parser.add_argument("--serve-arg", action="append", default=[], help="extra flag for qgmem serve (repeat)")
+    parser.add_argument("--profile", action="store_true", help="cProfile one warm answer in this process instead")
+    parser.add_argument("--search", type=int, default=0, help="N warm searches of one user grown to --search-units")
+    parser.add_argument("--search-units", type=int, default=1000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.untrained_export:
+        untrained_export(Path(args.export))
 
     data = histories(args.users)
+    if args.profile:
+        profile_answer(args.export, data, args.setup_sessions, args.threads)
+        return
     port, root = free_port(), tempfile.mkdtemp(prefix="qgmem-serve-load-")
     url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", args.export, "--store-root", root,
                              "--port", str(port), "--log-level", "warning",
-                             *(["--threads", str(args.threads)] if args.threads else [])],
+                             *(["--threads", str(args.threads)] if args.threads else []), *args.serve_arg],
                             stderr=subprocess.PIPE, text=True)
     client = httpx.Client(timeout=120)
     while True:
@@ -117,6 +241,35 @@ def main() -> None:
                 append_units.append(r.json()["units"])
         pending.extend((u, s) for s in history["sessions"][args.setup_sessions:])
     random.Random(args.seed).shuffle(pending)
+    if args.search:
+        try:
+            measured = search_latency(client, url, args.search_units, args.search)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        s, a = measured["search_s"], measured["activation_s"]
+        print(f"{args.search} warm searches of a {measured['units']}-unit user ({measured['sessions']} sessions): "
+              f"p50 {s['p50'] * 1e3:.1f} ms, p95 {s['p95'] * 1e3:.1f} ms over HTTP; activation in the server p50 "
+              f"{a['p50'] * 1e3:.1f} ms, p95 {a['p95'] * 1e3:.1f} ms; load average {os.getloadavg()[0]:.1f}")
+        if args.json:
+            print(json.dumps({**measured, "load_average": os.getloadavg()}))
+        return
+    if args.single:
+        try:
+            measured = single(client, url, data, args.single)
+        finally:  # the server never outlives the bench
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
+        result = {"single": args.single, "users": len(data), "serve_args": args.serve_arg, "threads": args.threads,
+                  "units_per_user": append_units[args.setup_sessions - 1::args.setup_sessions],
+                  **measured, "load_average": os.getloadavg()}
+        a = result["answer_s"]
+        print(f"{args.single} single warm answers ({' '.join(args.serve_arg) or 'defaults'}): p50 {a['p50']:.3f} s, "
+              f"p95 {a['p95']:.3f} s; generation p50 {result['stages_s']['generation']['p50']:.3f} s; "
+              f"load average {result['load_average'][0]:.1f}")
+        if args.json:
+            print(json.dumps(result))
+        return
     lock = threading.Lock()
     rss: list[tuple[float, float]] = []
     stop = threading.Event()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
 import re
 import shutil
 import time
@@ -105,6 +106,21 @@ def verify_sealed(folder: str | Path, hint: str | None = None, listing: str = CH
         raise IntegrityError(f"{path}: not a checksum listing", hint=hint)
     verify_files(folder, records, hint=hint)
     return records
+
+
+def plain_mode(path: str | Path) -> None:
+    """Give ``path`` the mode an ordinary new file of its folder gets (0644 under the usual umask 022).
+
+    safetensors writes through a private temp file, so its files come out 0600 where their neighbours
+    are 0644, and a service account other than the writer could not read them."""
+    path = Path(path)
+    probe = path.with_name(f".{path.name}.mode-{os.getpid()}-{threading.get_ident()}")
+    probe.touch()
+    try:
+        mode = probe.stat().st_mode & 0o777
+    finally:
+        probe.unlink()
+    os.chmod(path, mode)
 
 
 def temp_path(final: str | Path, kind: str = "tmp") -> Path:

@@ -105,3 +105,15 @@ def test_a_second_build_of_one_out_stops_with_a_clear_message(tmp_path, fake_enc
     finally:
         holder.communicate("", timeout=30)  # the holder exits, and the lock goes with it
     assert main(args) == 0 and (out / "index.jsonl").is_file()
+
+
+def test_an_out_that_names_an_existing_file_is_one_line_and_exit_2(tmp_path, fake_encoder, capsys):  # noqa: F811
+    """Was: a FileExistsError traceback, exit 1. The positive control: a missing --out is made and built."""
+    taken = tmp_path / "taken.txt"
+    taken.write_text("not a folder\n")
+    args = ["build-memory", "--dataset", "locomo", "--path", str(LOCOMO), "--extractor", "heuristic", "--out"]
+    assert main([*args, str(taken)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("qgmem build-memory: error: ") and str(taken) in err[0] and "not a folder" in err[0]
+    assert "Traceback" not in "\n".join(err) and taken.read_text() == "not a folder\n"
+    assert main([*args, str(tmp_path / "fresh")]) == 0

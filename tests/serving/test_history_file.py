@@ -50,3 +50,21 @@ def test_files(tmp_path, convomem_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(UserError, match="malformed JSON"):
         load_history(tmp_path / "bad.json")
+
+
+def test_a_history_that_is_not_utf8_is_a_user_error_naming_the_file(tmp_path, capsys):
+    """Was: a UnicodeDecodeError traceback (exit 1). Through the command: exit 2, one line naming the file;
+    the history is read before any model is loaded, so no export is needed to see it."""
+    from qgmem.cli import main
+
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes(json.dumps([[{"speaker": "User", "text": "Je suis allé à Liège"}]],
+                                  ensure_ascii=False).encode("latin-1"))
+    with pytest.raises(UserError, match="latin1.json: not UTF-8 text"):
+        load_history(latin1)
+    rc = main(["answer", "--export", str(tmp_path / "no-export"), "--history", str(latin1), "--question", "Where?"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and str(latin1) in err[0] and "UTF-8" in err[0] and "Traceback" not in "\n".join(err)
+    good = tmp_path / "good.json"  # control: the same history in UTF-8 loads
+    good.write_text(latin1.read_bytes().decode("latin-1"), encoding="utf-8")
+    assert load_history(good).dialogue.turns()[0].text == "Je suis allé à Liège"

@@ -247,3 +247,14 @@ def test_answer_command_on_a_damaged_export_exits_2_naming_the_file(tiny_lm_path
     assert main(["answer", "--export", str(folder), "--history", str(history), "--question", "Which?"]) == 2
     err = capsys.readouterr().err
     assert "graph_encoder.safetensors: checksum mismatch" in err and "Traceback" not in err
+
+
+def test_the_weights_are_written_readable_like_their_neighbours(tiny_lm_path, tmp_path):
+    """Was 0600 (safetensors writes through a private temp file) beside a 0644 config.json: a service
+    account other than the builder could not read the export."""
+    import os
+
+    folder = make_export(tmp_path / "export", tiny_lm_path)
+    config_mode = os.stat(folder / CONFIG_FILE).st_mode & 0o777
+    assert os.stat(folder / WEIGHTS_FILE).st_mode & 0o777 == config_mode
+    assert config_mode & 0o044 == 0o044 or os.umask(os.umask(0)) & 0o044  # readable unless the umask says no

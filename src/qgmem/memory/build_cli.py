@@ -25,10 +25,10 @@ from typing import Any
 
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError, as_user_error
+from qgmem.integrity import write_text_atomic
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import CONSOLIDATIONS, EXTRACTORS, MAX_FAILED_WINDOW_SHARE, ConstructionConfig
-from qgmem.integrity import write_text_atomic
-from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, write_index
+from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, check_out, write_index
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -121,7 +121,7 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     from qgmem.memory.store import MemoryStore, StoreMismatchError, clean_stale_temp
 
     started = time.perf_counter()
-    out = Path(args.out)
+    out = check_out(args.out)  # a file of that name: one line, before any model or cache is opened
     with as_user_error(ValueError, prefix="bad option: "):
         config = ConstructionConfig(**{name: getattr(args, dest) for dest, name in CONSTRUCTION_FLAGS.items()})
     loaded = load_cases(args.dataset, args.path, **load_arguments(args))

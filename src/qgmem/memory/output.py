@@ -46,7 +46,7 @@ def build_lock(out: str | Path, timeout_s: float = 0.0) -> Iterator[None]:
     """
     from filelock import FileLock, Timeout
 
-    out = Path(out)
+    out = check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(out / BUILD_LOCK), timeout=timeout_s)
     try:
@@ -58,6 +58,19 @@ def build_lock(out: str | Path, timeout_s: float = 0.0) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def check_out(out: str | Path) -> Path:
+    """``out`` as a folder to write: one that exists as anything but a folder is an :class:`InputPathError`."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputPathError(f"--out {out} is not a folder (a file of that name exists); give a folder")
+    for parent in out.parents:  # a file in the way of the folder's parents gives the same error
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputPathError(f"--out {out}: {parent} is not a folder (a file of that name exists)")
+            break
+    return out
 
 
 def write_index(out: Path, rows: list[dict[str, Any]]) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from qgmem.errors import InputPathError, IntegrityError
-from qgmem.integrity import manifest, publish_dir, remove_stale_temp, temp_path, verify_files
+from qgmem.integrity import manifest, plain_mode, publish_dir, remove_stale_temp, temp_path, verify_files
 from qgmem.memory.records import MemoryTrace, MemoryUnit
 
 STORE_FORMAT = "qgmem-memory-store"
@@ -156,6 +156,7 @@ class MemoryStore:
                                  f"fact embeddings {embeddings.shape}")
             tensors["source_embeddings"] = source
         save_file(tensors, str(tmp / "embeddings.safetensors"), metadata={"format": STORE_FORMAT})
+        plain_mode(tmp / "embeddings.safetensors")  # 0644 like units.jsonl, not safetensors' 0600
         meta = {**self.meta, "format": STORE_FORMAT, "format_version": STORE_FORMAT_VERSION,
                 "dialogue_id": self.dialogue_id, "num_units": len(self.units), "num_traces": len(self.traces),
                 "embedding_dim": int(embeddings.shape[1]) if embeddings.ndim == 2 else 0,

@@ -35,7 +35,7 @@ from torch_geometric.data import Batch, Data
 from qgmem.model.graph_modes import empty_graph
 from qgmem.errors import InputPathError, IntegrityError, UserError
 from qgmem.finite import nonfinite_names
-from qgmem.integrity import restore_replaced, seal, verify_sealed
+from qgmem.integrity import plain_mode, restore_replaced, seal, verify_sealed
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
@@ -152,6 +152,7 @@ class GraphTokenEncoder(GraphTokenNet, ModelHubMixin, library_name="qgmem",
                   "graph_token": self.config.to_dict()}
         state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(save_directory / WEIGHTS_FILE), metadata={"format": FORMAT})
+        plain_mode(save_directory / WEIGHTS_FILE)  # 0644 like config.json, not safetensors' 0600
         if self.adapter:
             self._save_adapter(save_directory / ADAPTER_DIR, config)
         (save_directory / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
@@ -171,6 +172,7 @@ class GraphTokenEncoder(GraphTokenNet, ModelHubMixin, library_name="qgmem",
                    base_model_name_or_path=(config.get("lm") or {}).get("id")).save_pretrained(str(folder))
         save_file({k: v.detach().cpu().contiguous() for k, v in self.adapter.items()},
                   str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+        plain_mode(folder / "adapter_model.safetensors")
 
     # ------------------------------------------------------------------------------------------ load
     @classmethod

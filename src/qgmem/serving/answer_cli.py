@@ -36,14 +36,16 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give --history FILE (a dialogue history) or --memory DIR (a built memory store)")
     if any(not q.strip() for q in args.question):
         raise UserError("--question is empty")
+    case = None
+    if not args.memory:  # a bad history file is named before any model is loaded
+        from qgmem.serving.history_file import load_history
+
+        case = load_history(args.history, case=args.case)
     pipe = load_pipeline(args)
     if args.memory:
         store = pipe.load_memory(args.memory, args.dialogue)
         where = f"memory {args.memory}"
     else:
-        from qgmem.serving.history_file import load_history
-
-        case = load_history(args.history, case=args.case)
         store = pipe.remember(case)
         where = f"history {args.history}" + (f" (case {case.id})" if case.qas else "")
     answers = pipe.answer(args.question, graph=args.graph, question_times=[args.time] * len(args.question))

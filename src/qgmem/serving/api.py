@@ -53,6 +53,7 @@ class TextGraphBackbone:
                       "generated": int(result.completion_tokens)}
             tokens["total"] = tokens["prompt"] + tokens["generated"]
             answer = Answer(r.question, text, graph, cited_labels(text, len(r.memory.units)), memory_json(r.memory),
-                            graph_json(r.memory.graph), seconds, tokens, 0, error=result.error)
+                            graph_json(r.memory.graph), seconds, tokens, 0, error=result.error,
+                            finish_reason="length" if tokens["generated"] >= self.max_new_tokens else "stop")
             answers.append(answer)
         return answers

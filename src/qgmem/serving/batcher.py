@@ -42,8 +42,9 @@ class RowStreamer:
     """
 
     def __init__(self, tokenizer: Any, callbacks: list[Callable[[str], None] | None], stop_ids: set[int],
-                 first_line: bool = True):
+                 first_line: bool = True, caps: list[int | None] | None = None):
         self.tokenizer, self.callbacks, self.stop_ids, self.first_line = tokenizer, callbacks, stop_ids, first_line
+        self.caps = caps or [None] * len(callbacks)  # a row's answer cap: nothing past it is sent
         self.ids: list[list[int]] = [[] for _ in callbacks]
         self.sent = [""] * len(callbacks)
         self.done = [cb is None for cb in callbacks]
@@ -58,6 +59,8 @@ class RowStreamer:
                 self.done[row] = True
                 continue
             self.ids[row].append(token)
+            if self.caps[row] is not None and len(self.ids[row]) >= self.caps[row]:
+                self.done[row] = True  # this token is the row's last (the batch may decode on for others)
             text = self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
             if self.first_line:
                 stripped = text.lstrip("\n")
@@ -144,7 +147,8 @@ class Batcher:
                     settings = self.pipeline.prompt_settings
                     streamer = RowStreamer(self.pipeline.tokenizer, [j.on_text for j in group],
                                            set(self.pipeline.prompts.stop_ids),
-                                           settings.first_line and not settings.enable_thinking)
+                                           settings.first_line and not settings.enable_thinking,
+                                           [self.pipeline.answer_cap(j.retrieved) for j in group])
                 answers = self.pipeline.generate([j.retrieved for j in group], graph=mode, streamer=streamer)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the error, the thread lives on
                 for job in group:

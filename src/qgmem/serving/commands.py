@@ -35,22 +35,24 @@ def api_config(args: argparse.Namespace, model: str, base_url: str) -> Any:
 _LOADED: dict[tuple, Any] = {}
 
 
-def load_models(export: str, *, device: str | None = None, max_new_tokens: int | None = None, api: Any = None):
+def load_models(export: str, *, device: str | None = None, max_new_tokens: int | None = None, api: Any = None,
+                lm_dtype: str | None = None):
     """A pipeline over the export's models, loaded once per process and shared by every caller.
 
     Each call returns a pipeline of its own (no memory yet) over the same loaded models: the graph
     encoder, the sentence encoder, the frozen LM and the construction builder (its spaCy parse memo).
+    ``lm_dtype``: the LM's weights as ``float32`` / ``bfloat16`` / ``float16`` (default: the export's).
     """
     from transformers.utils import logging as hf_logging
 
     from qgmem.serving.pipeline import QGMemPipeline
 
     hf_logging.disable_progress_bar()  # weight-loading bars would bury the answer
-    key = (str(export), device, max_new_tokens, repr(api))
+    key = (str(export), device, max_new_tokens, repr(api), lm_dtype)
     loaded = _LOADED.get(key)
     if loaded is None:
         loaded = _LOADED[key] = QGMemPipeline.from_pretrained(export, device=device, max_new_tokens=max_new_tokens,
-                                                              api=api)
+                                                              api=api, lm_dtype=lm_dtype)
     pipe = copy.copy(loaded)
     pipe.store, pipe._activator, pipe._trace_index, pipe.seconds = None, None, None, {}
     return pipe

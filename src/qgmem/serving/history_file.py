@@ -80,8 +80,13 @@ def load_history(path: str | Path, *, case: str | int | None = None, dataset: st
     if dataset in (None, "sessions") and path.is_file():
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise HistoryFormatError(f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                                     f"{exc.start}); save the file as UTF-8") from None
         except json.JSONDecodeError as exc:
             raise HistoryFormatError(f"{path}: malformed JSON ({exc.msg}, line {exc.lineno})") from exc
+        except RecursionError:
+            raise HistoryFormatError(f"{path}: JSON nested too deep") from None
         if dataset == "sessions" or _is_plain(data):
             return Case(id=path.stem, dialogue=sessions_to_dialogue(data, path.stem, str(path)),
                         source={"dataset": "sessions", "file": str(path)})

@@ -261,17 +261,21 @@ class QGMemPipeline:
         embeds = self.lm.get_input_embeddings()(ids)
         embeds, mask, _, _ = insert_token(embeds, mask, pos, token)
         settings = self.prompt_settings
+        caps = [self.answer_cap(r) for r in batch]
+        newline = settings.first_line and not settings.enable_thinking
         if any(has_memory):
-            out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.max_new_tokens,
+            out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=max(caps),
                            stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
-                           stop_at_newline=settings.first_line and not settings.enable_thinking, streamer=streamer)
+                           stop_at_newline=newline, streamer=streamer)
+            out, finish = self._cut(out, caps, newline)
         else:  # nothing was remembered: the honest answer needs no LM call
-            out = Generation([[] for _ in batch], ["" for _ in batch])
+            out, finish = Generation([[] for _ in batch], ["" for _ in batch]), ["stop"] * len(batch)
         t2 = time.perf_counter()
         n = len(batch)
         graph_slots = 0 if token is None else (token.size(1) if token.dim() == 3 else 1)
         answers = []
-        for r, p, text, n_new, memory_present in zip(batch, encoded, out.texts, out.num_tokens, has_memory):
+        for r, p, text, n_new, memory_present, reason in zip(batch, encoded, out.texts, out.num_tokens, has_memory,
+                                                             finish):
             answer = final_answer(text, settings.first_line) if memory_present else NO_MEMORY_ANSWER
             seconds = {**r.seconds, "graph_encoding": (t1 - t0) / n, "generation": (t2 - t1) / n}
             seconds["total"] = sum(seconds.values())
@@ -280,8 +284,29 @@ class QGMemPipeline:
             tokens["total"] = tokens["prompt"] + tokens["graph"] + tokens["generated"]
             answers.append(Answer(r.question, answer, mode, cited_labels(answer, len(r.memory.units)),
                                   memory_json(r.memory), graph_json(r.memory.graph), seconds, tokens,
-                                  p.memory_tokens_dropped))
+                                  p.memory_tokens_dropped, finish_reason=reason))
         return answers
+
+    def answer_cap(self, retrieved: Retrieved) -> int:
+        """The question's answer cap: its own ``max_new_tokens`` when given, never above the pipeline's."""
+        asked = retrieved.max_new_tokens
+        return self.max_new_tokens if asked is None else max(1, min(int(asked), self.max_new_tokens))
+
+    def _cut(self, out: Generation, caps: list[int], newline: bool) -> tuple[Generation, list[str]]:
+        """Each row cut at its own cap (the batch ran to the largest; greedy rows do not depend on each
+        other), and why it ended: ``"stop"`` (a stop token or, with ``newline``, a line break within
+        the cap) or ``"length"`` (the cap reached first)."""
+        stops = set(self.prompts.stop_ids)
+        rows, texts, finish = [], [], []
+        for row, text, cap in zip(out.ids, out.texts, caps):
+            if len(row) > cap:
+                row = row[:cap]
+                text = self.tokenizer.decode(row, skip_special_tokens=True)
+            ended = any(t in stops for t in row) or (newline and "\n" in text)
+            rows.append(row)
+            texts.append(text)
+            finish.append("length" if not ended and len(row) >= cap else "stop")
+        return Generation(rows, texts), finish
 
 
 def load_lm_for(encoder: GraphTokenEncoder, lm: str | None, lm_dtype: str | None, device: str):

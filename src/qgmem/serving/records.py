@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from torch_geometric.data import Data
 
     from qgmem.activation.records import LocalGraph, WorkingMemory
+    from qgmem.memory.records import MemoryTrace, MemoryUnit
 
 _CITATION = re.compile(r"\[M(\d+)\]")
 
@@ -31,6 +32,7 @@ class Retrieved:
     seconds: dict[str, float] = field(default_factory=dict)
     question_time: str | None = None
     store_units: int = 0  # units in the memory it was activated from (0: an empty history)
+    max_new_tokens: int | None = None  # this question's answer cap (None: the pipeline's; never above it)
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Answer:
     tokens: dict[str, int] = field(default_factory=dict)
     memory_tokens_dropped: int = 0
     error: str | None = None  # a failed backend request (API backbone): the answer is empty
+    finish_reason: str = "stop"  # "length" when generation hit the token cap before its end
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +73,20 @@ def memory_json(memory: WorkingMemory) -> list[dict[str, Any]]:
              "fact_time": u.fact_time, "utterance_time": u.utterance_time, "source_turn_ids": list(u.source_turn_ids),
              "score": round(float(s), 4)}
             for i, (u, s) in enumerate(zip(memory.units, memory.scores or [0.0] * len(memory.units)))]
+
+
+def unit_json(unit: MemoryUnit, trace: MemoryTrace | None) -> dict[str, Any]:
+    """One memory unit as the service shows it: its text, times, source and its trace's state (how the
+    unit relates to the state before it, and whether it is the trace's latest, i.e. current, one)."""
+    state = None
+    if trace is not None and unit.id in trace.unit_ids:
+        i = trace.unit_ids.index(unit.id)
+        state = {"trace_id": trace.id, "subject": trace.subject, "relation": trace.relation,
+                 "transition": trace.transitions[i] if i < len(trace.transitions) else None,
+                 "position": i, "length": len(trace.unit_ids), "current": unit.id == trace.latest_unit_id}
+    return {"unit_id": unit.id, "fact": unit.fact, "speaker": unit.speaker, "fact_time": unit.fact_time,
+            "utterance_time": unit.utterance_time, "session_id": unit.session_id,
+            "source_turn_ids": list(unit.source_turn_ids), "trace": state}
 
 
 def cited_labels(answer: str, num_entries: int) -> list[str]:

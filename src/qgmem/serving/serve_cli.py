@@ -27,6 +27,7 @@ class ServeSettings:
     api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
     device: str | None = None  #: cpu | cuda (default: cuda when available)
     max_new_tokens: int | None = None  #: answer length cap (default: the export's)
+    lm_dtype: str | None = None  #: the LM's weights: float32 | bfloat16 | float16 (default: the export's); check answers stay the same (docs/serving.md)
     threads: int | None = None  #: torch CPU threads (default: torch's; on a CPU shared with other jobs 1 is much faster)
     max_batch: int = 8  #: questions answered in one LM forward at most
     max_wait_ms: float = 5.0  #: how long the first question of a batch waits for others
@@ -35,6 +36,10 @@ class ServeSettings:
     max_body_bytes: int = 1_000_000  #: larger bodies get 413
     max_turns: int = 500  #: turns per appended session (past: 413)
     max_turn_chars: int = 8_000  #: characters per turn (past: 413)
+    body_timeout_s: float = 30.0  #: a request body not received within this many seconds gets 408 and the connection is closed
+    max_loaded_users: int | None = None  #: users held in memory at most; the least recently used is unloaded (reloaded from disk on its next request)
+    max_loaded_units: int | None = None  #: memory units held in memory at most (the memory budget), least recently used users unloaded first
+    idle_unload_s: float | None = 900.0  #: unload a user idle for this many seconds (reloaded from its snapshot and journal on the next request)
     log_level: str = "info"  #: uvicorn's log level (request lines hold method, path and status, never bodies)
 
 
@@ -79,6 +84,14 @@ def check(s: ServeSettings) -> None:
         raise UserError(f"--port must be in 1..65535, got {s.port}")
     if s.threads is not None and s.threads < 1:
         raise UserError(f"--threads must be >= 1, got {s.threads}")
+    for name in ("max_loaded_users", "max_loaded_units"):
+        if getattr(s, name) is not None and getattr(s, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
+    for name in ("body_timeout_s", "idle_unload_s"):
+        if getattr(s, name) is not None and not getattr(s, name) > 0:
+            raise UserError(f"--{name.replace('_', '-')} must be > 0, got {getattr(s, name)}")
+    if s.lm_dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"--lm-dtype must be one of auto, float32, bfloat16, float16, got {s.lm_dtype!r}")
     if s.max_wait_ms < 0:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
 
@@ -97,11 +110,14 @@ def build_service(settings: ServeSettings):
     from qgmem.serving.commands import load_models
     from qgmem.serving.server import Limits, MemoryService
 
-    pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens)
+    pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens,
+                           lm_dtype=settings.lm_dtype)
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_turns=settings.max_turns,
-                    max_turn_chars=settings.max_turn_chars)
+                    max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s)
     return MemoryService(pipeline, settings.store_root, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
-                         max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits)
+                         max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits,
+                         max_loaded_users=settings.max_loaded_users, max_loaded_units=settings.max_loaded_units,
+                         idle_unload_s=settings.idle_unload_s)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,254 @@
+"""What a ``qgmem serve`` request may hold: every body check of the service, in one place.
+
+Each check raises :class:`ApiError` (400 naming the field, 413 naming the limit) before anything
+reaches the models or the disk:
+
+- the body is JSON, UTF-8, nested at most :data:`MAX_DEPTH` deep, and no string in it (key or value)
+  holds a lone surrogate (``"\\udcff"`` cannot be written as UTF-8 by any later stage; the data loaders
+  refuse it the same way);
+- each endpoint's fields are typed strictly (``"stream": "no"`` is not ``false``) and a field the
+  endpoint does not know is refused (``"graph_mode"`` for ``"graph"``), except on the OpenAI endpoint,
+  which takes OpenAI's own fields: those it honours or can ignore without changing the answer
+  (:data:`CHAT_FIELDS`) and refuses the rest by name (:data:`CHAT_UNSUPPORTED`, ``n > 1``, ``tools``…);
+- a ``time`` (session, turn, question) is an ISO-8601 date or date-time read by the project's time
+  resolver (:func:`qgmem.timeexpr.parse_time`); ``"yesterday"`` or ``"2024-13-45"`` is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from qgmem.model.graph_modes import GRAPH_MODES
+from qgmem.timeexpr import parse_time
+
+#: deepest JSON nesting a body may have (the deepest valid body is 4 levels: turns[i].text)
+MAX_DEPTH = 32
+
+
+@dataclass
+class Limits:
+    """What one request may hold (past these: 413)."""
+
+    max_body_bytes: int = 1_000_000
+    max_turns: int = 500
+    max_turn_chars: int = 8_000
+    max_speaker_chars: int = 128
+    max_question_chars: int = 2_000
+    body_timeout_s: float = 30.0  # a body not received within this is a 408 (a stalled client lets go)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def bad(message: str) -> ApiError:
+    return ApiError(400, message)
+
+
+# ----------------------------------------------------------------------------------- the JSON body
+def parse_body(raw: bytes) -> Any:
+    """The JSON of a request body, checked for depth and lone surrogates (see the module docstring)."""
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise bad(f"malformed JSON body: {getattr(exc, 'msg', 'not UTF-8')}{where}") from None
+    except RecursionError:  # nested past the interpreter's recursion limit
+        raise bad(f"malformed JSON body: nested more than {MAX_DEPTH} levels deep") from None
+    _check_unicode(body)
+    return body
+
+
+def _check_unicode(body: Any) -> None:
+    """Every string of ``body`` (keys included) encodes as UTF-8; the first that does not is named."""
+    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise bad(f"malformed JSON body: nested more than {MAX_DEPTH} levels deep (at '{where}')")
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise bad(f"field '{where or '(body)'}': invalid Unicode: a lone surrogate "
+                          f"{value[exc.start]!r} at character {exc.start}") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = str(key).encode("utf-8", "backslashreplace").decode("utf-8")  # printable in the message
+                path = f"{where}.{name}" if where else name
+                stack.append((key, f"{path} (its name)", depth))
+                stack.append((item, path, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+# ---------------------------------------------------------------------------------------- fields
+def only(body: dict, allowed: set[str] | frozenset[str], where: str = "") -> None:
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise bad(f"{where}unknown field '{unknown[0]}' (this endpoint takes {', '.join(sorted(allowed))})")
+
+
+def text(body: dict, key: str, where: str = "", required: bool = True, limit: int | None = None) -> str | None:
+    value = body.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise bad(f"{where}field '{key}' must be a non-empty string")
+    if limit is not None and len(value) > limit:
+        raise ApiError(413, f"{where}field '{key}' is {len(value)} characters, over the limit of {limit}")
+    return value
+
+
+def when(body: dict, key: str = "time", where: str = "") -> str | None:
+    """An optional ISO-8601 time, read by the one time resolver; unreadable is a 400 naming the field."""
+    value = text(body, key, where, required=False, limit=64)
+    if value is not None and parse_time(value) is None:
+        raise bad(f"{where}field '{key}' must be an ISO-8601 date or date-time (e.g. 2024-05-01 or "
+                  f"2024-05-01T10:00:00), got {value[:64]!r}")
+    return value
+
+
+def graph(body: dict, key: str = "graph") -> str:
+    mode = body.get(key, "token")
+    if mode not in GRAPH_MODES:
+        raise bad(f"field '{key}' must be one of {', '.join(GRAPH_MODES)}, got {str(mode)[:20]!r}")
+    return mode
+
+
+def integer(body: dict, key: str, low: int = 1, high: int | None = None) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
+        raise bad(f"field '{key}' must be {bound}, got {json.dumps(value)[:20]}")
+    return value
+
+
+def boolean(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(f"field '{key}' must be true or false, got {json.dumps(value)[:20]}")
+    return value
+
+
+def object_body(body: Any, what: str) -> dict:
+    if not isinstance(body, dict):
+        raise bad(f"the body must be a JSON object with {what}")
+    return body
+
+
+# ------------------------------------------------------------------------------------- endpoints
+SESSION_FIELDS = frozenset({"turns", "time"})
+TURN_FIELDS = frozenset({"speaker", "text", "time"})
+ANSWER_FIELDS = frozenset({"question", "time", "graph", "max_tokens"})
+SEARCH_FIELDS = frozenset({"question", "time", "limit"})
+
+
+def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str | None]:
+    body = object_body(body, "field 'turns'")
+    only(body, SESSION_FIELDS)
+    turns = body.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise bad("field 'turns' must be a non-empty list of {\"speaker\", \"text\", \"time\"?}")
+    if len(turns) > limits.max_turns:
+        raise ApiError(413, f"field 'turns' holds {len(turns)} turns, over the limit of {limits.max_turns}")
+    session_time = when(body)
+    out = []
+    for i, turn in enumerate(turns):
+        where = f"turns[{i}]: "
+        if not isinstance(turn, dict):
+            raise bad(f"{where}a turn must be an object with 'speaker' and 'text'")
+        only(turn, TURN_FIELDS, where)
+        clean = {"speaker": text(turn, "speaker", where, limit=limits.max_speaker_chars),
+                 "text": text(turn, "text", where, limit=limits.max_turn_chars)}
+        turn_time = when(turn, "time", where)
+        if turn_time is not None:
+            clean["time"] = turn_time
+        out.append(clean)
+    return out, session_time
+
+
+def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[dict, str, str | None]:
+    """``(body, question, time)`` of ``/answer`` or ``/search``."""
+    body = object_body(body, "field 'question'")
+    only(body, allowed)
+    return body, text(body, "question", limit=limits.max_question_chars), when(body)
+
+
+#: OpenAI chat-completions fields this server honours, or may ignore without changing the answer
+#: (sampling settings: answers are greedy, the export's contract)
+CHAT_FIELDS = frozenset({"model", "messages", "user", "stream", "stream_options", "max_tokens",
+                         "max_completion_tokens", "temperature", "top_p", "seed", "presence_penalty",
+                         "frequency_penalty", "metadata", "store", "service_tier", "parallel_tool_calls",
+                         "graph", "time"})
+#: OpenAI fields asking for what this model cannot do: refused by name (as OpenAI refuses them for a
+#: model without the feature) unless given their neutral value
+CHAT_UNSUPPORTED = {"n": (None, 1), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+                    "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""),
+                    "logit_bias": (None, {}), "audio": (None,), "modalities": (None, ["text"]),
+                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
+
+
+def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str, Any]:
+    """An OpenAI chat-completions body checked: ``user``, the question (the last user message), ``time``,
+    ``graph``, ``stream``, ``model`` and the answer's token cap (``max_completion_tokens`` or
+    ``max_tokens``, capped by the server's limit)."""
+    body = object_body(body, "fields 'user' and 'messages'")
+    for key, neutral in CHAT_UNSUPPORTED.items():
+        if key in body and body[key] not in neutral:
+            raise bad(f"field '{key}' is not supported by this server (it answers one greedy text reply from "
+                      "the user's memory); leave it out")
+    only(body, CHAT_FIELDS | set(CHAT_UNSUPPORTED))
+    user = body.get("user")
+    if not isinstance(user, str) or not user:
+        raise bad("field 'user' must name the memory to answer from (a user id)")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("field 'messages' must be a non-empty list")
+    question = None
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise bad(f"messages[{i}] must be an object with 'role' and 'content'")
+        if message["role"] == "user":
+            question = _content_text(message.get("content"), i)
+    if question is None or not question.strip():
+        raise bad("field 'messages' holds no user message with text: the last one is the question")
+    if len(question) > limits.max_question_chars:
+        raise ApiError(413, f"the question is {len(question)} characters, over the limit of "
+                            f"{limits.max_question_chars}")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("field 'model' must be a string")
+    temperature = body.get("temperature")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
+        raise bad("field 'temperature' must be a number")
+    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
+        raise bad("field 'stream_options' must be an object")
+    return {"user": user, "question": question, "time": when(body), "graph": graph(body),
+            "stream": boolean(body, "stream"), "model": model, "max_tokens": max_tokens(body, server_max_tokens)}
+
+
+def max_tokens(body: dict, server_max_tokens: int) -> int:
+    """The answer's token cap: ``max_completion_tokens`` (or the older ``max_tokens``), at most the server's."""
+    asked = [integer(body, key) for key in ("max_completion_tokens", "max_tokens")]
+    given = [a for a in asked if a is not None]
+    return min(given[0], server_max_tokens) if given else server_max_tokens
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        if all(isinstance(p, str) for p in parts):
+            return "\n".join(parts)
+    raise bad(f"messages[{i}].content must be a string or a list of text parts")
