@@ -46,7 +46,7 @@ def test_default_keys_are_the_keys_of_before():
 def test_old_records_read_as_today_s_defaults():
     assert ActivationConfig.from_dict(OLD_ACTIVATION_RECORD) == ActivationConfig()
     assert ConstructionConfig.from_dict(OLD_CONSTRUCTION_RECORD) == ConstructionConfig()
-    # today's records read back too
+    # today's records, which lack the retired fields, read back too
     assert ActivationConfig.from_dict(ActivationConfig(k=4).to_dict()) == ActivationConfig(k=4)
     assert ConstructionConfig.from_dict(ConstructionConfig(window_size=8).to_dict()) == ConstructionConfig(window_size=8)
 
@@ -64,8 +64,7 @@ def test_a_retired_activation_value_is_refused_by_name(field, value):
 def test_a_retired_construction_value_is_refused_by_name():
     with pytest.raises(ValueError, match="source_turn_label"):
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "source_turn_label": False})
-    before_fallback = {k: v for k, v in OLD_CONSTRUCTION_RECORD.items() if k != "unread_turn_fallback"}
-    with pytest.raises(ValueError, match="unread_turn_fallback"):  # written before the fallback existed
-        ConstructionConfig.from_dict(before_fallback)
+    with pytest.raises(ValueError, match="unread_turn_fallback"):
+        ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "unread_turn_fallback": False})
     with pytest.raises(ValueError, match="unknown construction settings"):
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "no_such": 1})

@@ -28,14 +28,15 @@ ACTIVATION_RETIRED_VALUES: dict[str, tuple[object, ...]] = {"dense_speaker_names
 CONSTRUCTION_RETIRED: dict[str, object] = {"unread_turn_fallback": True, "source_turn_label": True}
 #: construction: retired fields that store and cache keys held while they had today's value
 CONSTRUCTION_KEYED = ("unread_turn_fallback",)
-#: construction: what a record written before a field existed behaved as (it was keyed only when different)
-CONSTRUCTION_BEFORE: dict[str, object] = {"unread_turn_fallback": False, "source_turn_label": True}
 
 
-def _read(values: dict[str, Any], retired: dict[str, object], before: dict[str, object], what: str) -> dict[str, Any]:
+def _read(values: dict[str, Any], retired: dict[str, object], what: str) -> dict[str, Any]:
+    """``values`` without the ``retired`` fields. A field the record lacks reads as today's value: records
+    written since the retirement lack it too. (A construction record written before
+    ``unread_turn_fallback`` existed, which behaved as ``False``, therefore reads as ``True``.)"""
     values = dict(values)
     for name, today in retired.items():
-        recorded = values.pop(name, before.get(name, today))
+        recorded = values.pop(name, today)
         if name == "fusion_weights":
             recorded = dict(recorded or {})
         if recorded != today:
@@ -46,7 +47,7 @@ def _read(values: dict[str, Any], retired: dict[str, object], before: dict[str, 
 
 def read_activation(values: dict[str, Any]) -> dict[str, Any]:
     """An activation record without its retired fields; a retired value it cannot reproduce is an error."""
-    values = _read(values, ACTIVATION_RETIRED, {}, "activation")
+    values = _read(values, ACTIVATION_RETIRED, "activation")
     for name, gone in ACTIVATION_RETIRED_VALUES.items():
         if values.get(name) in gone:
             raise ValueError(f"activation setting {name}={values[name]!r} was retired and cannot be reproduced")
@@ -54,9 +55,9 @@ def read_activation(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_construction(values: dict[str, Any]) -> dict[str, Any]:
-    """A construction record without its retired fields (a field it lacks reads as it behaved before the
-    field existed); a retired value this version cannot reproduce is an error."""
-    return _read(values, CONSTRUCTION_RETIRED, CONSTRUCTION_BEFORE, "construction")
+    """A construction record without its retired fields; a retired value this version cannot reproduce is
+    an error."""
+    return _read(values, CONSTRUCTION_RETIRED, "construction")
 
 
 def activation_key(key: dict[str, Any]) -> dict[str, Any]:

@@ -72,9 +72,7 @@ class ConstructionConfig:
         return self.window_size - self.window_overlap
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings as a record holds them: with the retired fields that keys hold (``key_dict``), so
-        a record written today is not read as one written before those fields existed."""
-        return self.key_dict()
+        return asdict(self)
 
     def key_dict(self) -> dict[str, Any]:
         """The settings as stores and caches are keyed by them, with the retired fields that keys held at
