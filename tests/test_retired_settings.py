@@ -48,7 +48,8 @@ def test_old_records_read_as_today_s_defaults():
     assert ConstructionConfig.from_dict(OLD_CONSTRUCTION_RECORD) == ConstructionConfig()
     # today's records, which lack the retired fields, read back too
     assert ActivationConfig.from_dict(ActivationConfig(k=4).to_dict()) == ActivationConfig(k=4)
-    assert ConstructionConfig.from_dict(ConstructionConfig(window_size=8).to_dict()) == ConstructionConfig(window_size=8)
+    eight = ConstructionConfig(window_size=8)
+    assert ConstructionConfig.from_dict(eight.to_dict()) == eight
 
 
 @pytest.mark.parametrize(("field", "value"), [

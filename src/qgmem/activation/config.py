@@ -18,7 +18,8 @@ SPEAKER_NAME_MODES = ("keep", "drop")
 #: fields added after caches were first keyed by these settings, each with the value that reproduces
 #: activation as it was before the field existed (see ``ActivationConfig.key_dict``)
 LATER_FIELDS: dict[str, object] = {
-    "rerank_depth": 0, "source_weight": 0.0, "max_units_per_turn": 0, "dense_speaker_names": "keep", "model_weight": 1.0,
+    "rerank_depth": 0, "source_weight": 0.0, "max_units_per_turn": 0, "dense_speaker_names": "keep",
+    "model_weight": 1.0,
 }
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
