@@ -38,70 +38,29 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from extractor_retrieval import MemoEncoder, per_category_slice  # noqa: E402
 
-#: name -> ActivationConfig overrides (reranker variants need --trained / --llm)
+#: name -> ActivationConfig overrides against the default (reranker variants need --trained / --llm)
 VARIANTS: dict[str, dict] = {
     "default": {},
-    "expansion1": {"expansion_seeds": 1},
-    "expansion3": {"expansion_seeds": 3},
-    "feedback1": {"feedback_seeds": 1},
-    "feedback3": {"feedback_seeds": 3},
-    "expansion3+feedback3": {"expansion_seeds": 3, "feedback_seeds": 3},
-    "speaker_once": {"lexical_speaker_once": True},
+    # the paper's activation: its three channels, no source-turn term, no turn diversity, names kept
+    "paper": {"channels": ("lexical", "semantic", "attribute"), "source_weight": 0.0, "max_units_per_turn": 0,
+              "dense_speaker_names": "keep"},
+    "source_w0.3": {"source_weight": 0.3},
+    "source_w0.7": {"source_weight": 0.7},
+    "per_turn2": {"max_units_per_turn": 2},
+    "pool200": {"pool_size": 200, "channel_depth": 200},
+    "names_keep": {"dense_speaker_names": "keep"},
     "trained@20": {"reranker": "trained", "rerank_depth": 20},
     "trained@100": {"reranker": "trained", "rerank_depth": 0},
-    # round 11: the model's score beside the first stage's, half and half (``model_weight``)
-    "trained_mix0.5@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.5},
-    # round 12: less and more of the model's score
+    # the model's score beside the first stage's (``model_weight``); 0.25 is the validated share
     "trained_mix0.25@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.25},
+    "trained_mix0.5@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.5},
     "trained_mix0.75@20": {"reranker": "trained", "rerank_depth": 20, "model_weight": 0.75},
     "llm@20": {"reranker": "llm", "rerank_depth": 20},
 }
-#: round 5: the units' source turns (a fourth channel; a reranker term) and turn diversity
-SOURCE = ("lexical", "semantic", "attribute", "source")
-VARIANTS.update({
-    "source_channel": {"channels": SOURCE},
-    "source_w0.3": {"source_weight": 0.3},
-    "source_w0.7": {"source_weight": 0.7},
-    "source_channel+w0.3": {"channels": SOURCE, "source_weight": 0.3},
-    "source_channel+w0.7": {"channels": SOURCE, "source_weight": 0.7},
-    "per_turn1": {"max_units_per_turn": 1},
-    "per_turn2": {"max_units_per_turn": 2},
-    # the best source variant with the better per-turn setting, named from the first round-5 run
-    "combo": {"channels": SOURCE, "source_weight": 0.7, "max_units_per_turn": 1},
-})
-#: round 6 (on the round-5 default): the paper's activation, a deeper pool, a larger source weight
-VARIANTS.update({
-    "paper": {"channels": ("lexical", "semantic", "attribute"), "source_weight": 0.0, "max_units_per_turn": 0,
-              "dense_speaker_names": "keep"},
-    "pool200": {"pool_size": 200, "channel_depth": 200},
-    "source_w1.0": {"source_weight": 1.0},
-})
-#: round 7 (on the round-6 default): the source channel weighted in the fusion; a lower fused-score weight
-VARIANTS.update({
-    "fusion_source2": {"fusion_weights": {"source": 2.0}},
-    "fusion_source2+w0.5": {"fusion_weights": {"source": 2.0}, "embedding_weight": 0.5},
-})
-#: round 9 (on the round-8 default): the multi-hop mechanisms again, competing for the pool's slots (as
-#: before) and keeping the first round's pool with 20 units added (``hop_extra_units``)
-VARIANTS.update({f"{name}_x20": {**VARIANTS[name], "hop_extra_units": 20}
-                 for name in ("expansion1", "expansion3", "feedback1", "feedback3")})
-#: round 10 (on the round-8 default): the dense query without the speakers' names, or blended with it
-VARIANTS.update({"names_drop": {"dense_speaker_names": "drop"}, "names_blend": {"dense_speaker_names": "blend"},
-                 "names_keep": {"dense_speaker_names": "keep"}})  # names_keep: the default before round 10
 #: the embedding reranker's blend (cosine weight w, BM25 weight λ; default w 0.3, λ 0.2), a grid to tune on validation
 VARIANTS.update({f"blend_w{w}_l{lam}": {"embedding_weight": w, "lexical_weight": lam}
                  for w in (0.1, 0.3, 0.5, 0.7, 1.0) for lam in (0.0, 0.2, 0.4, 0.8) if (w, lam) != (0.3, 0.2)})
-#: construction variants (``ConstructionConfig`` overrides): each builds its own stores; its activation
-#: variants are reported as ``<construction>:<variant>`` beside the default construction's
-CONSTRUCTIONS: dict[str, dict] = {
-    "default": {},
-    "unread_fallback": {"unread_turn_fallback": True},  # round 8: ground the turns no rule reads
-    # round 13: the construction before round 8 (with the ``paper`` activation: the settings before round 5)
-    "no_fallback": {"unread_turn_fallback": False},
-    # round 14: source-turn vectors of the turn's text alone, without the ``speaker:`` label
-    "no_label": {"source_turn_label": False},
-}
-#: round 15: ``convomem_long`` in the LoCoMo form (``qgmem.evaluation.named_form``), and its swapped-speaker probe
+#: ``convomem_long`` in the LoCoMo form (``qgmem.evaluation.named_form``), and its swapped-speaker probe
 NAMED_SETS = ("convomem_named_long", "convomem_named_long_swapped")
 FIXTURES = {
     "locomo_small": ROOT / "tests" / "fixtures" / "locomo_small.json",
@@ -155,15 +114,12 @@ def paired_interval(a: list[float], b: list[float], n: int = 1000, seed: int = 0
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", nargs="+", default=["default", "expansion1", "expansion3", "feedback1",
-                                                          "feedback3", "expansion3+feedback3"],
+    parser.add_argument("--variants", nargs="+", default=["default", "paper"],
                         choices=list(VARIANTS), metavar="VARIANT",
                         help="activation variants (names in VARIANTS at the top of this file)")
     parser.add_argument("--sets", nargs="+", default=["convomem_val1", "convomem_val2", *FIXTURES],
                         choices=["convomem_val1", "convomem_val2", "convomem_long", *FIXTURES,
                                  "locomo_form_swapped", *NAMED_SETS])
-    parser.add_argument("--constructions", nargs="+", default=["default"], choices=list(CONSTRUCTIONS),
-                        help="construction variants; each builds its own stores (default: only the default)")
     parser.add_argument("--long-group", type=int, default=4,
                         help="validation cases joined into one dialogue in the convomem_long set")
     parser.add_argument("--store-dir", default=None,
@@ -200,7 +156,7 @@ def main() -> int:
     # activation: no memo, so every variant pays the question encoding (latency is comparable)
     query_encoder = SentenceEncoder(max_cache_entries=0)
     tokenizer = load_tokenizer(EMBEDDED_LM)
-    builders = {name: MemoryBuilder(ConstructionConfig(**CONSTRUCTIONS[name]), encoder) for name in args.constructions}
+    builder = MemoryBuilder(ConstructionConfig(), encoder)
     shared = {}  # model rerankers load once
     trained = {}  # label -> folder
     for item in args.trained:
@@ -251,14 +207,13 @@ def main() -> int:
         else:
             sets[name] = list(load_cases("locomo", FIXTURES[name]).cases)
 
-    built = {}  # (store folder, construction, case id) -> store: a swapped set shares its set's stores
+    built = {}  # (store folder, case id) -> store: a swapped set shares its set's stores
 
-    def build(set_name: str, case, construction: str):
-        builder = builders[construction]
+    def build(set_name: str, case):
         set_folder = set_name.removesuffix("_swapped")  # a swapped set asks its questions of its set's stores
         if set_folder.endswith("_long"):
             set_folder += str(args.long_group)
-        key = (set_folder, construction, case.id)
+        key = (set_folder, case.id)
         if key in built:
             return built[key]
         if args.store_dir is None:
@@ -266,8 +221,6 @@ def main() -> int:
             return built[key]
         from qgmem.memory.store import MemoryStore
 
-        if construction != "default":
-            set_folder += f".{construction}"
         folder = Path(args.store_dir) / set_folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in case.id)
         if (folder / "meta.json").is_file():
             built[key] = MemoryStore.load(folder, expected_meta=builder.expected_meta())
@@ -284,34 +237,32 @@ def main() -> int:
     print(f"per-question files: {scratch}", file=sys.stderr)
     for set_name, cases in sets.items():
         results[set_name], per_question[set_name] = {}, {}
-        for construction in args.constructions:
+        started = time.perf_counter()
+        stores = {}
+        for i, case in enumerate(cases, 1):
+            stores[case.id] = build(set_name, case)
+            print(f"[{set_name}] store {i}/{len(cases)}: {len(stores[case.id].units)} units "
+                  f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+        print(f"[{set_name}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
+              file=sys.stderr)
+        for variant, activation, label in runs:
+            overrides = dict(VARIANTS[activation])
+            kind = overrides.get("reranker")
+            if kind == "trained":
+                overrides["reranker_path"] = trained[label]
+                kind = f"trained/{label}"
+            config = ActivationConfig(**overrides)
+            out = scratch / f"{set_name}.{variant}.jsonl"
             started = time.perf_counter()
-            stores = {}
-            for i, case in enumerate(cases, 1):
-                stores[case.id] = build(set_name, case, construction)
-                print(f"[{set_name}/{construction}] store {i}/{len(cases)}: {len(stores[case.id].units)} units "
-                      f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
-            print(f"[{set_name}/{construction}] {len(cases)} cases, stores built in {time.perf_counter() - started:.0f} s",
-                  file=sys.stderr)
-            for name, activation, label in runs:
-                variant = name if construction == "default" else f"{construction}:{name}"
-                overrides = dict(VARIANTS[activation])
-                kind = overrides.get("reranker")
-                if kind == "trained":
-                    overrides["reranker_path"] = trained[label]
-                    kind = f"trained/{label}"
-                config = ActivationConfig(**overrides)
-                out = scratch / f"{set_name}.{variant}.jsonl"
-                started = time.perf_counter()
-                summary = evaluate_cases(cases, lambda case: stores[case.id], query_encoder, config, tokenizer,
-                                         reranker=shared.get(kind), out=out, dense_baseline=variant == "default" and not args.no_dense_baseline)
-                summary["wall_s"] = round(time.perf_counter() - started, 1)
-                results[set_name][variant] = summary
-                per_question[set_name][variant] = {
-                    (r := json.loads(line))["question_id"]: r for line in out.read_text().splitlines()}
-                print(f"[{set_name}] {variant}: pool {summary['pool_recall']['fused']:.3f} R@10 {summary['recall@10']:.3f} "
-                      f"nDCG@10 {summary['ndcg@10']:.3f} tokens {summary['context_tokens_mean']:.0f} "
-                      f"p50 {summary['latency_ms_p50']:.1f} ms ({summary['wall_s']} s)", file=sys.stderr)
+            summary = evaluate_cases(cases, lambda case: stores[case.id], query_encoder, config, tokenizer,
+                                     reranker=shared.get(kind), out=out, dense_baseline=variant == "default" and not args.no_dense_baseline)
+            summary["wall_s"] = round(time.perf_counter() - started, 1)
+            results[set_name][variant] = summary
+            per_question[set_name][variant] = {
+                (r := json.loads(line))["question_id"]: r for line in out.read_text().splitlines()}
+            print(f"[{set_name}] {variant}: pool {summary['pool_recall']['fused']:.3f} R@10 {summary['recall@10']:.3f} "
+                  f"nDCG@10 {summary['ndcg@10']:.3f} tokens {summary['context_tokens_mean']:.0f} "
+                  f"p50 {summary['latency_ms_p50']:.1f} ms ({summary['wall_s']} s)", file=sys.stderr)
 
     for set_name, by_variant in results.items():
         default = per_question[set_name].get("default")

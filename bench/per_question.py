@@ -1,7 +1,7 @@
 """Read the per-question files of ``bench/activation_mechanisms.py`` (``--per-question-dir``).
 
     python bench/per_question.py misses DIR/convomem_long.default.jsonl
-    python bench/per_question.py compare DIR/convomem_long.default.jsonl DIR/convomem_long.unread_fallback:default.jsonl
+    python bench/per_question.py compare DIR/convomem_long.default.jsonl DIR/convomem_long.paper.jsonl
     python bench/per_question.py speakers DIR/locomo_form_swapped.default.jsonl
 
 ``misses``: every gold turn outside the top k, as ungrounded (no unit grounds it), outside the fused pool

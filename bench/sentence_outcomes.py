@@ -5,10 +5,10 @@ unit; the others say why none came. ``unread`` are content sentences that passed
 the clause reader could not read: the part of the recall ceiling that better reading would win back.
 Only the rule stage runs (no parse, no embedding), so this takes seconds.
 
-    python bench/sentence_outcomes.py [--sets convomem_val locomo_form] [--rules-only] [--json]
+    python bench/sentence_outcomes.py [--sets convomem_val locomo_form] [--json]
 
-``--rules-only`` turns ``unread_turn_fallback`` off, to count what the rules alone leave out; with the
-default (on) the sentences of a fallback unit are counted as ``fallback``.
+The sentences of a fallback unit (a turn that gave no other unit) are counted as ``fallback``: what the
+rules alone leave out is ``unread`` plus ``fallback``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def outcomes(cases, config) -> tuple[Counter, Counter]:
     """``"role/outcome" -> sentences`` and ``"role/kind" -> new turns`` over every window of every case.
 
     A turn's kind: ``units`` (it gives at least one), ``unread_only`` (none, but it holds an unread
-    content sentence: what ``unread_turn_fallback`` grounds) or ``nothing``.
+    content sentence: what the fallback grounds) or ``nothing``.
     """
     from qgmem.memory.extract_heuristic import HeuristicExtractor, new_turns
     from qgmem.memory.windows import make_windows
@@ -52,7 +52,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=["convomem_val", "locomo_form"],
                         choices=["convomem_val", "locomo_form"])
-    parser.add_argument("--rules-only", action="store_true", help="count without unread_turn_fallback")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args()
 
@@ -61,7 +60,7 @@ def main() -> int:
     from qgmem.memory.extract_heuristic import SENTENCE_OUTCOMES
     from qgmem.reranker_training import convomem_splits
 
-    config = ConstructionConfig(**({"unread_turn_fallback": False} if args.rules_only else {}))
+    config = ConstructionConfig()
     results = {}
     for name in args.sets:
         if name == "convomem_val":
@@ -84,7 +83,6 @@ def main() -> int:
         for role in roles:
             kinds = [turns.get(f"{role}/{k}", 0) for k in ("units", "unread_only", "nothing")]
             print(f"| {role} | {sum(kinds):,} | " + " | ".join(f"{n:,}" for n in kinds) + " |")
-        print(f"(unread_turn_fallback {config.unread_turn_fallback})")
     if args.json:
         print(json.dumps(results))
     return 0

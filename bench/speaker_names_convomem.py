@@ -5,8 +5,8 @@
 1. Counts the questions of the whole data set (with its distractor conversations) that name one of
    their dialogue's speakers: the setting acts only on those.
 2. With ``--pq-dir`` (``bench/activation_mechanisms.py --per-question-dir``): for each ConvoMem set
-   there, how many questions got the same top k under ``names_drop`` / ``names_blend`` as under
-   ``default`` (the per-question files of one run).
+   there, how many questions got the same top k under ``names_keep`` as under ``default`` (names
+   dropped; the per-question files of one run).
 3. With ``--cache``: builds the default training cache twice (``qgmem build-cache --config default``,
    ``dense_speaker_names`` ``drop`` and ``keep``, in temporary folders) and compares one SHA-256 over
    each built train/val/test dataset's files, with the cache keys beside.
@@ -43,7 +43,7 @@ def same_top_k(pq_dir: Path) -> None:
     for default in sorted(pq_dir.glob("convomem_*.default.jsonl")):
         set_name = default.name.split(".")[0]
         base = [json.loads(line) for line in default.read_text().splitlines() if line.strip()]
-        for variant in ("names_drop", "names_blend"):
+        for variant in ("names_keep",):
             other_file = pq_dir / f"{set_name}.{variant}.jsonl"
             if not other_file.is_file():
                 continue

@@ -172,20 +172,11 @@ def test_commands_that_read_settings_take_config_and_print_config(command, flag,
     assert yaml.safe_load(capsys.readouterr().out)[flag] == 9  # a flag after --config wins
 
 
-@pytest.mark.parametrize(("value", "needle"), [
-    ("source", "--fusion-weights: 'source' is not CHANNEL=WEIGHT"),
-    ("source=lots", "--fusion-weights: 'source=lots' is not CHANNEL=WEIGHT"),
-    ("turns=2", "fusion_weights must map channels"),
-    ("source=0", "fusion_weights must map channels"),
+@pytest.mark.parametrize(("flag", "value", "needle"), [
+    ("--channels", "turns", "channels must be a non-empty subset"),
+    ("--dense-speaker-names", "blend", "invalid choice: 'blend'"),  # retired: only keep | drop
 ])
-def test_bad_fusion_weights_are_a_user_error(value, needle, locomo_file, capsys):
-    code = main(["eval-retrieval", "--dataset", "locomo", "--path", str(locomo_file), "--fusion-weights", value])
+def test_bad_activation_options_are_a_user_error(flag, value, needle, locomo_file, capsys):
+    code = main(["eval-retrieval", "--dataset", "locomo", "--path", str(locomo_file), flag, value])
     err = _errors(capsys)
-    assert code == USER_ERROR_EXIT and needle in err[0]
-
-
-def test_fusion_weights_flag_parses_pairs():
-    from qgmem.evaluation.retrieval import parse_fusion_weights
-
-    assert parse_fusion_weights("source=2, lexical=0.5") == {"source": 2.0, "lexical": 0.5}
-    assert parse_fusion_weights("") == {}
+    assert code == USER_ERROR_EXIT and any(needle in line for line in err)

@@ -68,28 +68,3 @@ def test_attribute_embeds_each_distinct_name_once(small_store, hash_encoder, laz
     channel.search(QueryConstraints(entities=["Caroline"], locations=["Boston"]), 5)
     assert hash_encoder.calls == calls + 2  # only the query names; store names are never re-encoded
 
-
-def _wrong_speaker_units():
-    from .helpers import make_unit
-
-    # the evidence: Daniel volunteers; construction wrote "Priya" for every I/you in Priya's units
-    evidence = make_unit("ev", "Daniel started volunteering at the animal shelter", "Daniel", "started", "volunteering",
-                         ["t1"], source_text="I started volunteering at the animal shelter on Elm Street", speaker="Daniel")
-    asked = make_unit("pq", 'Priya, asked "Where would Priya go?": Maybe Brighton, Priya\'s favourite town', "Priya",
-                      "go", "Brighton", ["t2"], source_text="Maybe Brighton, I love it there", speaker="Priya")
-    others = [make_unit(f"o{i}", text, who, "did", "x", [f"t{3 + i}"], speaker=who) for i, (who, text) in enumerate(
-        [("Daniel", "Daniel bakes sourdough"), ("Priya", "Priya runs on Sundays"), ("Daniel", "Daniel reads comics"),
-         ("Priya", "Priya's sister visits"), ("Daniel", "Daniel's shift ends at noon")])]
-    return [evidence, asked, *others]
-
-
-def test_speaker_name_counted_once_keeps_wrong_speaker_questions_on_the_evidence():
-    units = _wrong_speaker_units()
-    question = "Where does Priya volunteer?"  # adversarial: Daniel volunteers, Priya never said so
-    plain = [units[i].id for i, _ in LexicalChannel.for_units(units).search(question, 3)]
-    once = [units[i].id for i, _ in LexicalChannel.for_units(units, speaker_once=True).search(question, 3)]
-    assert plain[0] == "pq"  # the repeated name outweighs the one content word
-    assert once[0] == "ev"
-    # a question that names the right speaker still finds the evidence first
-    right = LexicalChannel.for_units(units, speaker_once=True).search("Where does Daniel volunteer?", 3)
-    assert units[right[0][0]].id == "ev"

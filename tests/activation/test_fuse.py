@@ -27,21 +27,3 @@ def test_rrf_pool_size_duplicates_and_ties():
     assert reciprocal_rank_fusion({}, pool_size=5) == []
     with pytest.raises(ValueError):
         reciprocal_rank_fusion({"a": [1]}, rrf_k=-1)
-
-
-def test_rrf_weights_scale_one_channel_and_default_to_one():
-    rankings = {"a": [7, 3], "b": [3, 9]}
-    fused = reciprocal_rank_fusion(rankings, rrf_k=60, pool_size=10, weights={"b": 2.0})
-    assert {f.index: f.score for f in fused} == pytest.approx(
-        {7: 1 / 61, 3: 1 / 62 + 2 / 61, 9: 2 / 62})
-    assert [f.index for f in fused] == [3, 9, 7]  # weighted: b's second hit passes a's first
-    plain = reciprocal_rank_fusion(rankings, rrf_k=60, pool_size=10)
-    assert [f.index for f in plain] == [3, 7, 9]  # control: unweighted, a's first hit stays ahead
-    same = reciprocal_rank_fusion(rankings, rrf_k=60, pool_size=10, weights={"a": 1.0, "b": 1.0})
-    assert [(f.index, f.score) for f in same] == [(f.index, f.score) for f in plain]
-
-
-@pytest.mark.parametrize("weight", [0.0, -1.0, float("nan")])
-def test_rrf_weights_must_be_positive(weight):
-    with pytest.raises(ValueError, match="fusion weights"):
-        reciprocal_rank_fusion({"a": [1]}, weights={"a": weight})

@@ -180,7 +180,7 @@ def test_a_large_store_without_source_vectors_is_warned_about(hash_encoder, capl
     assert "no source-turn vectors" not in caplog.text
 
 
-def test_source_turn_label_off_embeds_the_text_alone(hash_encoder):
+def test_text_alone_for_a_store_built_without_the_label(hash_encoder):
     unit = make_unit("a", "fact a", "a", "is", "x", ["t1"], speaker="Ann", source_text="We met at noon")
     assert source_turn_text(unit, label=False) == "We met at noon"
     bare = source_turn_embeddings([unit], hash_encoder, label=False)
@@ -189,10 +189,9 @@ def test_source_turn_label_off_embeds_the_text_alone(hash_encoder):
     assert not np.allclose(bare[0], source_turn_embeddings([unit], hash_encoder)[0])
 
 
-def test_builder_and_append_follow_source_turn_label_and_record_it(hash_encoder):
-    """Build and append embed the turns as the setting says; the store's params record a non-default value
-    only (stores built before the setting keep their keys), and an activator over a store without source
-    vectors embeds them as its params say."""
+def test_builder_and_append_embed_labelled_turns_and_old_stores_read_as_built(hash_encoder):
+    """Build and append embed ``speaker: text``; an activator over a store without source vectors embeds
+    them as the store's recorded construction did (a store built with the retired label off: text alone)."""
     from qgmem.memory.builder import MemoryBuilder
     from qgmem.memory.config import ConstructionConfig
     from qgmem.serving.history_file import sessions_to_dialogue
@@ -200,21 +199,17 @@ def test_builder_and_append_follow_source_turn_label_and_record_it(hash_encoder)
     sessions = [[{"speaker": "User", "text": "I adopted a puppy named Biscuit last week."},
                  {"speaker": "Assistant", "text": "Biscuit is a lovely name for a puppy."}]]
     more = sessions_to_dialogue([[{"speaker": "User", "text": "Biscuit now sleeps in the garden shed."}]], "more")
-    stores = {}
-    for label in (True, False):
-        config = ConstructionConfig(extractor="heuristic", source_turn_label=label)
-        builder = MemoryBuilder(config, hash_encoder)
-        store = builder.build(sessions_to_dialogue(sessions, "history"))
-        store, _ = builder.append(store, more.sessions)
-        assert len(store) >= 2 and {u.session_id for u in store.units} == {"s0", "s1"}
-        np.testing.assert_allclose(store.source_embeddings,
-                                   source_turn_embeddings(store.units, hash_encoder, label=label), rtol=1e-6)
-        assert ("source_turn_label" in store.meta["params"]) == (not label)
-        stores[label] = store
-    assert not np.allclose(stores[True].source_embeddings, stores[False].source_embeddings)
+    builder = MemoryBuilder(ConstructionConfig(extractor="heuristic"), hash_encoder)
+    store = builder.build(sessions_to_dialogue(sessions, "history"))
+    store, _ = builder.append(store, more.sessions)
+    assert len(store) >= 2 and {u.session_id for u in store.units} == {"s0", "s1"}
+    labelled = source_turn_embeddings(store.units, hash_encoder)
+    np.testing.assert_allclose(store.source_embeddings, labelled, rtol=1e-6)
+    assert "source_turn_label" not in store.meta["params"]  # the key of the stores built before it was retired
 
-    bare = stores[False]
-    bare.source_embeddings = None  # as a store saved before stores kept the vectors
-    act = Activator(bare, hash_encoder, ActivationConfig())
-    np.testing.assert_allclose(act.source_embeddings, source_turn_embeddings(bare.units, hash_encoder, label=False),
+    store.source_embeddings = None  # as a store saved before stores kept the vectors
+    np.testing.assert_allclose(Activator(store, hash_encoder, ActivationConfig()).source_embeddings, labelled,
                                rtol=1e-6)
+    store.meta["params"]["source_turn_label"] = False  # built with the retired label off
+    np.testing.assert_allclose(Activator(store, hash_encoder, ActivationConfig()).source_embeddings,
+                               source_turn_embeddings(store.units, hash_encoder, label=False), rtol=1e-6)

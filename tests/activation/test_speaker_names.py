@@ -39,9 +39,13 @@ def test_keep_lets_the_wrong_name_win(hash_encoder):
     assert _top(hash_encoder, "keep") == "p1"  # negative control: the name outweighs the content words
 
 
-@pytest.mark.parametrize("mode", ["drop", "blend"])
-def test_drop_and_blend_put_the_evidence_first(hash_encoder, mode):
-    assert _top(hash_encoder, mode) == "gold"
+def test_drop_puts_the_evidence_first(hash_encoder):
+    assert _top(hash_encoder, "drop") == "gold"
+
+
+def test_blend_is_retired():
+    with pytest.raises(ValueError, match="dense_speaker_names"):
+        ActivationConfig(dense_speaker_names="blend")
 
 
 def test_names_are_removed_whole_words_with_possessives():
@@ -58,14 +62,13 @@ def test_query_vectors_per_mode(hash_encoder):
     store = _store(hash_encoder)
     neutral = "Where does volunteer on weekends?"
     vectors = {}
-    for mode in ("keep", "drop", "blend"):
+    for mode in ("keep", "drop"):
         act = Activator(store, hash_encoder, ActivationConfig(channels=("semantic",), source_weight=0.0,
                                                               dense_speaker_names=mode))
         vectors[mode] = act.encode_query(SWAPPED, act.parse(SWAPPED))[0]
     full, bare = hash_encoder.encode([SWAPPED, neutral])
     np.testing.assert_allclose(vectors["keep"], full, atol=1e-6)
     np.testing.assert_allclose(vectors["drop"], bare, atol=1e-6)
-    np.testing.assert_allclose(vectors["blend"], (full + bare) / np.linalg.norm(full + bare), atol=1e-6)
     # a question naming no speaker is encoded as it is in every mode
     act = Activator(store, hash_encoder, ActivationConfig(channels=("semantic",), source_weight=0.0,
                                                           dense_speaker_names="drop"))

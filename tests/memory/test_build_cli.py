@@ -47,7 +47,7 @@ def test_heuristic_build_on_convomem_sample_then_resume(tmp_path, convomem_path,
     read = sum(n for key, n in sentences.items() if key.endswith("/read"))
     fallback = sum(n for key, n in sentences.items() if key.endswith("/fallback"))
     assert read <= summary["units"] <= read + fallback
-    assert (fallback > 0) == ConstructionConfig().unread_turn_fallback
+    assert fallback > 0  # ConvoMem has turns no rule reads
     assert {"user/read", "assistant/read", "user/question"} <= set(sentences)
     assert again["sentences"] == sentences  # reused stores keep their counts
 

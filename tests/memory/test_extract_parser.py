@@ -156,8 +156,6 @@ def test_unread_turn_fallback_grounds_the_turn_through_the_parser():
     turns = [("User", "I host a late-night campus radio show."),
              ("Assistant", "Hosting a late-night radio show must have made you comfortable with unscripted "
                            "conversation, which is a skill to have.")]
-    off = _units(ParserExtractor(ConstructionConfig(unread_turn_fallback=False)), turns)
-    assert [u.source_turn_ids for u in off] == [["s0:0"]]  # control: without it the assistant turn gives no unit
     on = _units(ParserExtractor(ConstructionConfig()), turns)
     assert [u.source_turn_ids for u in on] == [["s0:0"], ["s0:1"]]
     fallback = on[1]

@@ -19,7 +19,7 @@ def test_later_fields_enter_the_key_only_away_from_their_earlier_behaviour():
     key = _spec(before).sample_settings()["activation"]
     assert not set(LATER_FIELDS) & set(key) and "reranker_weights" not in key
     # a later setting away from its earlier value is in the key
-    assert _spec(ActivationConfig(expansion_seeds=3)).samples_key != _spec(ActivationConfig()).samples_key
+    assert _spec(ActivationConfig(rerank_depth=20)).samples_key != _spec(ActivationConfig()).samples_key
     # the round-5 defaults (source channel, its reranker weight, turn diversity) are in the default key
     default = _spec(ActivationConfig()).sample_settings()["activation"]
     assert default["source_weight"] == 1.0 and default["max_units_per_turn"] == 1

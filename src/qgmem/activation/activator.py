@@ -1,9 +1,8 @@
 """Query-aware working-memory activation over one dialogue's store (paper §III-B).
 
-question -> constraints (parser) -> lexical / semantic / attribute channels -> reciprocal-rank fusion
-into a pool of n -> superseded trace members folded into their latest state -> reranker -> optional
-multi-hop rounds (a feedback round seeded by the top units; expansion through their traces and
-entities), each fused into the pool and reranked again -> top k -> local graph + textual working memory.
+question -> constraints (parser) -> lexical / semantic / attribute / source channels -> reciprocal-rank
+fusion into a pool of n -> the latest state of superseded trace members joins the pool -> reranker ->
+turn diversity -> top k -> local graph + textual working memory.
 
 Build one ``Activator`` per store and reuse it for all the store's questions: the indexes are built
 once, and a shared model reranker can be passed in so it is loaded once for many stores.
@@ -17,7 +16,7 @@ import time
 
 import numpy as np
 
-from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel, normalize_name
+from qgmem.activation.channels import AttributeChannel, Hits, LexicalChannel, SemanticChannel
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.fuse import reciprocal_rank_fusion
 from qgmem.activation.graph import build_local_graph
@@ -25,15 +24,14 @@ from qgmem.activation.query import QueryConstraints, QueryParser, make_parser
 from qgmem.activation.records import WorkingMemory
 from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, candidate_document, make_reranker
 from qgmem.activation.serialize import serialize_working_memory
-from qgmem.memory.source_turns import source_turn_embeddings, stored_label
+from qgmem.memory.source_turns import source_turn_embeddings
 from qgmem.memory.store import MemoryStore
+from qgmem.retired_settings import stored_source_label
 
 log = logging.getLogger(__name__)
 
 #: a store without source-turn vectors at least this large is worth a warning (embedding it takes seconds)
 SOURCE_WARN_UNITS = 1000
-#: the lists the multi-hop rounds add to the channels' (``hop_extra_units`` counts the units only they bring)
-HOP_LISTS = frozenset({"lexical_feedback", "semantic_feedback", "expansion"})
 
 
 def superseded_map(store: MemoryStore) -> dict[str, str]:
@@ -114,8 +112,7 @@ class Activator:
             )
         self.embeddings = embeddings
         channels = config.channels
-        self.lexical = (LexicalChannel.for_units(units, speaker_once=config.lexical_speaker_once, k1=config.bm25_k1,
-                                                 b=config.bm25_b)
+        self.lexical = (LexicalChannel.for_units(units, k1=config.bm25_k1, b=config.bm25_b)
                         if "lexical" in channels else None)
         if semantic is not None and "semantic" in channels:  # given by extended(): already holds these rows
             self.semantic = semantic
@@ -144,14 +141,13 @@ class Activator:
                             if config.reranker != "embedding" and (config.rerank_depth or config.model_weight < 1)
                             else None)
         self.parser = parser if parser is not None else make_parser(config.parser, llm)
-        self.superseded = superseded_map(store) if config.superseded != "keep" else {}
+        self.superseded = superseded_map(store)
         self.last_timings: dict[str, float] = {}  # milliseconds per stage of the latest activate()
         self.last_hits: dict[str, Hits] = {}  # the latest activate()'s channel lists ...
         self.last_pool: list[Candidate] = []  # ... its fused pool ...
         self.last_ranking: list[tuple[Candidate, float]] = []  # ... and the whole pool in reranked order
         self.last_query_vec: np.ndarray | None = None
         self.last_question_vec: np.ndarray | None = None
-        self._owners: dict[str, list[int]] | None = None
         self.speaker_names = speaker_name_pattern(units) if config.dense_speaker_names != "keep" else None
 
     @staticmethod
@@ -164,7 +160,7 @@ class Activator:
                         "%d units' turns now, at every start; rebuild it, or save it after an append, to keep them",
                         store.dialogue_id, len(store))
         # a store built before it kept them, embedded as its construction settings say
-        return source_turn_embeddings(store.units, encoder, stored_label(store.meta))
+        return source_turn_embeddings(store.units, encoder, stored_source_label(store.meta))
 
     def extended(self, store: MemoryStore, reranker: Reranker | None = None) -> Activator:
         """An activator over ``store``, this one's store with units appended (``MemoryBuilder.append``).
@@ -190,20 +186,14 @@ class Activator:
         """Question, entity and location embeddings from a single encoder call.
 
         With ``dense_speaker_names`` ``drop`` the question vector is the question's without the store's
-        speaker names; with ``blend`` it is the normalized sum of both (a question naming no speaker is
-        encoded as it is).
+        speaker names (a question naming no speaker is encoded as it is).
         """
         neutral = without_speaker_names(question, self.speaker_names)
-        mode = self.config.dense_speaker_names if neutral != question else "keep"
-        queries = {"keep": [question], "drop": [neutral], "blend": [question, neutral]}[mode]
-        vecs = self.encoder.encode([*queries, *constraints.entities, *constraints.locations])
-        query_vec, rest = vecs[0], vecs[len(queries):]
+        dropped = neutral != question
+        vecs = self.encoder.encode([neutral, *constraints.entities, *constraints.locations])
+        query_vec, rest = vecs[0], vecs[1:]
         # the question as written, when it was encoded (the dense turn baseline reuses it)
-        self.last_question_vec = vecs[0] if mode != "drop" else None
-        if mode == "blend":
-            total = np.asarray(vecs[0], dtype=np.float32) + np.asarray(vecs[1], dtype=np.float32)
-            norm = float(np.linalg.norm(total))
-            query_vec = total / norm if norm > 0 else total
+        self.last_question_vec = None if dropped else vecs[0]
         n_ent = len(constraints.entities)
         return query_vec, rest[:n_ent], rest[n_ent:]
 
@@ -230,31 +220,20 @@ class Activator:
             timings["source"] = (time.perf_counter() - t) * 1e3
         return hits
 
-    def pool(self, hits: dict[str, Hits], first: list[Candidate] | None = None) -> list[Candidate]:
+    def pool(self, hits: dict[str, Hits]) -> list[Candidate]:
         """Fuse the channels, then bring in the latest state of superseded trace members.
 
-        ``attach``: the member stays and its trace's latest unit joins the pool right after it (same
-        fused score) so the current state can always be chosen; ``fold``: the member is replaced by the
-        latest unit, which then stands for it (``via``). ``first`` is the pool of the round before, for a
-        multi-hop round: with ``hop_extra_units`` N it is kept whole and the multi-hop lists add at most N
-        units to it, instead of competing with it for ``pool_size`` slots.
+        A superseded member stays and its trace's latest unit joins the pool right after it (same fused
+        score), so the current state can always be chosen; the latest unit records the members it stands
+        for (``via``).
         """
         rankings = {name: [i for i, _ in h] for name, h in hits.items()}
-        extra = self.config.hop_extra_units if first is not None else 0
-        fused = reciprocal_rank_fusion(rankings, rrf_k=self.config.rrf_k,
-                                       pool_size=self.config.pool_size if not extra else sum(map(len, rankings.values())),
-                                       weights=self.config.fusion_weights)
-        if extra:
-            kept = {index for c in first for index in c.via}
-            fused = [f for f in fused if f.index in kept] + [
-                f for f in fused if f.index not in kept and HOP_LISTS.intersection(f.ranks)][:extra]
-            fused.sort(key=lambda f: -f.score)  # stable: ties keep the fusion's order
+        fused = reciprocal_rank_fusion(rankings, rrf_k=self.config.rrf_k, pool_size=self.config.pool_size)
         # BM25 evidence as a score, not only a rank: rank fusion keeps the order of the lexical list
         # but forgets whether its top hit matched a rare name or one common word.
         lexical = dict(hits.get("lexical", []))
         top_lexical = max(lexical.values(), default=0.0)
         units = self.store.units
-        fold = self.config.superseded == "fold"
         pool: list[Candidate] = []
         by_index: dict[int, Candidate] = {}
 
@@ -271,8 +250,7 @@ class Activator:
         for item in fused:
             latest = self.superseded.get(units[item.index].id)
             latest_index = self.store.index_of(latest) if latest is not None else None
-            if latest_index is None or not fold:
-                add(item.index, item.score, item.ranks, item.index)
+            add(item.index, item.score, item.ranks, item.index)
             if latest_index is not None:
                 add(latest_index, item.score, {}, item.index)
         return pool
@@ -326,70 +304,6 @@ class Activator:
         """Top ``k`` of the pool by reranker score (ties: fused order)."""
         return self.rank(question, pool, query_vec)[: self.config.k]
 
-    # -- multi-hop mechanisms -------------------------------------------------------------------------
-    def _entity_owners(self) -> dict[str, list[int]]:
-        """Normalized entity -> store indices of the units that name it (built on first use)."""
-        if self._owners is None:
-            owners: dict[str, list[int]] = {}
-            for i, unit in enumerate(self.store.units):
-                for key in dict.fromkeys(normalize_name(e) for e in unit.entities):
-                    if key:
-                        owners.setdefault(key, []).append(i)
-            self._owners = owners
-        return self._owners
-
-    def expansion_hits(self, seeds: list[int]) -> Hits:
-        """Units linked to the seeds (store indices, best first) through a shared trace or a rare entity.
-
-        In seed order: first the seed's trace members, then the units of each entity the seed names that
-        at most ``expansion_max_entity_units`` units share (rarest entity first). Seeds themselves are left
-        out: they are in the pool already.
-        """
-        owners = self._entity_owners()
-        cap = self.config.expansion_max_entity_units
-        units = self.store.units
-        out: list[int] = []
-        seen = set(seeds)
-        for seed in seeds:
-            unit = units[seed]
-            linked: list[int] = []
-            trace = self.store.trace_of(unit)
-            if trace is not None:
-                linked += [self.store.index_of(uid) for uid in trace.unit_ids]
-            keys = [key for key in dict.fromkeys(normalize_name(e) for e in unit.entities)
-                    if key and len(owners.get(key, ())) <= cap]
-            for key in sorted(keys, key=lambda key: len(owners[key])):
-                linked += owners[key]
-            for index in linked:
-                if index not in seen:
-                    seen.add(index)
-                    out.append(index)
-        return [(index, 1.0 / (1 + rank)) for rank, index in enumerate(out)]
-
-    def feedback_hits(self, question: str, query_vec: np.ndarray, seeds: list[int],
-                      known: set[int] = frozenset()) -> dict[str, Hits]:
-        """A second lexical and semantic round with the seeds' facts added to the question.
-
-        Units of the first round's pool (``known``) are left out of these lists: the feedback query still
-        holds the question's words, and crediting the units those words found twice would only push the
-        first round's order harder; the round is there to reach units the question alone did not.
-        """
-        depth = self.config.channel_depth
-        facts = [self.store.units[i].fact for i in seeds]
-        hits: dict[str, Hits] = {}
-        if self.lexical is not None:
-            found = self.lexical.search(" ".join([question, *facts]), depth + len(known))
-            hits["lexical_feedback"] = [h for h in found if h[0] not in known][:depth]
-        if self.semantic is not None:
-            vec = np.asarray(query_vec, dtype=np.float32) + self.embeddings[seeds].mean(axis=0)
-            norm = float(np.linalg.norm(vec))
-            found = self.semantic.search(vec / norm if norm > 0 else vec, depth + len(known))
-            hits["semantic_feedback"] = [h for h in found if h[0] not in known][:depth]
-        return hits
-
-    def _seeds(self, ranking: list[tuple[Candidate, float]], n: int) -> list[int]:
-        return [c.index for c, _ in ranking[:n]]
-
     # -- the whole path ----------------------------------------------------------------------------------
     def activate(self, question: str, question_time: str | None = None) -> WorkingMemory:
         """The working memory for ``question``: top-k units in reranked order, traces, local graph, text."""
@@ -405,15 +319,6 @@ class Activator:
         pool = self.pool(hits)
         ranking = self.rank(question, pool, query_vec)
         config = self.config
-        if config.feedback_seeds and ranking:
-            hits.update(self.feedback_hits(question, query_vec, self._seeds(ranking, config.feedback_seeds),
-                                           known={c.index for c in pool}))
-            pool = self.pool(hits, first=pool)
-            ranking = self.rank(question, pool, query_vec)
-        if config.expansion_seeds and ranking:
-            hits["expansion"] = self.expansion_hits(self._seeds(ranking, config.expansion_seeds))
-            pool = self.pool(hits, first=pool)
-            ranking = self.rank(question, pool, query_vec)
         # kept for diagnostics (eval-retrieval's pool recall and deeper recall@k); references, no copies
         self.last_hits, self.last_pool, self.last_ranking = hits, pool, ranking
         chosen = ranking[: config.k]

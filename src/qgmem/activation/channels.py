@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,19 +24,6 @@ def _stemmer():
     import snowballstemmer
 
     return snowballstemmer.stemmer("english")
-
-
-def _count_once(tokens: list[str], once: set[str]) -> list[str]:
-    """``tokens`` with every repeat of a token in ``once`` dropped (its first occurrence kept)."""
-    seen: set[str] = set()
-    out = []
-    for token in tokens:
-        if token in once:
-            if token in seen:
-                continue
-            seen.add(token)
-        out.append(token)
-    return out
 
 
 def _top(scores: np.ndarray, n: int, keep: np.ndarray | None = None) -> Hits:
@@ -58,7 +44,7 @@ def _top(scores: np.ndarray, n: int, keep: np.ndarray | None = None) -> Hits:
 class LexicalChannel:
     """BM25 over each unit's fact text plus its source text (bm25s, English stop words, Snowball stems)."""
 
-    def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75, once: Iterable[str] = ()):
+    def __init__(self, texts: list[str], k1: float = 1.5, b: float = 0.75):
         import bm25s
 
         self._bm25s = bm25s
@@ -68,26 +54,14 @@ class LexicalChannel:
         if texts:
             tokens = bm25s.tokenize(texts, stopwords="en", stemmer=self._stemmer, return_ids=False,
                                     show_progress=False)
-            once_tokens = {t for words in bm25s.tokenize(list(once), stopwords="en", stemmer=self._stemmer,
-                                                         return_ids=False, show_progress=False) for t in words} \
-                if once else set()
-            if once_tokens:
-                tokens = [_count_once(doc, once_tokens) for doc in tokens]
             if any(tokens):
                 self.retriever = bm25s.BM25(k1=k1, b=b)
                 self.retriever.index(tokens, show_progress=False)
 
     @classmethod
-    def for_units(cls, units: list[MemoryUnit], speaker_once: bool = False, **kwargs) -> LexicalChannel:
-        """BM25 over ``fact + source text``; with ``speaker_once`` a speaker's name counts once per unit.
-
-        Construction writes the speaker's name for every "I" and "you" ("Priya, asked 'Do Priya run
-        alone?': Usually with Priya's club"), so a name can occur three times in one unit where the raw
-        turn holds it once (its speaker label). Counting it once keeps a question that names the wrong
-        speaker from ranking that speaker's units above the evidence on the name alone.
-        """
-        once = sorted({u.speaker for u in units if u.speaker}) if speaker_once else ()
-        return cls([f"{u.fact}\n{u.source_text}" for u in units], once=once, **kwargs)
+    def for_units(cls, units: list[MemoryUnit], **kwargs) -> LexicalChannel:
+        """BM25 over ``fact + source text``."""
+        return cls([f"{u.fact}\n{u.source_text}" for u in units], **kwargs)
 
     def query_tokens(self, question: str) -> list[str]:
         tokens = self._bm25s.tokenize([question], stopwords="en", stemmer=self._stemmer, return_ids=False,

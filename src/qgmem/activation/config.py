@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from qgmem.activation.fuse import check_fusion_weights
+from qgmem import retired_settings
 
 RerankerKind = Literal["embedding", "cross-encoder", "llm", "trained"]
 RERANKERS = ("embedding", "cross-encoder", "llm", "trained")
 ParserKind = Literal["heuristic", "llm"]
-SupersededMode = Literal["attach", "fold", "keep"]
-SpeakerNamesMode = Literal["keep", "drop", "blend"]
-SPEAKER_NAME_MODES = ("keep", "drop", "blend")
+SpeakerNamesMode = Literal["keep", "drop"]
+SPEAKER_NAME_MODES = ("keep", "drop")
 
 
 #: fields added after caches were first keyed by these settings, each with the value that reproduces
 #: activation as it was before the field existed (see ``ActivationConfig.key_dict``)
 LATER_FIELDS: dict[str, object] = {
-    "lexical_speaker_once": False, "rerank_depth": 0, "expansion_seeds": 0, "expansion_max_entity_units": 20,
-    "feedback_seeds": 0, "source_weight": 0.0, "max_units_per_turn": 0, "fusion_weights": {},
-    "hop_extra_units": 0, "dense_speaker_names": "keep", "model_weight": 1.0,
+    "rerank_depth": 0, "source_weight": 0.0, "max_units_per_turn": 0, "dense_speaker_names": "keep",
+    "model_weight": 1.0,
 }
 #: the retrieval channels; ``source`` is dense retrieval over each unit's source turn (docs/activation.md)
 CHANNELS = ("lexical", "semantic", "attribute", "source")
@@ -41,17 +39,13 @@ class ActivationConfig:
     pool_size: int = 100
     channel_depth: int = 100  # candidates each channel contributes before fusion
     rrf_k: float = 60.0
-    # channel -> its weight in the fusion (``w / (rrf_k + rank)``); a channel not named weighs 1 (plain RRF)
-    fusion_weights: dict[str, float] = field(default_factory=dict)
     attribute_threshold: float = 0.60
-    channels: tuple[str, ...] = CHANNELS  # ``source`` joined the paper's three in round 5 (docs/activation.md)
+    channels: tuple[str, ...] = CHANNELS  # the paper's three and ``source`` (docs/activation.md)
     ann_min_units: int = 50_000
     hnsw_m: int = 32
     hnsw_ef_search: int = 128
     bm25_k1: float = 1.5
     bm25_b: float = 0.75
-    # the lexical channel counts a speaker's name once per unit (construction writes it for every I/you)
-    lexical_speaker_once: bool = False
     reranker: RerankerKind = "embedding"
     reranker_path: str | None = None  # cross-encoder folder, or causal LM (path/hub id/embedded alias)
     # model rerankers (cross-encoder, trained, llm) score only the top ``rerank_depth`` units of the
@@ -65,43 +59,24 @@ class ActivationConfig:
     embedding_weight: float = 0.3  # embedding reranker: weight of cosine vs. the fused channel score
     lexical_weight: float = 0.2  # embedding reranker: added weight of the normalized BM25 score
     # embedding reranker: added weight of the cosine between the question and the unit's source turn
-    source_weight: float = 1.0  # 0.7 in round 5; 1.0 from round 6 (docs/BENCHMARKS.md)
-    # Superseded trace members (followed by a later "update"): "attach" keeps them and pulls their trace's
-    # latest state into the pool beside them; "fold" replaces them by the latest state; "keep" does neither.
-    superseded: SupersededMode = "attach"
+    source_weight: float = 1.0
     reverse_edges: bool = False
     parser: ParserKind = "heuristic"
     source_chars: int = 0  # characters of source text per working-memory entry (0 = ids only)
-    # Multi-hop mechanisms, each off at 0 and measured on its own (docs/activation.md):
-    # expansion: units sharing a trace or an entity with the top ``expansion_seeds`` reranked units join
-    # the pool as one more fused list; an entity held by more than ``expansion_max_entity_units`` units
-    # (a speaker's own name) is too common to link through.
-    expansion_seeds: int = 0
-    expansion_max_entity_units: int = 20
-    # second round: lexical and semantic retrieval again with the question plus the facts of the first
-    # round's top ``feedback_seeds`` reranked units (pseudo-relevance feedback), fused with the first round.
-    feedback_seeds: int = 0
-    # how a multi-hop round's lists join the pool: 0 = fused with the first round's into the same
-    # ``pool_size`` slots (first-round units can drop out); N > 0 = the first round's pool is kept whole
-    # and the N best units that only the multi-hop lists brought are added to it
-    hop_extra_units: int = 0
     # what the dense query (fact and source channels, the embedding reranker's cosines) does with the
-    # names of the store's speakers in the question: "keep" them; "drop" them; "blend" the two encodings
-    # (their normalized sum). A name pulls dense retrieval to that speaker's units, which is wrong when
-    # the question asks one speaker about what the other said (LoCoMo's adversarial questions).
-    dense_speaker_names: SpeakerNamesMode = "drop"  # "keep" before round 10 (docs/BENCHMARKS.md)
+    # names of the store's speakers in the question: "keep" them (the paper's activation) or "drop" them.
+    # A name pulls dense retrieval to that speaker's units, which is wrong when the question asks one
+    # speaker about what the other said (LoCoMo's adversarial questions; docs/activation.md)
+    dense_speaker_names: SpeakerNamesMode = "drop"
     # turn diversity: after reranking, a unit whose source turns each already have this many units
     # ranked above it moves below the others (0 = off), so the k slots cover more of the dialogue
     max_units_per_turn: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.pool_size < self.k:
             raise ValueError(f"need 1 <= k <= pool_size, got k={self.k}, pool_size={self.pool_size}")
         if self.reranker not in RERANKERS:
             raise ValueError(f"reranker must be one of {'|'.join(RERANKERS)}, got {self.reranker!r}")
-        if self.superseded not in ("attach", "fold", "keep"):
-            raise ValueError(f"superseded must be attach|fold|keep, got {self.superseded!r}")
         if self.dense_speaker_names not in SPEAKER_NAME_MODES:
             raise ValueError(f"dense_speaker_names must be {'|'.join(SPEAKER_NAME_MODES)}, "
                              f"got {self.dense_speaker_names!r}")
@@ -116,14 +91,10 @@ class ActivationConfig:
         for name in ("lexical_weight", "source_weight"):
             if getattr(self, name) < 0.0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("expansion_seeds", "feedback_seeds", "rerank_depth", "max_units_per_turn", "hop_extra_units"):
+        for name in ("rerank_depth", "max_units_per_turn"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.expansion_max_entity_units < 1:
-            raise ValueError(f"expansion_max_entity_units must be >= 1, got {self.expansion_max_entity_units}")
         self.channels = tuple(self.channels)
-        self.fusion_weights = {str(name): float(w) for name, w in dict(self.fusion_weights).items()}
-        check_fusion_weights(self.fusion_weights, CHANNELS, what="fusion_weights")
 
     @property
     def uses_source_turns(self) -> bool:
@@ -134,14 +105,16 @@ class ActivationConfig:
         """The settings as a cache key holds them: every field, except that a field added after caches
         were first keyed is left out while it has the value that reproduces the activation before it
         existed, so adding a setting does not invalidate every existing cache (and the old settings still
-        find their caches); a model reranker adds its weights' digest, so a retrained reranker in the same
-        folder rebuilds the cache."""
+        find their caches); retired settings that every key held keep their place at today's value
+        (``qgmem.retired_settings``); a model reranker adds its weights' digest, so a retrained reranker
+        in the same folder rebuilds the cache."""
         from qgmem.activation.rerank import reranker_fingerprint
 
         d = asdict(self)
         for name, before in LATER_FIELDS.items():
             if d[name] == before:
                 del d[name]
+        d = retired_settings.activation_key(d)
         weights = reranker_fingerprint(self.reranker, self.reranker_path)
         if weights is not None:
             d["reranker_weights"] = weights
@@ -151,8 +124,10 @@ class ActivationConfig:
     def from_dict(cls, values: dict[str, Any]) -> ActivationConfig:
         """Settings as an export or a cache recorded them. A later field the record does not hold takes
         the value that reproduces activation before the field existed, not today's default: an export
-        written then keeps activating as it was trained."""
-        values = dict(values)
+        written then keeps activating as it was trained. Retired settings are read by
+        ``qgmem.retired_settings``: at the value today's activation uses they are dropped, at another
+        they are refused by name."""
+        values = retired_settings.read_activation(values)
         for name, before in LATER_FIELDS.items():
             values.setdefault(name, copy.copy(before))
         if isinstance(values.get("channels"), list):

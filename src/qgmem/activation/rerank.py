@@ -36,7 +36,8 @@ class Candidate:
     document: str = ""
     lexical: float = 0.0  # BM25 score over the best BM25 score of the query (0 when the lexical channel missed it)
     ranks: dict[str, int] = field(default_factory=dict)
-    via: list[int] = field(default_factory=list)  # pooled units it stands for (itself, or folded trace members)
+    # pooled units it stands for (itself, and the superseded trace members that brought it in)
+    via: list[int] = field(default_factory=list)
 
 
 def trajectory_lines(trace: MemoryTrace, lookup) -> list[str]:

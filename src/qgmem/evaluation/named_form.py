@@ -4,7 +4,7 @@ ConvoMem's speakers are *User* and *Assistant*, and its questions are the user's
 person ("What did I say was the best part of my new townhouse?"). LoCoMo's speakers are two people,
 and its questions name them ("What did Ingrid say was the best part of Ingrid's new townhouse?"). Speaker
 names are what a question shares with every unit a speaker said, so how activation treats them
-(``dense_speaker_names``, ``lexical_speaker_once``, the swapped-speaker probe of
+(``dense_speaker_names``, the swapped-speaker probe of
 :mod:`qgmem.evaluation.adversarial`) can only be measured on the LoCoMo form. The one LoCoMo-form
 fixture of this repository is a 69-unit dialogue; this rewrite gives the form at ConvoMem's scale, with
 ConvoMem's gold turns (``qgmem eval-retrieval --name-speakers Ingrid,Tobias``).

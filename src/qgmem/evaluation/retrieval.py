@@ -241,22 +241,6 @@ def first_cases(cases: list[Case], limit: int | None = None, per_category: int |
 CONFIG_FILE = True
 
 
-def parse_fusion_weights(text: str) -> dict[str, float]:
-    """``"source=2,lexical=0.5"`` -> ``{"source": 2.0, "lexical": 0.5}`` (``ActivationConfig`` checks the names)."""
-    weights: dict[str, float] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            weights[name.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"--fusion-weights: {item!r} is not CHANNEL=WEIGHT") from None
-    return weights
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, choices=DATASETS)
     parser.add_argument("--path", required=True, help="data file or folder")
@@ -266,15 +250,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"working-memory size and metric cutoff (default {defaults.k})")
     parser.add_argument("--pool-size", type=int, default=defaults.pool_size,
                         help=f"fused candidate pool n (default {defaults.pool_size})")
-    parser.add_argument("--expansion-seeds", type=int, default=defaults.expansion_seeds,
-                        help="multi-hop: units sharing a trace or rare entity with this many top units join the pool "
-                             f"(default {defaults.expansion_seeds}; 0 = off)")
-    parser.add_argument("--feedback-seeds", type=int, default=defaults.feedback_seeds,
-                        help="multi-hop: a second retrieval round seeded by this many top units' facts "
-                             f"(default {defaults.feedback_seeds}; 0 = off)")
-    parser.add_argument("--hop-extra-units", type=int, default=defaults.hop_extra_units,
-                        help="multi-hop rounds keep the first round's pool and add at most this many units to it "
-                             f"(default {defaults.hop_extra_units}; 0 = they compete for its slots)")
     parser.add_argument("--source-weight", type=float, default=defaults.source_weight,
                         help="embedding reranker: weight of the question's cosine with each unit's source turn "
                              f"(default {defaults.source_weight})")
@@ -283,8 +258,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"down (default {defaults.max_units_per_turn}; 0 = off)")
     parser.add_argument("--dense-speaker-names", choices=SPEAKER_NAME_MODES,
                         default=defaults.dense_speaker_names,
-                        help="what the dense query does with the dialogue's speaker names in a question "
-                             f"(default {defaults.dense_speaker_names})")
+                        help="what the dense query does with the dialogue's speaker names in a question: drop them "
+                             f"or keep them (the paper's activation; default {defaults.dense_speaker_names})")
     parser.add_argument("--name-speakers", default=None, metavar="USER,ASSISTANT",
                         help="ConvoMem in the LoCoMo form: name its two speakers and ask every question in the "
                              "third person (docs/activation.md); applied before --swap-speakers")
@@ -313,13 +288,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
     parser.add_argument("--tokenizer", default=EMBEDDED_LM,
                         help="tokenizer that counts working-memory tokens ('none' to skip)")
-    parser.add_argument("--superseded", default=defaults.superseded, choices=["attach", "fold", "keep"],
-                        help="superseded trace members: keep and attach the latest state (default), fold into it, or keep")
     parser.add_argument("--channels", default=",".join(defaults.channels),
                         help=f"comma-separated subset of {','.join(CHANNELS)} (default {','.join(defaults.channels)})")
-    parser.add_argument("--fusion-weights", default="",
-                        help="channel weights in the rank fusion, e.g. source=2 (a channel not named weighs 1; "
-                             "default: every channel 1)")
     parser.add_argument("--device", default=None, help="device for model rerankers (cpu, cuda)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch/FAISS CPU threads (1 avoids oversubscription on a busy machine)")
@@ -403,15 +373,12 @@ def run(args: argparse.Namespace) -> int:
               f"{left_out} left out (they name neither of two speakers, or both)", file=sys.stderr)
     with as_user_error(ValueError, prefix="bad option: "):
         config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
-                                  reranker_path=args.reranker_path, superseded=args.superseded,
-                                  expansion_seeds=args.expansion_seeds, feedback_seeds=args.feedback_seeds,
-                                  hop_extra_units=args.hop_extra_units,
+                                  reranker_path=args.reranker_path,
                                   dense_speaker_names=args.dense_speaker_names,
                                   rerank_depth=args.rerank_depth, model_weight=args.model_weight,
                                   source_weight=args.source_weight,
                                   max_units_per_turn=args.max_units_per_turn,
-                                  channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()),
-                                  fusion_weights=parse_fusion_weights(args.fusion_weights))
+                                  channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
     encoder = SentenceEncoder(args.encoder)
     tokenizer = None
     if args.tokenizer and args.tokenizer.lower() != "none":

@@ -19,6 +19,7 @@ from qgmem.memory.extract_llm import LLMExtractor
 from qgmem.memory.extract_parser import ParserExtractor
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.source_turns import source_turn_embeddings
+from qgmem.retired_settings import stored_source_label
 from qgmem.memory.store import STORE_FORMAT_VERSION, MemoryStore
 from qgmem.memory.traces import TraceIndex, build_traces
 from qgmem.memory.windows import Window, make_windows
@@ -231,8 +232,7 @@ class MemoryBuilder:
         self.stats.merge(stats)
         return MemoryStore(dialogue_id=dialogue.id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta,
-                           source_embeddings=source_turn_embeddings(units, self.encoder,
-                                                                    self.config.source_turn_label))
+                           source_embeddings=source_turn_embeddings(units, self.encoder))
 
     def check_failures(self, dialogue_id: str, stats: BuildStats) -> None:
         """Raise :class:`ConstructionFailed` when too many windows of one dialogue got no usable reply.
@@ -307,12 +307,11 @@ class MemoryBuilder:
                 "extent": {"sessions": extent["sessions"] + len(renumbered),
                            "turns": extent["turns"] + dialogue.num_turns(),
                            "windows": extent["windows"] + len(windows), "user": user}}
-        label = self.config.source_turn_label
-        source = source_turn_embeddings(new_units, self.encoder, label)
+        source = source_turn_embeddings(new_units, self.encoder)
         if len(store):
             old_source = store.source_embeddings
             if old_source is None or old_source.shape[0] != len(store):  # a store built before it kept them
-                old_source = source_turn_embeddings(store.units, self.encoder, label)
+                old_source = source_turn_embeddings(store.units, self.encoder, stored_source_label(store.meta))
             source = np.concatenate([np.asarray(old_source, np.float32), source])
         return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=trace_report.traces,
                            embeddings=embeddings, meta=meta, source_embeddings=source), index

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from qgmem import retired_settings
+
 EXTRACTORS = ("parser", "heuristic", "llm")
 #: the largest share of one dialogue's windows whose LLM extraction may fail (no reply, or none that
 #: validated) before construction stops instead of saving the store; a dialogue whose windows all failed
@@ -12,9 +14,6 @@ EXTRACTORS = ("parser", "heuristic", "llm")
 #: not what the store holds, so it is no part of a store's or a cache's parameters.
 MAX_FAILED_WINDOW_SHARE = 0.5
 CONSOLIDATIONS = ("auto", "rule", "llm")
-#: fields added after stores and caches were first keyed by these settings, each with the value that
-#: reproduces construction as it was before the field existed (see ``ConstructionConfig.key_dict``)
-LATER_FIELDS: dict[str, object] = {"unread_turn_fallback": False, "source_turn_label": True}
 
 
 @dataclass
@@ -52,13 +51,6 @@ class ConstructionConfig:
     llm_retries: int = 1
     min_words: int = 4
     temperature: float = 0.0
-    # rule extractors: a turn whose content sentences no rule could read, and that gives no other unit,
-    # becomes one "mentions" unit of those sentences, so it is grounded (docs/memory.md); on since round 8
-    unread_turn_fallback: bool = True
-    # the source-turn vectors that activation's ``source`` channel and term search embed each turn as
-    # ``speaker: text`` (True) or as its text alone (False); the label puts the speaker's name in every
-    # one of their turns' vectors (round 14 of docs/BENCHMARKS.md)
-    source_turn_label: bool = True
 
     def __post_init__(self) -> None:
         if self.window_size < 1:
@@ -83,16 +75,17 @@ class ConstructionConfig:
         return asdict(self)
 
     def key_dict(self) -> dict[str, Any]:
-        """The settings as stores and caches are keyed by them: a field added later is left out while it
-        has the value that reproduces construction before it, so stores and caches built then still match."""
-        return {k: v for k, v in asdict(self).items() if not (k in LATER_FIELDS and v == LATER_FIELDS[k])}
+        """The settings as stores and caches are keyed by them, with the retired fields that keys held at
+        today's values (``qgmem.retired_settings``), so stores and caches built before still match."""
+        return retired_settings.construction_key(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConstructionConfig:
-        """Settings as a store, cache or export recorded them; a later field the record lacks takes the
-        value that reproduces construction then, not today's default."""
+        """Settings as a store, cache or export recorded them; retired fields are read by
+        ``qgmem.retired_settings`` (a value this version cannot reproduce is refused by name)."""
+        d = retired_settings.read_construction(d)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown construction settings: {sorted(unknown)}")
-        return cls(**{**LATER_FIELDS, **d})
+        return cls(**d)

@@ -564,7 +564,7 @@ def find_location(sentence: str) -> str:
 #: ``phatic`` (assistant empathy and platitudes), ``non_fact`` (user hedges), ``short`` (under
 #: ``min_words`` and not a reply) and ``unread`` (content no rule could read: a clause the reader misses);
 #: ``fallback``: unread sentences of a turn that gave no other unit, joined into one ``mentions`` unit
-#: (``ConstructionConfig.unread_turn_fallback``)
+#: (always on; docs/memory.md)
 SENTENCE_OUTCOMES = ("read", "question", "filler", "reaction", "request", "phatic", "non_fact", "short", "unread",
                      "fallback")
 #: words of a fallback unit's fact (the unread sentences of its turn, in order)
@@ -692,7 +692,7 @@ class HeuristicExtractor:
                 claims.append(claim)
             antecedent = _last_name(original, names) or antecedent
         fallback = self._fallback_claim(turn, listener, unread) if (
-            unread and not claims and self.config.unread_turn_fallback) else None
+            unread and not claims) else None
         if fallback is not None:
             claims.append(fallback)
         for _ in unread:

@@ -10,20 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from qgmem.memory.config import LATER_FIELDS
 from qgmem.memory.records import MemoryUnit
 
 
 def source_turn_text(unit: MemoryUnit, label: bool = True) -> str:
-    """A unit's source turn as text: ``speaker: text``, as the dense turn baseline embeds a turn, or, with
-    ``label`` False (``ConstructionConfig.source_turn_label``), the turn's text without the speaker."""
+    """A unit's source turn as text: ``speaker: text``, as the dense turn baseline embeds a turn. ``label``
+    False gives the text alone, as a store built with the retired ``source_turn_label`` off embedded it
+    (``qgmem.retired_settings.stored_source_label``)."""
     return f"{unit.speaker}: {unit.source_text}" if unit.speaker and label else unit.source_text
-
-
-def stored_label(meta: dict) -> bool:
-    """Whether a store's source-turn vectors carry the speaker label, from the construction settings its
-    ``meta`` records (a store that records none was built before the setting, with the label)."""
-    return bool(meta.get("params", {}).get("source_turn_label", LATER_FIELDS["source_turn_label"]))
 
 
 def source_turn_embeddings(units: list[MemoryUnit], encoder, label: bool = True) -> np.ndarray:

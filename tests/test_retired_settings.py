@@ -1,0 +1,71 @@
+"""Retired settings: today's defaults keep the keys of before, old records read, lost values are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qgmem.activation.config import ActivationConfig
+from qgmem.memory.config import ConstructionConfig
+
+#: ``ActivationConfig().key_dict()`` and ``.to_dict()`` as written before the retired fields left (the
+#: default's activation key of every cache built then, and what an export of then records)
+OLD_ACTIVATION_KEY = {
+    "ann_min_units": 50000, "attribute_threshold": 0.6, "bm25_b": 0.75, "bm25_k1": 1.5, "channel_depth": 100,
+    "channels": ["lexical", "semantic", "attribute", "source"], "dense_speaker_names": "drop",
+    "embedding_weight": 0.3, "extra": {}, "hnsw_ef_search": 128, "hnsw_m": 32, "k": 10, "lexical_weight": 0.2,
+    "max_units_per_turn": 1, "parser": "heuristic", "pool_size": 100, "reranker": "embedding",
+    "reranker_batch_size": 16, "reranker_max_doc_tokens": 256, "reranker_path": None, "reverse_edges": False,
+    "rrf_k": 60.0, "source_chars": 0, "source_weight": 1.0, "superseded": "attach",
+}
+OLD_ACTIVATION_RECORD = {
+    **OLD_ACTIVATION_KEY, "expansion_max_entity_units": 20, "expansion_seeds": 0, "feedback_seeds": 0,
+    "fusion_weights": {}, "hop_extra_units": 0, "lexical_speaker_once": False, "model_weight": 1.0, "rerank_depth": 0,
+}
+#: ``ConstructionConfig().key_dict()`` and ``.to_dict()`` as written then (every default store's params)
+OLD_CONSTRUCTION_KEY = {
+    "consolidation": "auto", "extractor": "parser", "llm_retries": 1, "max_new_tokens": 768,
+    "min_fact_similarity": 0.35, "min_trace_size": 2, "min_words": 4, "neighbours": 20, "temperature": 0.0,
+    "trace_threshold": 0.8, "unread_turn_fallback": True, "window_overlap": 2, "window_size": 6,
+}
+OLD_CONSTRUCTION_RECORD = {**OLD_CONSTRUCTION_KEY, "source_turn_label": True}
+
+
+def _json(value: dict) -> dict:
+    return json.loads(json.dumps(value))
+
+
+def test_default_keys_are_the_keys_of_before():
+    assert _json(ActivationConfig().key_dict()) == OLD_ACTIVATION_KEY
+    assert _json(ConstructionConfig().key_dict()) == OLD_CONSTRUCTION_KEY
+    # negative control: a changed setting is another key
+    assert _json(ActivationConfig(k=5).key_dict()) != OLD_ACTIVATION_KEY
+
+
+def test_old_records_read_as_today_s_defaults():
+    assert ActivationConfig.from_dict(OLD_ACTIVATION_RECORD) == ActivationConfig()
+    assert ConstructionConfig.from_dict(OLD_CONSTRUCTION_RECORD) == ConstructionConfig()
+    # today's records, which lack the retired fields, read back too
+    assert ActivationConfig.from_dict(ActivationConfig(k=4).to_dict()) == ActivationConfig(k=4)
+    eight = ConstructionConfig(window_size=8)
+    assert ConstructionConfig.from_dict(eight.to_dict()) == eight
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("expansion_seeds", 3), ("feedback_seeds", 1), ("hop_extra_units", 20), ("expansion_max_entity_units", 5),
+    ("fusion_weights", {"source": 2.0}), ("lexical_speaker_once", True), ("superseded", "fold"),
+    ("dense_speaker_names", "blend"),
+])
+def test_a_retired_activation_value_is_refused_by_name(field, value):
+    with pytest.raises(ValueError, match=field):
+        ActivationConfig.from_dict({**OLD_ACTIVATION_RECORD, field: value})
+
+
+def test_a_retired_construction_value_is_refused_by_name():
+    with pytest.raises(ValueError, match="source_turn_label"):
+        ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "source_turn_label": False})
+    with pytest.raises(ValueError, match="unread_turn_fallback"):
+        ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "unread_turn_fallback": False})
+    with pytest.raises(ValueError, match="unknown construction settings"):
+        ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "no_such": 1})
