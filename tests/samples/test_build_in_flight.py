@@ -84,6 +84,14 @@ def test_cases_in_flight_equal_the_serial_build_and_fill_the_bound(tmp_path, res
     assert ahead.cache_key == serial.cache_key  # how the build runs is in no key
     assert_same_samples(rows_of(ahead.dataset_dir), rows_of(serial.dataset_dir))
     assert summary["seconds"]["cases_in_flight"] == 4
+    # the windows the server refused or answered with prose are counted in the build's summary, per reason
+    construction = summary["construction"]
+    plan = C.SampleCache(ahead.samples_dir).plan()
+    assert construction["cases"] == len(plan) and construction["windows"] >= len(plan)
+    refused = sum("blue invoice" in r["messages"][1]["content"] for r in server.requests[serial_requests:])
+    assert construction["skipped_windows"] == sum(construction["skip_reasons"].values()) >= 2
+    assert set(construction["skip_reasons"]) == {"llm_error", "invalid_reply"} and refused >= 1
+    assert construction["retried_windows"] >= 1
     assert serial_peak <= windows < ahead_peak <= MAX_CONCURRENCY
     # with a response cache, a prompt shared by cases in flight is asked once, as in the serial build
     assert ahead_requests == serial_requests
