@@ -40,7 +40,7 @@ KINDS = (("construction", "You turn a slice of a conversation into memory entrie
 #: ``[T3] [CONTEXT] (2024-01-02) user: text`` — a turn line of a construction prompt (qgmem.llm.prompts.format_turn)
 TURN = re.compile(r"^\[(?P<label>[^\]]+)\](?P<context> \[CONTEXT\])?(?: \((?P<time>[^)]*)\))? (?P<speaker>[^:]+): (?P<text>.*)$")
 #: SmolLM2's reply length per kind: enough for a verdict, and a window's JSON is cut where a weak model's would be
-SMOLLM_MAX_TOKENS = {"construction": 32, "consolidation": 32, "other": 32}
+SMOLLM_MAX_TOKENS = {"construction": 16, "consolidation": 16, "other": 16}
 VERDICTS = ("VERDICT: CORRECT", "VERDICT: INCORRECT")
 
 
