@@ -120,7 +120,7 @@ class Server:
                                       "--port", str(self.port), "--log", str(self.log),
                                       "--model-share", str(self.model_share),
                                       *(["--lm", self.lm] if self.lm else [])],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=open(self.log.with_suffix(".err"), "a"))
+                                     env=self.env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(self.log.with_suffix(".err"), "a"))
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -134,8 +134,7 @@ class Server:
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait()
+            kill_tree(self.proc)
         self.proc = None
 
     def requests(self) -> list[dict[str, Any]]:
@@ -169,15 +168,35 @@ def run(command: list[str], env: dict[str, str], log: Path, check: bool = True,
                 if watch is not None:
                     watch(proc)
                 time.sleep(0.2)
-        finally:  # interrupted: the command's whole process group goes too (torchrun's ranks, DDP's children)
+        finally:  # interrupted: the command's whole tree goes too (torchrun's ranks sit in sessions of their own)
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                kill_tree(proc)
     seconds = time.perf_counter() - started
     if check and proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:6])} ... failed ({proc.returncode}); see {log}:\n"
                            + log.read_text()[-3000:])
     return proc.returncode, seconds, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every process under it (by parent links, not by name)."""
+    try:
+        import psutil
+    except ImportError:  # without psutil: the process group the command was started in
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    for p in [psutil.Process(proc.pid), *children] if proc.poll() is None else children:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
 
 
 def dataset_dir(cache_dir: Path) -> Path:
@@ -365,7 +384,7 @@ def serve_one(export: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
     err = open(work / "logs" / "serve.log", "a")
     proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", str(export), "--port", str(port),
                              "--store-root", str(work / "memories"), "--device", "cpu"],
-                            env=env, stdout=err, stderr=subprocess.STDOUT, cwd=REPO)
+                            env=env, start_new_session=True, stdout=err, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 240
@@ -392,8 +411,7 @@ def serve_one(export: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            kill_tree(proc)
 
 
 def eval_qa(export: Path, work: Path, env: dict[str, str], port: int, log: Path, limit: int) -> dict[str, Any]:
@@ -405,8 +423,15 @@ def eval_qa(export: Path, work: Path, env: dict[str, str], port: int, log: Path,
     if rc != 0 or not results.exists():
         return {"ok": False, "exit": rc}
     data = json.loads(results.read_text())
-    return {"ok": True, "questions": data.get("questions") or data.get("n"), "reranker": data.get("reranker"),
-            "keys": sorted(data)[:12]}
+    activation = json.loads((export / "config.json").read_text()).get("activation") or {}
+    rows = data.get("table") or []
+    scored = sum(r.get("judged", 0) for r in rows)
+    return {"ok": True, "questions": data.get("questions"), "judged": scored,
+            "errors": sum(r.get("errors", 0) for r in rows),
+            "accuracy": round(sum(r.get("accuracy", 0) * r.get("judged", 0) for r in rows) / max(1, scored), 3),
+            "reranker": activation.get("reranker"), "reranker_path": Path(str(activation.get("reranker_path"))).name,
+            "seconds_per_question": round(sum(r["seconds"]["total"] * r["questions"] for r in rows)
+                                          / max(1, sum(r["questions"] for r in rows)), 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,9 @@ cache, retries and concurrency limits reach it exactly as they reach a productio
   ``SMOLLM_MAX_TOKENS``: malformed extraction JSON, which the build must count, skip and go past.
 - **a scripted responder** answers the other construction windows and the consolidation prompts with
   well-formed replies built from the window's own turns (one unit per non-context turn), so the build
-  reaches training in minutes on a CPU. Which replies came from which is counted (``GET /stats``) and
-  logged, one JSON line per request, to ``--log``.
+  reaches training in minutes on a CPU. Which replies came from which (source ``model`` or ``scripted``)
+  is counted (``GET /stats``) and logged, one JSON line per request, to ``--log``. ``--lm`` puts another
+  causal LM folder behind the server (the tests use a random one).
 
 Why not LitServe's ``OpenAISpec``: it is a new dependency (the project already ships FastAPI and
 uvicorn for ``qgmem serve``) and it runs inference in separate worker processes, one more copy of the
@@ -132,9 +133,9 @@ class Responder:
 
     def route(self, kind: str, messages: list[dict[str, str]]) -> str:
         if kind == "judge" or kind == "other":
-            return "smollm2"
+            return "model"
         if kind == "construction" and int(window_key(messages)[:8], 16) % self.model_share == 0:
-            return "smollm2"
+            return "model"
         return "scripted"
 
     def __call__(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -142,10 +143,10 @@ class Responder:
         kind = kind_of(messages)
         source = self.route(kind, messages)
         started = time.perf_counter()
-        if source == "smollm2" and kind == "judge":
+        if source == "model" and kind == "judge":
             text, prompt_tokens = self.choose(messages, VERDICTS)
             completion_tokens = 4
-        elif source == "smollm2":
+        elif source == "model":
             cap = min(int(body.get("max_tokens") or 64), SMOLLM_MAX_TOKENS[kind])
             text, prompt_tokens, completion_tokens = self.smollm(messages, cap)
         else:

@@ -70,7 +70,7 @@ def test_the_backend_reaches_both_sources_and_the_judge_gets_a_verdict(served):
     windows = [_window(["hi", f"My sister {name} plays the cello.", "ok"]) for name in
                ("Ana", "Bea", "Cid", "Dan", "Eve", "Fay", "Gus", "Hal")]
     routes = [responder.route("construction", w) for w in windows]
-    assert set(routes) == {"scripted", "smollm2"}  # the hash sends some windows to the model, not all
+    assert set(routes) == {"scripted", "model"}  # the hash sends some windows to the model, not all
     results = backend.chat(windows, max_new_tokens=512, temperature=0.0)
     for route, result in zip(routes, results):
         if route == "scripted":
@@ -81,9 +81,9 @@ def test_the_backend_reaches_both_sources_and_the_judge_gets_a_verdict(served):
     verdict = backend.chat([judge_messages(item)], max_new_tokens=64, temperature=0.0)[0]
     assert parse_verdict(verdict.text) in (True, False)
     logged = [json.loads(line) for line in log.read_text().splitlines()]
-    assert {(r["kind"], r["source"]) for r in logged} >= {("construction", "scripted"), ("construction", "smollm2"),
-                                                          ("judge", "smollm2")}
-    assert responder.counts["judge/smollm2"] == 1
+    assert {(r["kind"], r["source"]) for r in logged} >= {("construction", "scripted"), ("construction", "model"),
+                                                          ("judge", "model")}
+    assert responder.counts["judge/model"] == 1
 
 
 def test_a_request_without_messages_is_a_400(served):
