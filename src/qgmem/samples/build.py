@@ -579,6 +579,14 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
         items = [JudgeItem(r["question"], r["reference"], answers[C.answer_key(r["memory_text"], r["question"])],
                            r["category"]) for r in need]
         verdicts = {r["qa_id"]: v for r, v in zip(need, judge(items))}
+        if getattr(judge, "failed", 0):  # an outage is not a verdict: never write it into the dataset
+            from qgmem.errors import UserError
+
+            where = getattr(spec.judge, "base_url", None) or getattr(spec.judge, "model", "the judge")
+            raise UserError(f"answer filter: {judge.failed} of {len(items)} judge requests to {where} got no "
+                            "reply; no dataset was written",
+                            hint="check the judge's server, then run again: the frozen LM's answers and the "
+                                 "judge's replies so far are cached, the cases' shards are kept")
         answer_info["judge"] = getattr(judge, "name", rule)
         if hasattr(judge, "unparsed"):
             answer_info["judge_unparsed"] = judge.unparsed
