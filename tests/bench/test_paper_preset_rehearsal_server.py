@@ -17,6 +17,7 @@ from qgmem.memory.extract_llm import parse_reply
 from qgmem.model.random_lm import THINKING_TEMPLATE, save_random_lm
 
 REPO = Path(__file__).resolve().parents[2]
+pytest.importorskip("uvicorn")  # the serve extra, which the README's test command installs
 
 
 def _server_module():
