@@ -424,14 +424,11 @@ def eval_qa(export: Path, work: Path, env: dict[str, str], port: int, log: Path,
         return {"ok": False, "exit": rc}
     data = json.loads(results.read_text())
     activation = json.loads((export / "config.json").read_text()).get("activation") or {}
-    rows = data.get("table") or []
-    scored = sum(r.get("judged", 0) for r in rows)
-    return {"ok": True, "questions": data.get("questions"), "judged": scored,
-            "errors": sum(r.get("errors", 0) for r in rows),
-            "accuracy": round(sum(r.get("accuracy", 0) * r.get("judged", 0) for r in rows) / max(1, scored), 3),
+    overall = next((r for r in data.get("table") or [] if r.get("category") == "all"), {})
+    return {"ok": True, "questions": data.get("questions"), "judged": overall.get("judged"),
+            "accuracy": overall.get("accuracy"), "errors": overall.get("errors"),
             "reranker": activation.get("reranker"), "reranker_path": Path(str(activation.get("reranker_path"))).name,
-            "seconds_per_question": round(sum(r["seconds"]["total"] * r["questions"] for r in rows)
-                                          / max(1, sum(r["questions"] for r in rows)), 2)}
+            "seconds_per_question": round((overall.get("seconds") or {}).get("total") or 0.0, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", required=True, help="the rehearsal's folder (models, caches, run, logs)")
     p.add_argument("--cases", type=int, default=24, help="ConvoMem cases (data.num_cases)")
     p.add_argument("--epochs", type=int, default=3, help="trainer.max_epochs")
-    p.add_argument("--model-share", type=int, default=1024, help="1 in N construction windows go to SmolLM2")
+    p.add_argument("--model-share", type=int, default=256, help="1 in N construction windows go to SmolLM2")
     p.add_argument("--kill-after", type=int, default=40, help="kill the server after N construction requests (0: never)")
     p.add_argument("--eval-limit", type=int, default=10, help="questions qgmem eval-qa scores")
     p.add_argument("--server-lm", choices=["smollm2", "random"], default="smollm2",
