@@ -75,10 +75,10 @@ def override_keys(node: dict[str, Any] | None = None, prefix: str = "") -> list[
     return keys
 
 
-def write_overrides(work: Path, port: int, cases: int, epochs: int, cache_dir: Path | None = None) -> Path:
+def write_overrides(work: Path, port: int, cases: int, cache_dir: Path | None = None) -> Path:
     values = {"root": str(work / "run"), "lm": str(work / "models" / "qwen3-lm"),
               "reranker": str(work / "models" / "qwen3-reranker"), "data_path": str(REPO / "data" / "convomem"),
-              "num_cases": cases, "epochs": epochs, "cache_dir": str(cache_dir or work / "cache"),
+              "num_cases": cases, "cache_dir": str(cache_dir or work / "cache"),
               "base_url": f"http://127.0.0.1:{port}/v1", "max_new_tokens": 16}
     filled = fill(yaml.safe_load(OVERRIDES.read_text()), values)
     name = "rehearsal.yaml" if cache_dir is None else f"rehearsal-{cache_dir.name}.yaml"
@@ -248,7 +248,7 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     server = Server(port, work / "logs" / "server.jsonl", args.model_share, env,
                     models["lm"] if args.server_lm == "random" else None)
-    overrides = write_overrides(work, port, args.cases, args.epochs)
+    overrides = write_overrides(work, port, args.cases)
     log = work / "logs" / "commands.log"
     py = sys.executable
     try:
@@ -285,7 +285,7 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
 
         # 4. one process, into its own folder, from a copy of the response caches: a replay
         single_dir = work / "cache_single"
-        single = write_overrides(work, port, args.cases, args.epochs, cache_dir=single_dir)
+        single = write_overrides(work, port, args.cases, cache_dir=single_dir)
         t = time.perf_counter()
         if not glob.glob(str(single_dir / "dataset-*" / "summary.json")):
             single_dir.mkdir(exist_ok=True)
@@ -305,8 +305,9 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
         t = time.perf_counter()
         probe = ["--trainer.callbacks+=paper_preset_rehearsal_probe.RehearsalProbe",
                  f"--trainer.callbacks.out={work / 'probe'}"]
+        epochs = [] if args.epochs is None else ["--trainer.max_epochs", str(args.epochs)]  # the reduced run only
         if not (root / "metrics.json").exists():
-            run([py, str(REPO / "train.py"), *config_args(overrides), *probe], env, log)
+            run([py, str(REPO / "train.py"), *config_args(overrides), *probe, *epochs], env, log)
         seconds["train"] = time.perf_counter() - t
         result["training"] = training_checks(work, root)
         after = {k: folder_digest(Path(v)) for k, v in models.items()}
@@ -343,6 +344,7 @@ def training_checks(work: Path, root: Path) -> dict[str, Any]:
             if key.startswith("FiniteModelCheckpoint") or key.startswith("ModelCheckpoint"):
                 vals.update({k: float(v) for k, v in (cb.get("best_k_models") or {}).items()})
         early = next((cb for key, cb in state.get("callbacks", {}).items() if key.startswith("EarlyStopping")), None)
+    history, epochs_run = tensorboard_history(root)
     export = root / "export"
     cfg = json.loads((export / "config.json").read_text()) if (export / "config.json").exists() else {}
     return {
@@ -363,7 +365,10 @@ def training_checks(work: Path, root: Path) -> dict[str, Any]:
         "peak_rss_mib_per_rank": [p["peak_rss_mib"] for p in probes],
         "best_checkpoint": Path(best).name if best else None,
         "best_score": metrics.get("best_score"),
-        "best_is_min_val_nll": bool(vals) and best is not None and metrics.get("best_score") == min(vals.values()),
+        "val_nll_history": history,
+        "best_is_min_val_nll": bool(history) and best is not None
+                               and abs(metrics.get("best_score") - min(v for _, v in history)) < 1e-6,
+        "epochs_trained": epochs_run,
         "val_nll_by_checkpoint": {Path(k).name: round(v, 4) for k, v in vals.items()},
         "early_stopping_state": {k: (float(v) if hasattr(v, "item") else v) for k, v in (early or {}).items()
                                  if k in ("wait_count", "stopped_epoch", "patience", "best_score")},
@@ -377,6 +382,22 @@ def training_checks(work: Path, root: Path) -> dict[str, Any]:
                           "enable_thinking": (cfg.get("prompt") or {}).get("enable_thinking")},
         "seconds": metrics.get("seconds"),
     }
+
+
+def tensorboard_history(root: Path) -> tuple[list[tuple[int, float]], int | None]:
+    """Every validation's ``val/nll`` (step, value) and the epochs trained (``train/nll_epoch`` points), from
+    the TensorBoard logs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    runs = sorted(root.glob("lightning_logs/version_*"))
+    if not runs:
+        return [], None
+    events = EventAccumulator(str(runs[-1]))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    history = [(e.step, round(e.value, 6)) for e in events.Scalars("val/nll")] if "val/nll" in tags else []
+    epochs = len(events.Scalars("train/nll_epoch")) if "train/nll_epoch" in tags else None
+    return history, epochs
 
 
 def serve_one(export: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -435,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", required=True, help="the rehearsal's folder (models, caches, run, logs)")
     p.add_argument("--cases", type=int, default=24, help="ConvoMem cases (data.num_cases)")
-    p.add_argument("--epochs", type=int, default=3, help="trainer.max_epochs")
+    p.add_argument("--epochs", type=int, default=None, help="trainer.max_epochs (default: the preset's)")
     p.add_argument("--model-share", type=int, default=256, help="1 in N construction windows go to SmolLM2")
     p.add_argument("--kill-after", type=int, default=40, help="kill the server after N construction requests (0: never)")
     p.add_argument("--eval-limit", type=int, default=10, help="questions qgmem eval-qa scores")

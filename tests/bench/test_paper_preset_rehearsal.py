@@ -16,7 +16,7 @@ from qgmem.job import resolved_config
 REPO = Path(__file__).resolve().parents[2]
 #: the keys the miniature changes in the preset; anything else differing is a leak of the rehearsal
 NAMED_OVERRIDES = sorted([
-    "trainer.accelerator", "trainer.devices", "trainer.max_epochs", "trainer.default_root_dir",
+    "trainer.accelerator", "trainer.devices", "trainer.default_root_dir",
     "model.lm", "model.max_new_tokens",
     "data.data_path", "data.num_cases", "data.cache_dir", "data.sentence_encoder", "data.num_workers",
     "data.construction_llm.base_url", "data.construction_llm.cache_path",
@@ -41,13 +41,14 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def test_print_config_differs_from_the_preset_only_in_the_named_overrides(tmp_path):
     R = _rehearsal()
     assert sorted(R.override_keys()) == NAMED_OVERRIDES
-    overrides = R.write_overrides(tmp_path, 8123, 12, 2)
+    overrides = R.write_overrides(tmp_path, 8123, 12)
     preset = _flat(resolved_config(["--config", "qwen3_8b"], default_config=None))
     rehearsal = _flat(resolved_config(R.config_args(overrides), default_config=None))
     differ = sorted(k for k in set(preset) | set(rehearsal) if preset.get(k) != rehearsal.get(k))
     assert differ == NAMED_OVERRIDES
     # the preset's own values stay: bf16, DDP, gradient checkpointing, LLM construction and judge, LLM reranker
-    for key, value in {"trainer.strategy": "ddp", "trainer.precision": "bf16-mixed", "model.lm_dtype": "bfloat16",
+    for key, value in {"trainer.strategy": "ddp", "trainer.max_epochs": 5, "trainer.precision": "bf16-mixed",
+                       "model.lm_dtype": "bfloat16",
                        "model.gradient_checkpointing": True, "data.construction.extractor": "llm",
                        "data.answer_filter": "llm", "data.activation.reranker": "llm",
                        "data.construction_llm.backend": "openai", "data.enable_thinking": False}.items():
