@@ -181,7 +181,9 @@ class LLMExtractor:
                 window = windows[i]
                 if reply.error is not None and not reply.unusable:  # the request failed: no reply to fix
                     outcomes[i].skipped = f"llm error: {reply.error[:120]}"
-                    report.skip_reasons["llm_error"] += 1
+                    # an outage (server unreachable, retries spent) is told apart: the builder never stores
+                    # a dialogue that lost windows to one (MemoryBuilder.check_failures)
+                    report.skip_reasons["llm_unavailable" if reply.unavailable else "llm_error"] += 1
                     continue
                 try:
                     specs = parse_reply(reply.text)
