@@ -5,8 +5,7 @@ import json
 import pytest
 
 from qgmem.llm.backends import CachedBackend, CallableBackend
-from qgmem.llm.base import ChatResult
-from qgmem.memory.builder import ConstructionFailed, MemoryBuilder
+from qgmem.memory.builder import MemoryBuilder
 from qgmem.memory.config import ConstructionConfig
 
 from .helpers import BagOfWordsEncoder, make_dialogue
@@ -105,26 +104,3 @@ def test_extract_run_ahead_on_another_thread_then_build_equals_build(tmp_path, e
     with pytest.raises(ValueError, match="extraction of 'resume' given for dialogue 'other'"):
         split.build(make_dialogue([[("User", "Hi there.")]], dialogue_id="other"), extraction)
 
-
-class _OneWindowFails(CallableBackend):
-    """Answers every window but the second, which gets ``failure`` (an outage, or a request the server refused)."""
-
-    def __init__(self, failure: ChatResult):
-        super().__init__(_recorded, "recorded")
-        self.failure = failure
-
-    def _chat(self, conversations, **kw):
-        results = super()._chat(conversations, **kw)
-        return [self.failure if i == 1 else r for i, r in enumerate(results)]
-
-
-def test_a_window_lost_to_an_outage_fails_the_dialogue_however_few(tmp_path):
-    """Below the share of failed windows a dialogue may lose, a refused request costs its window; a window
-    with no reply at all (server down, retries spent) means the store is unfinished: it is never saved."""
-    config = ConstructionConfig(extractor="llm", consolidation="rule")
-    refused = ChatResult("", 0, 0, error="HTTP 400: prompt too long")
-    store = MemoryBuilder(config, BagOfWordsEncoder(), llm=_OneWindowFails(refused)).build(_dialogue())
-    assert store.units  # built, one window short
-    down = ChatResult("", 0, 0, error="gave up after 5 attempts: connection error: ConnectError", unavailable=True)
-    with pytest.raises(ConstructionFailed, match=r"1 of them for want of a server"):
-        MemoryBuilder(config, BagOfWordsEncoder(), llm=_OneWindowFails(down)).build(_dialogue())

@@ -40,6 +40,7 @@ class BuildStats:
     updates: int = 0
     supplements: int = 0
     skipped_windows: int = 0
+    unavailable_windows: int = 0  # of the skipped: no reply at all (server unreachable, retries spent)
     skip_reasons: Counter = field(default_factory=Counter)
     retried_windows: int = 0
     overlap_only_units: int = 0
@@ -120,8 +121,8 @@ class MemoryBuilder:
     ``llm`` is required by the LLM extractor and by LLM consolidation; pass a
     :class:`~qgmem.llm.backends.CachedBackend` to make builds replayable and resumable.
     ``max_failed_share``: past this share of a dialogue's windows skipped for want of a usable LLM
-    reply (or when all of them are, or when any got no reply at all because the server was unreachable),
-    :meth:`build` raises :class:`ConstructionFailed` instead of returning a store that would look finished.
+    reply (or when all of them are), :meth:`build` raises :class:`ConstructionFailed` instead of
+    returning a store that would look finished.
     """
 
     def __init__(self, config: ConstructionConfig, encoder, llm: LLMBackend | None = None,
@@ -188,6 +189,7 @@ class MemoryBuilder:
                 stats.overlap_only_units += outcome.overlap_only
                 if outcome.skipped:
                     stats.skipped_windows += 1
+                    stats.unavailable_windows += outcome.unavailable
                     if len(stats.skipped_examples) < 20:
                         stats.skipped_examples.append(f"{dialogue.id}/{window.id}: {outcome.skipped}")
             stats.skip_reasons.update(report.skip_reasons)
@@ -240,16 +242,14 @@ class MemoryBuilder:
         The counts still join :attr:`stats`, so the build's summary says what failed.
         """
         failed, total = stats.skipped_windows, stats.windows
-        outage = stats.skip_reasons.get("llm_unavailable", 0)  # no reply at all: never a finished store
-        if not failed or (not outage and failed < total and failed <= self.max_failed_share * total):
+        if not failed or (failed < total and failed <= self.max_failed_share * total):
             return
         self.stats.merge(stats)
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(stats.skip_reasons.items()))
         first = f"; first: {stats.skipped_examples[0]}" if stats.skipped_examples else ""
         raise ConstructionFailed(
-            f"dialogue {dialogue_id!r}: {failed} of {total} windows got no usable LLM reply ({reasons}), "
-            + (f"{outage} of them for want of a server" if outage else
-               f"more than the allowed share {self.max_failed_share:g}") + f"{first}; no store was saved for it",
+            f"dialogue {dialogue_id!r}: {failed} of {total} windows got no usable LLM reply ({reasons}), more "
+            f"than the allowed share {self.max_failed_share:g}{first}; no store was saved for it",
             hint="check the LLM server, model and key, then run again: finished stores are reused and only "
                  "the failed windows are asked again")
 

@@ -94,6 +94,7 @@ class WindowOutcome:
 
     units: list[MemoryUnit] = field(default_factory=list)
     skipped: str | None = None
+    unavailable: bool = False  # skipped because no reply came at all (the server was unreachable)
     retried: bool = False
     overlap_only: int = 0  # units dropped because they cited only context turns
 
@@ -181,9 +182,10 @@ class LLMExtractor:
                 window = windows[i]
                 if reply.error is not None and not reply.unusable:  # the request failed: no reply to fix
                     outcomes[i].skipped = f"llm error: {reply.error[:120]}"
-                    # an outage (server unreachable, retries spent) is told apart: the builder never stores
-                    # a dialogue that lost windows to one (MemoryBuilder.check_failures)
-                    report.skip_reasons["llm_unavailable" if reply.unavailable else "llm_error"] += 1
+                    report.skip_reasons["llm_error"] += 1
+                    # an outage (server unreachable, retries spent) is counted apart: the training cache never
+                    # stores a case that lost windows to one (qgmem.samples.build.Replayer.rows)
+                    outcomes[i].unavailable = reply.unavailable
                     continue
                 try:
                     specs = parse_reply(reply.text)

@@ -35,7 +35,7 @@ from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
 log = logging.getLogger(__name__)
 
 #: a case's construction counts kept in its shard's meta and added up in the build's summary (``construction``)
-CONSTRUCTION_COUNTS = ("windows", "skipped_windows", "skip_reasons", "retried_windows", "units", "llm_requests",
+CONSTRUCTION_COUNTS = ("windows", "skipped_windows", "unavailable_windows", "skip_reasons", "retried_windows", "units", "llm_requests",
                        "llm_calls", "llm_cache_hits")
 
 
@@ -252,6 +252,13 @@ class Replayer:
         spec = self.spec
         store = self.builder.build(case.dialogue, extraction)
         counts = store.meta.get("counts") or {}
+        if counts.get("unavailable_windows"):  # a case one outage short would be kept and reused by every resume
+            from qgmem.memory.builder import ConstructionFailed
+
+            raise ConstructionFailed(f"dialogue {case.dialogue.id!r}: {counts['unavailable_windows']} of "
+                                     f"{counts.get('windows')} windows got no reply from the LLM server; the case "
+                                     "is not stored", hint="check the server, then run again: finished cases are "
+                                     "kept and the replies so far are cached")
         self.construction_counts[case.id] = {k: counts[k] for k in CONSTRUCTION_COUNTS if k in counts}
         activator = Activator(store, self.encoder, spec.activation, reranker=self.reranker, llm=self.llm)
         group = group_of(case, spec.group_key)
