@@ -333,7 +333,12 @@ def training_checks(work: Path, root: Path) -> dict[str, Any]:
     import torch
 
     probes = [json.loads(p.read_text()) for p in sorted((work / "probe").glob("probe-rank*.json"))]
-    train_ids = [{q for batch in p["train_qa_ids"] for q in batch} for p in probes]
+    n_train = sum(json.loads((dataset_dir(work / "cache") / "summary.json").read_text())["samples"]["train"].values())
+    epochs = []  # per epoch: each rank's sample slots, the distinct samples, those both ranks had
+    for epoch in sorted({e for p in probes for e in p["train_epochs"]}):
+        seen = [[q for b, e in zip(p["train_qa_ids"], p["train_epochs"]) if e == epoch for q in b] for p in probes]
+        epochs.append({"slots": [len(s) for s in seen], "distinct": len(set().union(*map(set, seen))),
+                       "shared": len(set(seen[0]) & set(seen[1])) if len(seen) == 2 else None})
     metrics = json.loads((root / "metrics.json").read_text())
     ckpts = sorted((root / "checkpoints").glob("*.ckpt"))
     best = metrics.get("best_checkpoint")
@@ -349,8 +354,11 @@ def training_checks(work: Path, root: Path) -> dict[str, Any]:
     cfg = json.loads((export / "config.json").read_text()) if (export / "config.json").exists() else {}
     return {
         "ranks": len(probes),
-        "train_samples_per_rank": [len(s) for s in train_ids],
-        "train_disjoint": len(probes) == 2 and not (train_ids[0] & train_ids[1]),
+        # disjoint shares: within an epoch the ranks share only the sampler's padding (slots beyond the samples)
+        "train_samples": n_train,
+        "train_per_epoch": epochs,
+        "train_disjoint": len(probes) == 2 and bool(epochs) and all(
+            e["distinct"] == n_train and e["shared"] == sum(e["slots"]) - n_train for e in epochs),
         "steps_per_rank": [len(p["train_qa_ids"]) for p in probes],
         "val_batches_per_rank": [p["val_batches"] for p in probes],
         "loss_finite": all(all(map(lambda x: x == x and abs(x) != float("inf"), p["losses"])) for p in probes)

@@ -30,7 +30,7 @@ def tensor_digest(tensors) -> str:
 class RehearsalProbe(Callback):
     def __init__(self, out: str):
         self.out = Path(out)
-        self.rec: dict = {"train_qa_ids": [], "val_qa_ids": [], "val_batches": 0, "losses": [],
+        self.rec: dict = {"train_qa_ids": [], "train_epochs": [], "val_qa_ids": [], "val_batches": 0, "losses": [],
                           "layer_calls_per_step": [], "grad_params": set(), "trainable": []}
         self._calls = 0
 
@@ -54,6 +54,7 @@ class RehearsalProbe(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._calls = 0
         self.rec["train_qa_ids"].append(list(batch.get("qa_id", [])) if isinstance(batch, dict) else [])
+        self.rec["train_epochs"].append(trainer.current_epoch)
 
     def on_after_backward(self, trainer, pl_module) -> None:
         self.rec["grad_params"] |= {n.split(".")[0] for n, p in pl_module.named_parameters()

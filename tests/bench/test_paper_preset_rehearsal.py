@@ -83,7 +83,7 @@ def test_reduced_rehearsal_runs_the_preset_path_end_to_end(tmp_path):
     # the replay sends only the windows whose replies failed validation (never cached), nothing else
     assert set(r["replay_new_requests"]) <= {"construction/model"}
     t = r["training"]
-    assert t["ranks"] == 2 and t["train_disjoint"] and all(t["train_samples_per_rank"])
+    assert t["ranks"] == 2 and t["train_disjoint"] and all(all(e["slots"]) for e in t["train_per_epoch"])
     assert all(t["val_batches_per_rank"]) and t["loss_finite"] and t["best_is_min_val_nll"]
     assert t["grad_params"] == ["net"] and t["lm_weights_unchanged"] and t["model_folders_unchanged"]
     assert t["gradient_checkpointing"] == [True, True] and t["layer_calls_per_step"] == [2]
