@@ -62,8 +62,9 @@ for checkpointing in (bool(model_cfg["gradient_checkpointing"]), not model_cfg["
     module.train()
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=2e-4)
-    collate = GraphTextCollator(module.tokenizer, max_prompt_tokens=int(data_cfg["max_prompt_tokens"]),
-                                max_answer_tokens=ANSWER_TOKENS)
+    # prompts of about PROMPT_TOKENS: the memory text fills and is trimmed to that cap (the preset allows 2,048)
+    collate = GraphTextCollator(module.tokenizer, max_answer_tokens=ANSWER_TOKENS,
+                                max_prompt_tokens=min(int(data_cfg["max_prompt_tokens"]), length))
     items = make_items(batch_size, module.hparams.feature_dim, length)
     batch = collate(items)
     batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
