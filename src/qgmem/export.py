@@ -114,6 +114,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "activation_key_parameters": {k: activation.get(k) for k in ("k", "pool_size", "rrf_k", "attribute_threshold",
                                                                      "reranker", "reranker_path", "reverse_edges") if k in activation},
         "construction": info.get("construction"),
+        "construction_llm": construction_llm(info.get("construction_llm")),
         "dataset": info.get("dataset"), "answer_filter": info.get("answer_filter"),
         "cache_key": info.get("cache_key"),
         "data_split": _data_split(info),
@@ -121,6 +122,14 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "checkpoint": {"file": ckpt_path.name, "epoch": ckpt.get("epoch"), "global_step": ckpt.get("global_step")},
         "metrics": metrics,
     }
+
+
+def construction_llm(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where construction's LLM was reached (backend, model, server, the key's variable name), so a server
+    of the export builds memories as training did; the response cache's path is the training machine's, left out."""
+    if not config:
+        return None
+    return {k: v for k, v in dict(config).items() if k != "cache_path"}
 
 
 def _data_split(info: dict[str, Any]) -> dict[str, Any] | None:

@@ -137,3 +137,18 @@ def test_callers_on_several_threads_share_one_bound():
     assert [[r.text for r in rs] for rs in results] == [[f"C{c}Q{i}" for i in range(4)] for c in range(4)]
     assert 2 <= peak[0] <= 3  # 4 callers × 4 requests: up to 12 at once if each call had its own bound
     assert len(server.requests) == 16
+
+
+@pytest.mark.parametrize("status,unavailable", [(503, True), (400, False)])
+def test_a_server_that_keeps_failing_is_unavailable_a_refused_request_is_not(status, unavailable):
+    with StubServer(lambda request: (status, "{}")) as server:
+        result = _backend(server.url, max_retries=1).chat([[{"role": "user", "content": "hi"}]])[0]
+    assert result.error and result.unavailable is unavailable
+
+
+def test_an_unreachable_server_is_unavailable_and_an_empty_reply_is_not():
+    dead = _backend("http://127.0.0.1:9/v1", max_retries=1).chat([[{"role": "user", "content": "hi"}]])[0]
+    assert dead.error and dead.unavailable
+    with StubServer(lambda request: completion("   ")) as server:
+        empty = _backend(server.url, max_retries=1).chat([[{"role": "user", "content": "hi"}]])[0]
+    assert empty.error and not empty.unavailable

@@ -75,7 +75,7 @@ def test_backend_completer_with_the_shared_backend():
     items = [JudgeItem("q", "Green", "green", "user_evidence"), JudgeItem("q", "Green", "blue", "user_evidence"),
              JudgeItem("q", "Green", "boom", "user_evidence")]
     assert judge(items) == [True, False, False]
-    assert judge.unparsed == 1  # the failed request
+    assert judge.unparsed == 1 and judge.failed == 1  # the failed request: no reply, not a verdict
     assert backend.usage.requests == 3 and backend.usage.errors == 1
 
 
@@ -97,3 +97,9 @@ def test_judge_instructions_state_the_grading_rules():
     prompt = judge_system_prompt(JudgeItem("Q?", "Green", "green"))
     for rule in ("contradicts", "leaves out a detail", "too vague", "does not support", "current value"):
         assert rule in prompt
+
+
+def test_a_request_without_a_reply_is_counted_as_failed_not_only_unparsed():
+    judge = LLMJudge(lambda batch: ["VERDICT: CORRECT", None, "no verdict here"][: len(batch)])
+    assert judge([JudgeItem("q", "r", "p", "user_evidence")] * 3) == [True, False, False]
+    assert judge.failed == 1 and judge.unparsed == 2

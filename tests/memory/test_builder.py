@@ -103,3 +103,4 @@ def test_extract_run_ahead_on_another_thread_then_build_equals_build(tmp_path, e
     assert counts["llm_requests"] == (counts["windows"] if extractor == "llm" else 0)
     with pytest.raises(ValueError, match="extraction of 'resume' given for dialogue 'other'"):
         split.build(make_dialogue([[("User", "Hi there.")]], dialogue_id="other"), extraction)
+

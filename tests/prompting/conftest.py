@@ -6,11 +6,7 @@ import copy
 
 import pytest
 
-THINKING_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
+from qgmem.model.random_lm import THINKING_TEMPLATE
 
 
 @pytest.fixture(scope="session")

@@ -84,6 +84,14 @@ def test_cases_in_flight_equal_the_serial_build_and_fill_the_bound(tmp_path, res
     assert ahead.cache_key == serial.cache_key  # how the build runs is in no key
     assert_same_samples(rows_of(ahead.dataset_dir), rows_of(serial.dataset_dir))
     assert summary["seconds"]["cases_in_flight"] == 4
+    # the windows the server refused or answered with prose are counted in the build's summary, per reason
+    construction = summary["construction"]
+    plan = C.SampleCache(ahead.samples_dir).plan()
+    assert construction["cases"] == len(plan) and construction["windows"] >= len(plan)
+    refused = sum("blue invoice" in r["messages"][1]["content"] for r in server.requests[serial_requests:])
+    assert construction["skipped_windows"] == sum(construction["skip_reasons"].values()) >= 2
+    assert set(construction["skip_reasons"]) == {"llm_error", "invalid_reply"} and refused >= 1
+    assert construction["retried_windows"] >= 1
     assert serial_peak <= windows < ahead_peak <= MAX_CONCURRENCY
     # with a response cache, a prompt shared by cases in flight is asked once, as in the serial build
     assert ahead_requests == serial_requests
@@ -160,3 +168,26 @@ def test_cases_ahead_hands_out_extractions_in_plan_order_and_bounds_them():
     assert got == [f"units of {i}" for i in range(1, 10)] and sorted(started) == list(range(1, 10))
     assert peak[0] == 3
     assert CasesAhead(Slow(), plan, [0], width=1).extraction(0) is None  # width 1: the case extracts itself
+
+
+def test_a_window_lost_to_an_outage_is_never_stored_and_the_resumed_build_is_whole(tmp_path):
+    """A window that got no reply at all (the server down, retries spent) keeps its case out of the cache, even
+    far below the share of failed windows a dialogue may lose; the build after the outage equals a healthy one."""
+    data = write_convomem(tmp_path / "convomem")
+    healthy = lambda request: completion(_recorded(request["messages"]))  # noqa: E731
+    with StubServer(healthy) as server:
+        reference = _llm_dm(data, tmp_path / "reference", server.url, 1)
+        build_cache(reference, encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+
+    def down_for_one_window(request):
+        return (503, "overloaded") if "amber meeting" in request["messages"][1]["content"] else healthy(request)
+
+    with StubServer(down_for_one_window) as server:
+        dm = _llm_dm(data, tmp_path / "cache", server.url, 1)
+        with pytest.raises(RuntimeError, match="got no reply from the LLM server; the case is not stored"):
+            build_cache(dm, encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+    with StubServer(healthy) as server:
+        dm = _llm_dm(data, tmp_path / "cache", server.url, 1)
+        summary = build_cache(dm, encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+    assert summary["construction"]["unavailable_windows"] == 0
+    assert_same_samples(rows_of(dm.dataset_dir), rows_of(reference.dataset_dir))

@@ -344,6 +344,29 @@ def test_llm_judge_keeps_rubric_answers_it_accepts(tiny_data, tmp_path):
     assert sum(c["judged"] for c in counts.values()) == backend.usage.requests == summary["answers"]["needed"]
 
 
+def test_a_judge_outage_stops_the_build_instead_of_dropping_samples(tiny_data, tmp_path):
+    """A judge request that gets no reply (server down) is not an "incorrect" verdict: no dataset is
+    written, and the run after the outage keeps every sample the judge accepts."""
+    from qgmem.errors import UserError
+
+    down = {"on": True}
+
+    def verdict(messages):
+        if down["on"] and "Reply to grade:" in messages[-1]["content"]:
+            raise RuntimeError("connection refused")
+        return "VERDICT: CORRECT"
+
+    backend = CallableBackend(verdict)
+    dm = _dm(tiny_data, tmp_path / "cache", answer_filter="llm", judge=LLMConfig(backend="transformers", model="stub"))
+    with pytest.raises(UserError, match=r"answer filter: \d+ of \d+ judge requests .* got no reply"):
+        _build(dm, judge=LLMJudge(backend_completer(backend)))
+    assert not D.C.DatasetCache(dm.dataset_dir).complete
+    down["on"] = False
+    summary = _build(dm, judge=LLMJudge(backend_completer(backend)))
+    train = summary["filter"]["totals"]["train"]
+    assert train["kept"] == train["samples"] == train["judged"] > 0
+
+
 # ---- splits -----------------------------------------------------------------------------------------
 
 

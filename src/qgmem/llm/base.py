@@ -49,6 +49,9 @@ class ChatResult:
     cached: bool = False
     error: str | None = None
     unusable: bool = False  # a reply arrived but was empty or failed validation (``text`` holds it)
+    #: no reply at all: the server could not be reached, or kept failing until the retries or the deadline were
+    #: spent (an outage, not an answer about this request; a refused request, e.g. HTTP 400, is not this)
+    unavailable: bool = False
 
     @property
     def ok(self) -> bool:

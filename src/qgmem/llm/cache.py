@@ -226,7 +226,8 @@ class CachedBackend(LLMBackend):
                 answer = future.result()
                 answer = None if answer is None else check_reply(
                     ChatResult(answer.text, answer.prompt_tokens, answer.completion_tokens, cached=True,
-                               error=answer.error, unusable=answer.unusable), validate[idx[0]])
+                               error=answer.error, unusable=answer.unusable, unavailable=answer.unavailable),
+                    validate[idx[0]])
                 if answer is None or answer.error is not None:
                     todo.append((key, idx))  # it failed for the thread that asked: ask it here, as a serial run would
                 else:

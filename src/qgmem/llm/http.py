@@ -113,18 +113,20 @@ class OpenAIChatBackend(LLMBackend):
                 "temperature": float(temperature), **self.config.extra_body}
         deadline = time.monotonic() + self.config.deadline_s
         error = "no attempt made"
+        replied = False  # the last attempt got an HTTP 200 (an empty or unusable reply is the model's answer)
         for attempt in range(self.config.max_retries + 1):
             retry_after = None
             try:
                 status, raw, retry_after = self._post(body, deadline)
             except DeadlineExceeded as e:
                 return ChatResult("", 0, 0, error=f"deadline of {self.config.deadline_s:g}s exceeded "
-                                                  f"(attempt {attempt + 1}: {e})")
+                                                  f"(attempt {attempt + 1}: {e})", unavailable=True)
             except httpx.TimeoutException:
-                error = f"timeout after {self.config.timeout_s:g}s"
+                error, replied = f"timeout after {self.config.timeout_s:g}s", False
             except httpx.TransportError as e:
-                error = f"connection error: {type(e).__name__}"
+                error, replied = f"connection error: {type(e).__name__}", False
             else:
+                replied = status == 200
                 if status == 200:
                     result = self._parse(raw, self._secrets)
                     problem = reply_problem(result.text) if result.error is None else None
@@ -140,11 +142,12 @@ class OpenAIChatBackend(LLMBackend):
                 wait = self._backoff(attempt, retry_after)
                 if time.monotonic() + wait >= deadline:
                     return ChatResult("", 0, 0, error=f"deadline of {self.config.deadline_s:g}s exceeded after "
-                                                      f"{attempt + 1} attempts: {error}")
+                                                      f"{attempt + 1} attempts: {error}", unavailable=not replied)
                 with self._lock:
                     self.usage.retries += 1
                 self._sleep(wait)
-        return ChatResult("", 0, 0, error=f"gave up after {self.config.max_retries + 1} attempts: {error}")
+        return ChatResult("", 0, 0, error=f"gave up after {self.config.max_retries + 1} attempts: {error}",
+                          unavailable=not replied)
 
     def _post(self, body: dict, deadline: float) -> tuple[int, bytes, str | None]:
         """POST and read the body in chunks, giving up once ``deadline`` (monotonic seconds) passes."""

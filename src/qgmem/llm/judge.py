@@ -160,12 +160,15 @@ class LLMJudge:
 
     ``complete`` maps a batch of chat-message lists to reply texts; :func:`backend_completer` adapts a
     shared backend to it (tests pass a stub). An unparsable verdict counts as incorrect and is counted
-    in ``unparsed``.
+    in ``unparsed``; a request that got no reply at all (``complete`` gives ``None``: the server was down)
+    counts there too and in ``failed``, so a caller that must not read an outage as "incorrect" (the
+    training cache's answer filter) can stop instead.
     """
 
     complete: Callable[[list[list[dict[str, str]]]], list[str]]
     name: str = "llm"
     unparsed: int = 0
+    failed: int = 0
 
     def __call__(self, items: Sequence[JudgeItem]) -> list[bool]:
         if not items:
@@ -173,24 +176,33 @@ class LLMJudge:
         replies = self.complete([judge_messages(it) for it in items])
         verdicts = []
         for reply in replies:
-            verdict = parse_verdict(reply)
+            self.failed += reply is None
+            verdict = parse_verdict(reply or "")
             self.unparsed += verdict is None
             verdicts.append(bool(verdict))
         return verdicts
 
 
-def backend_completer(backend: Any, max_new_tokens: int = 256) -> Callable[[list[list[dict[str, str]]]], list[str]]:
+def backend_completer(backend: Any, max_new_tokens: int = 256
+                      ) -> Callable[[list[list[dict[str, str]]]], list[str | None]]:
     """Adapt a shared :class:`qgmem.llm.base.LLMBackend` to ``messages batch -> reply texts``.
 
-    A failed request (``ChatResult.error``) becomes an empty reply, i.e. an unparsed verdict: it costs
-    that sample, never the run.
+    A failed request (``ChatResult.error``; a reply that arrived but was empty or unusable is a reply)
+    becomes ``None``: an unparsed verdict, counted in :attr:`LLMJudge.failed`.
     """
 
     def complete(batch: list[list[dict[str, str]]]) -> list[str]:
         results = backend.chat(batch, max_new_tokens=max_new_tokens, temperature=0.0)
-        return ["" if getattr(r, "error", None) else str(r.text) for r in results]
+        return [None if _no_reply(r) else str(r.text or "") for r in results]
 
     return complete
+
+
+def _no_reply(result: Any) -> bool:
+    """A request that failed without the model answering (connection, timeout, HTTP error), as opposed to a
+    reply that was empty or unusable (the model's own answer, which stays an unparsed verdict)."""
+    error = getattr(result, "error", None)
+    return bool(error) and not getattr(result, "unusable", False) and "empty reply" not in str(error)
 
 
 def llm_judge(config: Any) -> LLMJudge:

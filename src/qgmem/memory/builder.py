@@ -41,6 +41,7 @@ class BuildStats:
     updates: int = 0
     supplements: int = 0
     skipped_windows: int = 0
+    unavailable_windows: int = 0  # of the skipped: no reply at all (server unreachable, retries spent)
     skip_reasons: Counter = field(default_factory=Counter)
     retried_windows: int = 0
     overlap_only_units: int = 0
@@ -189,6 +190,7 @@ class MemoryBuilder:
                 stats.overlap_only_units += outcome.overlap_only
                 if outcome.skipped:
                     stats.skipped_windows += 1
+                    stats.unavailable_windows += outcome.unavailable
                     if len(stats.skipped_examples) < 20:
                         stats.skipped_examples.append(f"{dialogue.id}/{window.id}: {outcome.skipped}")
             stats.skip_reasons.update(report.skip_reasons)

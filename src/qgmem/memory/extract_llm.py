@@ -94,6 +94,7 @@ class WindowOutcome:
 
     units: list[MemoryUnit] = field(default_factory=list)
     skipped: str | None = None
+    unavailable: bool = False  # skipped because no reply came at all (the server was unreachable)
     retried: bool = False
     overlap_only: int = 0  # units dropped because they cited only context turns
 
@@ -182,6 +183,9 @@ class LLMExtractor:
                 if reply.error is not None and not reply.unusable:  # the request failed: no reply to fix
                     outcomes[i].skipped = f"llm error: {reply.error[:120]}"
                     report.skip_reasons["llm_error"] += 1
+                    # an outage (server unreachable, retries spent) is counted apart: the training cache never
+                    # stores a case that lost windows to one (qgmem.samples.build.Replayer.rows)
+                    outcomes[i].unavailable = reply.unavailable
                     continue
                 try:
                     specs = parse_reply(reply.text)

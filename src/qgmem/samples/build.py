@@ -34,6 +34,10 @@ from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
 
 log = logging.getLogger(__name__)
 
+#: a case's construction counts kept in its shard's meta and added up in the build's summary (``construction``)
+CONSTRUCTION_COUNTS = ("windows", "skipped_windows", "unavailable_windows", "skip_reasons", "retried_windows", "units", "llm_requests",
+                       "llm_calls", "llm_cache_hits")
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -215,6 +219,7 @@ class Replayer:
 
             self.llm = make_backend(spec.construction_llm)
         self.builder = MemoryBuilder(spec.construction, self.encoder, llm=self.llm)
+        self.construction_counts: dict[str, dict[str, Any]] = {}  # case id -> its construction's counts
         self.reranker = None
         if spec.activation.reranker != "embedding":  # a model reranker loads once, not once per dialogue
             import numpy as np
@@ -246,6 +251,15 @@ class Replayer:
 
         spec = self.spec
         store = self.builder.build(case.dialogue, extraction)
+        counts = store.meta.get("counts") or {}
+        if counts.get("unavailable_windows"):  # a case one outage short would be kept and reused by every resume
+            from qgmem.memory.builder import ConstructionFailed
+
+            raise ConstructionFailed(f"dialogue {case.dialogue.id!r}: {counts['unavailable_windows']} of "
+                                     f"{counts.get('windows')} windows got no reply from the LLM server; the case "
+                                     "is not stored", hint="check the server, then run again: finished cases are "
+                                     "kept and the replies so far are cached")
+        self.construction_counts[case.id] = {k: counts[k] for k in CONSTRUCTION_COUNTS if k in counts}
         activator = Activator(store, self.encoder, spec.activation, reranker=self.reranker, llm=self.llm)
         group = group_of(case, spec.group_key)
         rows = []
@@ -426,7 +440,8 @@ def build_samples(spec: CacheSpec, samples: C.SampleCache, *, encoder: Any = Non
                                "cases_in_flight": in_flight, "processes": width if todo else None}
     if memo_stats is not None:
         seconds["embedding_memo"] = memo_stats
-    done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt, "seconds": seconds}
+    done = {**info, "skipped_cases": skipped, "rebuilt_shards": rebuilt, "seconds": seconds,
+            "construction": construction_totals(metas)}
     samples.mark_complete(done)
     return done
 
@@ -451,7 +466,30 @@ def replay_case(replayer: Replayer, samples: C.SampleCache, plan: Sequence[tuple
                                f"{type(exc).__name__}: {exc}") from exc
         rows, meta["skipped"] = [], f"{type(exc).__name__}: {exc}"
     meta["seconds"] = round(time.perf_counter() - started, 3)
+    counts = getattr(replayer, "construction_counts", {}).pop(case.id, None)
+    if counts:
+        meta["construction"] = counts
     samples.write_shard(index, rows, meta)
+
+
+def construction_totals(metas: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The construction counts of every case's shard added up: windows, skipped windows and why, LLM calls.
+
+    Why: a weak model's malformed replies cost windows, not the build; this is where the build says how many.
+    """
+    totals: dict[str, Any] = {"cases": 0, "skip_reasons": {}}
+    for meta in metas:
+        counts = meta.get("construction")
+        if not counts:
+            continue
+        totals["cases"] += 1
+        for key, value in counts.items():
+            if key == "skip_reasons":
+                for reason, n in value.items():
+                    totals["skip_reasons"][reason] = totals["skip_reasons"].get(reason, 0) + n
+            elif isinstance(value, (int, float)):
+                totals[key] = totals.get(key, 0) + value
+    return totals
 
 
 def _turns(case: Any) -> int:
@@ -548,6 +586,14 @@ def filter_samples(spec: CacheSpec, rows, *, answerer: Any = None, judge: Any = 
         items = [JudgeItem(r["question"], r["reference"], answers[C.answer_key(r["memory_text"], r["question"])],
                            r["category"]) for r in need]
         verdicts = {r["qa_id"]: v for r, v in zip(need, judge(items))}
+        if getattr(judge, "failed", 0):  # an outage is not a verdict: never write it into the dataset
+            from qgmem.errors import UserError
+
+            where = getattr(spec.judge, "base_url", None) or getattr(spec.judge, "model", "the judge")
+            raise UserError(f"answer filter: {judge.failed} of {len(items)} judge requests to {where} got no "
+                            "reply; no dataset was written",
+                            hint="check the judge's server, then run again: the frozen LM's answers and the "
+                                 "judge's replies so far are cached, the cases' shards are kept")
         answer_info["judge"] = getattr(judge, "name", rule)
         if hasattr(judge, "unparsed"):
             answer_info["judge_unparsed"] = judge.unparsed

@@ -98,8 +98,19 @@ class QGMemPipeline:
 
                 api = make_backend(api)
             backbone = TextGraphBackbone(api, prompt, gen, tokenizer=_tokenizer_or_none(lm or (cfg.get("lm") or {}).get("id")))
-        return cls(encoder, model, tokenizer, sentence_encoder, backbone=backbone,
-                   construction=_settings(ConstructionConfig, cfg.get("construction"), "construction", path_or_hub_id),
+        construction = _settings(ConstructionConfig, cfg.get("construction"), "construction", path_or_hub_id)
+        if llm is None and (construction.extractor == "llm" or construction.consolidation == "llm") \
+                and cfg.get("construction_llm"):  # the server training's construction used, as the export records it
+            from qgmem.llm.backends import make_backend
+            from qgmem.llm.base import LLMConfig
+
+            try:
+                llm_config = LLMConfig(**cfg["construction_llm"])
+            except TypeError as exc:
+                raise ExportFormatError(f"{path_or_hub_id}: field 'construction_llm' cannot be read by this qgmem: "
+                                        f"{exc}") from exc
+            llm = make_backend(llm_config)
+        return cls(encoder, model, tokenizer, sentence_encoder, backbone=backbone, construction=construction,
                    activation=_settings(ActivationConfig, cfg.get("activation"), "activation", path_or_hub_id),
                    prompt=prompt, llm=llm, max_new_tokens=gen)
 

@@ -452,7 +452,7 @@ def describe_datamodule(datamodule) -> dict[str, Any]:
         return {}
     info: dict[str, Any] = {}
     for name in ("dataset", "sentence_encoder", "feature_dim", "cache_key", "lm", "max_prompt_tokens",
-                 "max_answer_tokens", "answer_filter", "construction", "activation", "summary"):
+                 "max_answer_tokens", "answer_filter", "construction", "construction_llm", "activation", "summary"):
         try:
             value = getattr(datamodule, name, None)
         except Exception:  # e.g. a summary that is not built yet: the export just lacks it
