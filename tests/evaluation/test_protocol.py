@@ -108,7 +108,7 @@ def test_hierarchical_bootstrap_excludes_zero_for_a_consistent_effect():
     """Positive case: every seed lowers the NLL by about 0.3."""
     rng = np.random.default_rng(4)
     diffs = -0.3 + 0.02 * rng.standard_normal(5)[:, None] + 0.2 * rng.standard_normal((5, 50))
-    r = hierarchical_bootstrap(diffs, n_boot=4000)
+    r = hierarchical_bootstrap(diffs, design="crossed", n_boot=4000)
     assert r["seeds"] == 5 and r["n"] == 50 and len(r["per_seed"]) == 5
     assert r["ci95"][1] < 0 and r["ci95"][0] < -0.3 < r["ci95"][1]
     assert all(p["ci95"][1] < 0 for p in r["per_seed"])
@@ -121,16 +121,17 @@ def test_hierarchical_bootstrap_keeps_the_seed_variance():
     diffs = seed_means[:, None] + 0.01 * rng.standard_normal((5, 50))
     flat = paired_bootstrap(diffs.mean(0), n_boot=4000)
     assert flat["ci95"][1] < 0  # the old interval excludes 0 ...
-    r = hierarchical_bootstrap(diffs, n_boot=4000)
+    r = hierarchical_bootstrap(diffs, design="crossed", n_boot=4000)
     assert r["ci95"][0] < 0 < r["ci95"][1]  # ... the hierarchical one does not
     assert [p["mean"] for p in r["per_seed"]] == pytest.approx(list(seed_means), abs=0.01)
 
 
-def test_hierarchical_bootstrap_resamples_groups_inside_seeds():
+def test_hierarchical_bootstrap_resamples_groups():
     values = np.random.default_rng(6).standard_normal(6) + 0.3
     diffs = np.tile(np.repeat(values, 10), (2, 1))
     groups = np.repeat([f"d{i}" for i in range(6)], 10)
-    naive, grouped = hierarchical_bootstrap(diffs, n_boot=3000), hierarchical_bootstrap(diffs, groups, n_boot=3000)
+    naive = hierarchical_bootstrap(diffs, design="crossed", n_boot=3000)
+    grouped = hierarchical_bootstrap(diffs, groups, design="crossed", n_boot=3000)
     assert grouped["groups"] == 6 and naive["groups"] == 60
     assert grouped["ci95"][1] - grouped["ci95"][0] > 2 * (naive["ci95"][1] - naive["ci95"][0])
 

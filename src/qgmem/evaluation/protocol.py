@@ -16,9 +16,10 @@ prompt is always the sample's own, only the graph changes:
 - ``none``: no graph token at all.
 
 Every contrast is the per-sample paired difference in answer NLL. Its interval is a hierarchical
-bootstrap (:func:`hierarchical_bootstrap`): seeds are resampled, and inside each drawn seed the groups
-(dialogues; a sample is its own group when its dialogue has one QA), so the interval holds seed
-variance as well as sample variance.
+bootstrap of the crossed design (:func:`hierarchical_bootstrap` with ``design="crossed"``): every seed
+scores the same samples, so each draw resamples the seeds and, once for all of them, the groups
+(dialogues; a sample is its own group when its dialogue has one QA). The interval holds seed variance
+as well as sample variance without counting one question once per seed.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class SampleScores:
 
 
 def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Contrasts over seeds with :func:`hierarchical_bootstrap`, overall and per category.
+    """Contrasts over seeds with the crossed :func:`hierarchical_bootstrap`, overall and per category.
 
     Also the mean NLL per condition (over the samples it scores) and EM/F1 per condition where
     generations exist. Every run must score the same samples (same ``qa_id`` order), which holds for
@@ -138,12 +139,12 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
         if a not in nll or b not in nll:
             continue
         diff = nll[a] - nll[b]
-        result = hierarchical_bootstrap(diff, groups, n_boot=n_boot, seed=seed)
+        result = hierarchical_bootstrap(diff, groups, design="crossed", n_boot=n_boot, seed=seed)
         result["per_seed_mean"] = [p["mean"] for p in result["per_seed"]]
         scored = np.isfinite(diff).any(0)
         result["share_below_zero"] = (float((np.nanmean(diff[:, scored], 0) < 0).mean()) if scored.any() else None)
-        result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], n_boot=n_boot,
-                                                            seed=seed) for c in categories}
+        result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], design="crossed",
+                                                            n_boot=n_boot, seed=seed) for c in categories}
         for r in result["per_category"].values():
             r.pop("per_seed", None)
         out[name] = result
