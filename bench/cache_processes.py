@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections import Counter
 
-FLOAT_COLUMNS = ("x", "edge_attr", "ablated_x", "ablated_edge_attr")
+FLOAT_COLUMNS = ("x", "edge_attr", "ablated_x", "ablated_edge_attr", "sham_x", "sham_edge_attr")
 
 
 def build(config: str, processes: int, folder: str) -> dict:

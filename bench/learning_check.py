@@ -40,7 +40,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 PROTOCOL_VERSION = 2  # 2: ablated/norel conditions, order seeds, hierarchical bootstrap (the seeds' scores do not depend on it)
-CONTRAST_KEYS = ("own_vs_ablated", "own_vs_none", "own_vs_shuffled", "own_vs_norel")
+CONTRAST_KEYS = ("own_vs_ablated", "own_vs_none", "own_vs_shuffled", "own_vs_norel", "own_vs_sham", "sham_vs_ablated")
 #: optimizer steps per setting: graph-only and budget prompts are shorter, so the same wall time buys more
 DEFAULT_STEPS = {"graph-only": 100, "text-graph": 60, "budget": 60, "lora": 60}
 DEFAULT_SEEDS = [0, 1, 2, 3, 4]
@@ -57,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-cases", type=int, default=None, help="cases to sample (default: all)")
     p.add_argument("--cache-dir", default=None, help="data cache (default: the config's)")
     p.add_argument("--split", choices=["val", "test"], default="test", help="held-out split to score (tune on val)")
-    p.add_argument("--conditions", nargs="+", default=["own", "ablated", "shuffled", "norel", "none"])
+    p.add_argument("--conditions", nargs="+", default=["own", "ablated", "sham", "shuffled", "norel", "none"])
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per setting (default: per setting)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)

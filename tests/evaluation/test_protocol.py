@@ -163,9 +163,10 @@ def test_three_conditions_on_one_model(tiny, graph_only):
     items = synthetic_items(6, 8, seed=4)
     collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=not graph_only)
     scores, pairing = score_conditions(module, items, collator, batch_size=4, generate=["own"])
-    assert set(scores.nll) == {"own", "ablated", "shuffled", "norel", "none"}
+    assert set(scores.nll) == {"own", "ablated", "sham", "shuffled", "norel", "none"}
     assert all(len(v) == 6 for v in scores.nll.values())
     assert scores.nll["ablated"] == [None] * 6 and pairing["with_ablated_graph"] == 0  # no ablated graphs here
+    assert scores.nll["sham"] == [None] * 6 and pairing["with_sham_graph"] == 0
     assert pairing["shuffled_same_graph"] == 0 and pairing["distinct_graphs"] == 6
     assert len(scores.predictions["own"]) == 6 and "none" not in scores.predictions
     own, shuffled, none = (np.asarray(scores.nll[c]) for c in ("own", "shuffled", "none"))
@@ -296,3 +297,16 @@ def test_negative_control_random_node_features_give_no_difference():
     """No node holds the answer: own − ablated must be indistinguishable from 0."""
     r = _aligned_control_scores("negative")
     assert r["ci95"][0] < 0 < r["ci95"][1], r
+
+
+def test_summary_reports_the_sham_contrasts_and_a_pooled_figure_without_abstention():
+    own = [1.0, 1.0, 1.0, 1.0]
+    run = _scores(own, own, own, ["abstention_evidence", "abstention_evidence", "user_evidence", "user_evidence"])
+    run.nll["ablated"] = [1.5, 1.5, 1.1, 1.1]
+    run.nll["sham"] = [1.2, 1.2, 1.0, 1.0]
+    s = summarize([run], n_boot=200)
+    assert s["sham_vs_ablated"]["mean"] == pytest.approx(-0.2)
+    assert s["own_vs_sham"]["mean"] == pytest.approx(-0.1)
+    # without abstention only the two user questions count: the sham equals own there
+    assert s["own_vs_sham"]["without_abstention"]["mean"] == pytest.approx(0.0)
+    assert s["sham_vs_ablated"]["without_abstention"]["mean"] == pytest.approx(-0.1)
