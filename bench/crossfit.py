@@ -218,7 +218,8 @@ def run_unit(setting, variant, fold, seed, parts, items, args) -> dict[str, Any]
     dm = InMemoryDataModule(pick["train"], scored["val"], scored["test"], batch_size=int(data.get("batch_size", 4)),
                             eval_batch_size=int(data.get("eval_batch_size", 8)),
                             max_prompt_tokens=int(data["max_prompt_tokens"]),
-                            max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed)
+                            max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
+                            **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {}))
     dropout = None
     if variant["text_dropout"]:
         dropout = TextDropout(pick["train"], seed=seed, **variant["text_dropout"])
