@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 CONDITIONS = ["own", "ablated", "sham", "shuffled", "none"]
 GENERATE = ["own", "none"]
+UNIT_FILE = re.compile(r"fold-\d+-seed-\d+\.json")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -202,14 +204,35 @@ def best_weights_callback():
     return BestWeights()
 
 
-def run_unit(setting, variant, fold, seed, parts, items, args) -> dict[str, Any]:
+class OutOfTime(Exception):
+    """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
+
+
+def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None = None,
+             clock: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train (checkpoint selection on the validation part), then score the held-out part per condition.
+
+    Each piece (the training, then each condition) is recorded under ``stem`` (``…train.json`` with its
+    ``…weights.pt``, ``…<condition>.json``) as soon as it ends, and reused by a rerun: one unit costs more
+    than a 40-minute part on the shared CPU, so a part may end between its pieces. ``clock`` holds the
+    deadline and the last piece's durations; :class:`OutOfTime` stops before a piece that would not fit.
+    """
     import torch
     from lightning.pytorch import Trainer, seed_everything
 
     from qgmem.evaluation.crossfit import TextDropout
-    from qgmem.evaluation.protocol import score_conditions
+    from qgmem.evaluation.protocol import SampleScores, score_conditions
     from qgmem.training.datamodule import InMemoryDataModule
     from qgmem.training.module import QGMemModule
+
+    clock = clock if clock is not None else {"deadline": float("inf")}
+
+    def fits(kind: str) -> None:
+        if clock.get(kind) is not None and time.time() + clock[kind] > clock["deadline"]:
+            raise OutOfTime(f"{kind} (~{clock[kind] / 60:.0f} min)")
+
+    def piece(name: str) -> Path | None:
+        return None if stem is None else stem.with_name(f"{stem.name}.{name}")
 
     data, model_cfg, trainer_cfg = setting["data"], dict(setting["model"]), setting["trainer"]
     pick = {name: [it for cid in ids for it in items[cid]] for name, ids in parts.items()}
@@ -220,40 +243,71 @@ def run_unit(setting, variant, fold, seed, parts, items, args) -> dict[str, Any]
                             max_prompt_tokens=int(data["max_prompt_tokens"]),
                             max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
                             **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {}))
-    dropout = None
-    if variant["text_dropout"]:
-        dropout = TextDropout(pick["train"], seed=seed, **variant["text_dropout"])
-        dm.items["train"] = dropout
-        dm.setup()
     module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
-    best = best_weights_callback()
     steps = int(trainer_cfg.get("max_steps", 30))
-    trainer = Trainer(accelerator=trainer_cfg.get("accelerator", "cpu"), devices=1, max_steps=steps, max_epochs=-1,
-                      val_check_interval=trainer_cfg.get("val_check_interval", 15), check_val_every_n_epoch=None,
-                      num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                      enable_model_summary=False, gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
-                      precision=trainer_cfg.get("precision", "32-true"),
-                      default_root_dir=str(Path(args.root) / "trainer"), callbacks=[best])
-    t = time.perf_counter()
-    trainer.fit(module, datamodule=dm)
-    train_s = time.perf_counter() - t
-    if best.state is None:
-        raise FloatingPointError(f"fold {fold} seed {seed}: no finite validation answer NLL")
+    meta_path, weights_path = piece("train.json"), piece("weights.pt")
+    if meta_path is not None and meta_path.exists() and weights_path.exists():
+        meta, state = json.loads(meta_path.read_text()), torch.load(weights_path)
+    else:
+        fits("train")
+        dropout = None
+        if variant["text_dropout"]:
+            dropout = TextDropout(pick["train"], seed=seed, **variant["text_dropout"])
+            dm.items["train"] = dropout
+            dm.setup()
+        best = best_weights_callback()
+        trainer = Trainer(accelerator=trainer_cfg.get("accelerator", "cpu"), devices=1, max_steps=steps, max_epochs=-1,
+                          val_check_interval=trainer_cfg.get("val_check_interval", 15), check_val_every_n_epoch=None,
+                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
+                          precision=trainer_cfg.get("precision", "32-true"),
+                          default_root_dir=str(Path(args.root) / "trainer"), callbacks=[best])
+        t = time.perf_counter()
+        trainer.fit(module, datamodule=dm)
+        train_s = time.perf_counter() - t
+        clock["train"] = train_s
+        if best.state is None:
+            raise FloatingPointError(f"fold {fold} seed {seed}: no finite validation answer NLL")
+        state = best.state
+        meta = {"val_nll_best": best.best, "val_history": best.history, "train_samples": len(pick["train"]),
+                "val_samples": len(scored["val"]), "steps": steps, "train_s": round(train_s, 1),
+                "text_dropout_share": dropout.dropped / max(1, sum(dropout.reads)) if dropout else None,
+                "load": os.getloadavg()[0]}
+        if meta_path is not None:
+            torch.save(state, weights_path)
+            meta_path.write_text(json.dumps(meta) + "\n")
     with torch.no_grad():
         params = dict(module.named_parameters())
-        for k, v in best.state.items():
+        for k, v in state.items():
             params[k].copy_(v)
-    t = time.perf_counter()
     test = scored["test"]
-    scores, pairing = score_conditions(module, test, dm.collator, groups=[it["group"] for it in test],
-                                       batch_size=dm.eval_batch_size, seed=seed, generate=GENERATE,
-                                       conditions=CONDITIONS)
+    pieces = {}
+    for condition in CONDITIONS:
+        path = piece(f"{condition}.json")
+        if path is not None and path.exists():
+            pieces[condition] = json.loads(path.read_text())
+            continue
+        kind = "generate" if condition in GENERATE else "score"
+        fits(kind)
+        t = time.perf_counter()
+        scores, pairing = score_conditions(module, test, dm.collator, groups=[it["group"] for it in test],
+                                           batch_size=dm.eval_batch_size, seed=seed,
+                                           generate=[condition] if condition in GENERATE else [],
+                                           conditions=[condition])
+        clock[kind] = time.perf_counter() - t
+        pieces[condition] = {"scores": scores.to_dict(), "pairing": pairing, "score_s": round(clock[kind], 1)}
+        if path is not None:
+            path.write_text(json.dumps(pieces[condition]) + "\n")
+        print(f"  [{variant['name']} fold {fold} seed {seed}] {condition}: {clock[kind]:.0f} s", flush=True)
+    first = SampleScores.from_dict(pieces[CONDITIONS[0]]["scores"])
+    scores = SampleScores(qa_id=first.qa_id, group=first.group, category=first.category, answer=first.answer,
+                          nll={c: pieces[c]["scores"]["nll"][c] for c in CONDITIONS},
+                          predictions={c: pieces[c]["scores"]["predictions"][c] for c in CONDITIONS
+                                       if c in pieces[c]["scores"]["predictions"]})
+    pairing = {**pieces["shuffled"]["pairing"], **{k: v for c in CONDITIONS for k, v in pieces[c]["pairing"].items()
+                                                   if v is not None}}
     return {"variant": variant["name"], "fold": fold, "seed": seed, "scores": scores.to_dict(), "pairing": pairing,
-            "val_nll_best": best.best, "val_history": best.history, "train_samples": len(pick["train"]),
-            "val_samples": len(scored["val"]), "text_dropout_share": (dropout.dropped / max(1, sum(dropout.reads))
-                                                                     if dropout else None),
-            "train_s": round(train_s, 1), "score_s": round(time.perf_counter() - t, 1), "steps": steps,
-            "load": os.getloadavg()[0]}
+            **meta, "score_s": round(sum(pieces[c]["score_s"] for c in CONDITIONS), 1)}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -266,6 +320,8 @@ def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa,
 
     runs = {}
     for path in sorted((root / "runs" / variant).glob("fold-*-seed-*.json")):
+        if not UNIT_FILE.fullmatch(path.name):  # a unit's pieces sit beside it
+            continue
         r = json.loads(path.read_text())
         runs[(r["fold"], r["seed"])] = r
     done = [f for f in range(folds) if all((f, s) in runs for s in seeds)]
@@ -360,24 +416,31 @@ def main(argv=None) -> int:
     args.scored_qa = {q for cid in scored if cid in items for q in (it["qa_id"] for it in items[cid])}
     if args.measure:
         return measure(setting, items, args)
-    unit_s = None
+    from qgmem.evaluation.crossfit import fold_parts
+
+    clock: dict[str, Any] = {"deadline": deadline}
+    stopped = False
     for variant in variants if not args.summary_only else []:
+        if stopped:
+            break
         out = Path(args.root) / "runs" / variant["name"]
         out.mkdir(parents=True, exist_ok=True)
         for fold in args.fold_list if args.fold_list is not None else range(args.folds):
+            if stopped:
+                break
             for seed in args.seeds:
                 path = out / f"fold-{fold}-seed-{seed}.json"
                 if path.exists():
                     continue
-                if unit_s is not None and time.time() + unit_s > deadline:
-                    print(f"[crossfit] stopping before {variant['name']} fold {fold} seed {seed}: the next unit "
-                          f"(~{unit_s / 60:.0f} min) would pass the time limit", flush=True)
+                parts = fold_parts(folds, fold, args.folds, list(items))
+                try:
+                    result = run_unit(setting, variant, fold, seed, parts, items, args,
+                                      stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
+                except OutOfTime as stop:
+                    print(f"[crossfit] stopping before {variant['name']} fold {fold} seed {seed}'s {stop}: it "
+                          "would pass the time limit; rerun to go on", flush=True)
+                    stopped = True
                     break
-                parts = __import__("qgmem.evaluation.crossfit", fromlist=["fold_parts"]).fold_parts(
-                    folds, fold, args.folds, list(items))
-                t = time.perf_counter()
-                result = run_unit(setting, variant, fold, seed, parts, items, args)
-                unit_s = time.perf_counter() - t
                 path.write_text(json.dumps(result, default=str) + "\n")
                 print(f"[crossfit] {variant['name']} fold {fold} seed {seed}: train {result['train_s']:.0f} s, score "
                       f"{result['score_s']:.0f} s, val NLL {result['val_nll_best']:.4f}, load {result['load']:.1f}",

@@ -66,9 +66,20 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     for metric in ("f1", "em", "judge"):
         assert {"own", "none", "diff"} <= set(s["answers_own_vs_none"][metric])
     assert s["graph_sizes"]["n"] == s["own_vs_ablated"]["n"]
-    runs = sorted((tmp_path / "root" / "runs" / "product").glob("*.json"))
-    assert len(runs) == 6
+    runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
+    assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
+    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 6  # train + 5 conditions
     stamps = [p.stat().st_mtime_ns for p in runs]
     assert script.main(argv) == 0  # the rerun trains nothing: every unit is recorded
     assert " seed 0: train " not in capsys.readouterr().out
     assert [p.stat().st_mtime_ns for p in runs] == stamps
+    # a part cut off inside a unit: its recorded pieces are reused, only the missing one runs again
+    folder = tmp_path / "root" / "runs" / "product"
+    (folder / "fold-0-seed-0.json").unlink()
+    (folder / "fold-0-seed-0.own.json").unlink()
+    weights = (folder / "fold-0-seed-0.weights.pt").stat().st_mtime_ns
+    assert script.main(argv) == 0
+    again = capsys.readouterr().out
+    assert "[product fold 0 seed 0] own:" in again and "[product fold 0 seed 0] none:" not in again
+    assert (folder / "fold-0-seed-0.weights.pt").stat().st_mtime_ns == weights  # not trained again
+    assert (folder / "fold-0-seed-0.json").exists()
