@@ -389,8 +389,8 @@ def test_items_follow_the_contract(tiny_data, tmp_path):
     _build(dm)
     dm.setup()
     item = dm.split("val")[0]
-    assert set(item) - {"ablated_graph", "ablated_node_text"} == {"graph", "memory_text", "question", "answer",
-                                                              "category", "qa_id", "node_text"}
+    assert set(item) - {"ablated_graph", "ablated_node_text", "sham_graph", "sham_node_text"} == {
+        "graph", "memory_text", "question", "answer", "category", "qa_id", "node_text"}
     g = item["graph"]
     assert g.x.dtype == torch.float32 and g.x.dim() == 2 and g.x.shape[1] == DIM and g.x.shape[0] >= 1
     assert g.edge_index.dtype == torch.long and g.edge_index.shape[0] == 2
