@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=40.0)
     p.add_argument("--samples-only", action="store_true")
     p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--graph-sizes", action="store_true",
+                   help="only compare the node and edge counts of the own, ablated and sham graphs of the scored "
+                        "questions (needs the samples, no training)")
     p.add_argument("--measure", action="store_true",
                    help="time one unit on the cases saved so far (train, validate and score on them; nothing "
                         "is recorded under runs/): the cost of one (fold, seed) comes from it")
@@ -378,6 +381,33 @@ def print_table(s: dict[str, Any]) -> None:
     print(f"validation answer NLL (best checkpoint), mean over units: {s['val_nll_mean']:.4f}")
 
 
+def report_graph_sizes(items, scored, args) -> int:
+    """Node and edge counts of own, ablated and sham graphs, paired per question, overall and per category."""
+    from qgmem.evaluation.crossfit import graph_sizes
+
+    chosen = [it for cid in sorted(scored) if cid in items for it in items[cid]]
+    out = {"all": graph_sizes(chosen), "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in chosen),
+           "with_sham_graph": sum(it.get("sham_graph") is not None for it in chosen), "questions": len(chosen),
+           "per_category": {c: graph_sizes([it for it in chosen if it["category"] == c])
+                            for c in sorted({it["category"] for it in chosen})}}
+
+    def ci(r):
+        return f"{r['mean']:+.2f} [{r['ci95'][0]:+.2f}, {r['ci95'][1]:+.2f}]" if r.get("mean") is not None else "-"
+
+    print(f"| questions | graphs | own | ablated | sham | ablated − own | sham − own | sham − ablated |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, g in [("all", out["all"]), *out["per_category"].items()]:
+        for what in ("nodes", "edges"):
+            w = g[what]
+            if g["n"]:
+                print(f"| {name} (n={g['n']}) | {what} | {w['own']:.2f} | {w['ablated']:.2f} | {w['sham']:.2f} | "
+                      f"{ci(w['ablated_minus_own'])} | {ci(w['sham_minus_own'])} | {ci(w['sham_minus_ablated'])} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: out[k] for k in ("questions", "with_ablated_graph", "with_sham_graph")}))
+    return 0
+
+
 def measure(setting, items, args) -> int:
     """One unit over the saved cases only, for its cost: seconds of training (all steps, both validations)
     per validation item, and of scoring per held-out item (every condition plus two greedy answers)."""
@@ -416,6 +446,8 @@ def main(argv=None) -> int:
     args.scored_qa = {q for cid in scored if cid in items for q in (it["qa_id"] for it in items[cid])}
     if args.measure:
         return measure(setting, items, args)
+    if args.graph_sizes:
+        return report_graph_sizes(items, scored, args)
     from qgmem.evaluation.crossfit import fold_parts
 
     clock: dict[str, Any] = {"deadline": deadline}

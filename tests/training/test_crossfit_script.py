@@ -83,3 +83,9 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     assert "[product fold 0 seed 0] own:" in again and "[product fold 0 seed 0] none:" not in again
     assert (folder / "fold-0-seed-0.weights.pt").stat().st_mtime_ns == weights  # not trained again
     assert (folder / "fold-0-seed-0.json").exists()
+    # the graph sizes need the samples only
+    sizes = tmp_path / "sizes.json"
+    assert script.main(argv[:-2] + ["--graph-sizes", "--out", str(sizes)]) == 0
+    g = json.loads(sizes.read_text())
+    assert g["questions"] == result["scored_cases"] and g["all"]["n"] == g["with_sham_graph"] == s["own_vs_sham"]["n"]
+    assert {"own", "ablated", "sham", "sham_minus_ablated"} <= set(g["all"]["nodes"])
