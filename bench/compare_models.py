@@ -1,5 +1,6 @@
 """Compare models scored by ``bench/learning_check.py``: mean answer NLL of one condition, and each
-model's seed-paired difference to the lowest, with the hierarchical interval (seeds, then dialogues).
+model's seed-paired difference to the lowest, with the crossed hierarchical interval (seeds, and the
+dialogues once for all drawn seeds: every model and seed scores the same samples).
 
 Seed ``s`` of one model and seed ``s`` of another saw the same training order (``data.order_seed``), so
 their per-sample differences are paired. Used for the validation choice of the default::
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
         entry = {"mean": mean[name], "per_seed": per_seed}
         diff = "-"
         if name != best:
-            d = hierarchical_bootstrap(a - table[best], first["group"], n_boot=args.n_boot)
+            d = hierarchical_bootstrap(a - table[best], first["group"], design="crossed", n_boot=args.n_boot)
             entry["minus_best"] = {"mean": d["mean"], "ci95": d["ci95"], "per_seed": d["per_seed"]}
             diff = f"{d['mean']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
         result["models"][name] = entry

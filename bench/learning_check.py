@@ -15,8 +15,8 @@ same in all of them, only the graph changes. Settings (``--protocol``):
   at the same rank, without them; the figure is LoRA+graph (own) − LoRA-only, paired per sample and seed;
 - ``both``: text-graph and graph-only.
 
-Every contrast has a hierarchical bootstrap interval (seeds, then dialogues inside each seed) and
-per-seed figures. The untrained node-word probe (``bench/node_word_probe.py``: the LM's own word
+Every contrast has a hierarchical bootstrap interval of the crossed design (seeds, and the dialogues
+once for all drawn seeds: every seed scores the same samples) and per-seed figures. The untrained node-word probe (``bench/node_word_probe.py``: the LM's own word
 embeddings of the node texts as soft tokens) is scored beside every setting, on the same split and
 conditions, as the baseline a trained model must beat. Each seed's results are written to ``--root``
 and reused by a rerun with the same settings. The last line printed is one JSON object::
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-PROTOCOL_VERSION = 2  # 2: ablated/norel conditions, order seeds, hierarchical bootstrap
-CONTRAST_KEYS = ("own_vs_ablated", "own_vs_none", "own_vs_shuffled", "own_vs_norel")
+PROTOCOL_VERSION = 2  # 2: ablated/norel conditions, order seeds, hierarchical bootstrap (the seeds' scores do not depend on it)
+CONTRAST_KEYS = ("own_vs_ablated", "own_vs_none", "own_vs_shuffled", "own_vs_norel", "own_vs_sham", "sham_vs_ablated")
 #: optimizer steps per setting: graph-only and budget prompts are shorter, so the same wall time buys more
 DEFAULT_STEPS = {"graph-only": 100, "text-graph": 60, "budget": 60, "lora": 60}
 DEFAULT_SEEDS = [0, 1, 2, 3, 4]
@@ -57,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-cases", type=int, default=None, help="cases to sample (default: all)")
     p.add_argument("--cache-dir", default=None, help="data cache (default: the config's)")
     p.add_argument("--split", choices=["val", "test"], default="test", help="held-out split to score (tune on val)")
-    p.add_argument("--conditions", nargs="+", default=["own", "ablated", "shuffled", "norel", "none"])
+    p.add_argument("--conditions", nargs="+", default=["own", "ablated", "sham", "shuffled", "norel", "none"])
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per setting (default: per setting)")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
@@ -424,7 +424,7 @@ def lora_contrast(graph: dict[str, Any], only: dict[str, Any], n_boot: int) -> d
 
     a = np.asarray([[np.nan if v is None else v for v in r["nll"]["own"]] for r in graph["_scores"]])
     b = np.asarray([[np.nan if v is None else v for v in r["nll"]["none"]] for r in only["_scores"]])
-    r = hierarchical_bootstrap(a - b, graph["_scores"][0]["group"], n_boot=n_boot)
+    r = hierarchical_bootstrap(a - b, graph["_scores"][0]["group"], design="crossed", n_boot=n_boot)
     return {"mean": r["mean"], "ci95": r["ci95"], "per_seed": r["per_seed"],
             "nll": {"lora_graph_own": graph["nll"].get("own"), "lora_only": only["nll"].get("none")}}
 

@@ -54,6 +54,7 @@ def probe_scores(dm, items, groups, *, conditions=("own", "ablated", "shuffled",
               "shuffled": lambda i: items[partner[i]].get("node_text"),
               "ablated": lambda i: items[i].get("ablated_node_text") if items[i].get("ablated_graph") is not None
               else None,
+              "sham": lambda i: items[i].get("sham_node_text") if items[i].get("sham_graph") is not None else None,
               "none": lambda i: []}
     scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)], group=[str(g) for g in groups],
                           category=[str(it.get("category", "")) for it in items], answer=[str(it["answer"]) for it in items])

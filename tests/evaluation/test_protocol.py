@@ -108,7 +108,7 @@ def test_hierarchical_bootstrap_excludes_zero_for_a_consistent_effect():
     """Positive case: every seed lowers the NLL by about 0.3."""
     rng = np.random.default_rng(4)
     diffs = -0.3 + 0.02 * rng.standard_normal(5)[:, None] + 0.2 * rng.standard_normal((5, 50))
-    r = hierarchical_bootstrap(diffs, n_boot=4000)
+    r = hierarchical_bootstrap(diffs, design="crossed", n_boot=4000)
     assert r["seeds"] == 5 and r["n"] == 50 and len(r["per_seed"]) == 5
     assert r["ci95"][1] < 0 and r["ci95"][0] < -0.3 < r["ci95"][1]
     assert all(p["ci95"][1] < 0 for p in r["per_seed"])
@@ -121,16 +121,17 @@ def test_hierarchical_bootstrap_keeps_the_seed_variance():
     diffs = seed_means[:, None] + 0.01 * rng.standard_normal((5, 50))
     flat = paired_bootstrap(diffs.mean(0), n_boot=4000)
     assert flat["ci95"][1] < 0  # the old interval excludes 0 ...
-    r = hierarchical_bootstrap(diffs, n_boot=4000)
+    r = hierarchical_bootstrap(diffs, design="crossed", n_boot=4000)
     assert r["ci95"][0] < 0 < r["ci95"][1]  # ... the hierarchical one does not
     assert [p["mean"] for p in r["per_seed"]] == pytest.approx(list(seed_means), abs=0.01)
 
 
-def test_hierarchical_bootstrap_resamples_groups_inside_seeds():
+def test_hierarchical_bootstrap_resamples_groups():
     values = np.random.default_rng(6).standard_normal(6) + 0.3
     diffs = np.tile(np.repeat(values, 10), (2, 1))
     groups = np.repeat([f"d{i}" for i in range(6)], 10)
-    naive, grouped = hierarchical_bootstrap(diffs, n_boot=3000), hierarchical_bootstrap(diffs, groups, n_boot=3000)
+    naive = hierarchical_bootstrap(diffs, design="crossed", n_boot=3000)
+    grouped = hierarchical_bootstrap(diffs, groups, design="crossed", n_boot=3000)
     assert grouped["groups"] == 6 and naive["groups"] == 60
     assert grouped["ci95"][1] - grouped["ci95"][0] > 2 * (naive["ci95"][1] - naive["ci95"][0])
 
@@ -162,9 +163,10 @@ def test_three_conditions_on_one_model(tiny, graph_only):
     items = synthetic_items(6, 8, seed=4)
     collator = GraphTextCollator(tok, max_prompt_tokens=96, max_answer_tokens=8, include_memory_text=not graph_only)
     scores, pairing = score_conditions(module, items, collator, batch_size=4, generate=["own"])
-    assert set(scores.nll) == {"own", "ablated", "shuffled", "norel", "none"}
+    assert set(scores.nll) == {"own", "ablated", "sham", "shuffled", "norel", "none"}
     assert all(len(v) == 6 for v in scores.nll.values())
     assert scores.nll["ablated"] == [None] * 6 and pairing["with_ablated_graph"] == 0  # no ablated graphs here
+    assert scores.nll["sham"] == [None] * 6 and pairing["with_sham_graph"] == 0
     assert pairing["shuffled_same_graph"] == 0 and pairing["distinct_graphs"] == 6
     assert len(scores.predictions["own"]) == 6 and "none" not in scores.predictions
     own, shuffled, none = (np.asarray(scores.nll[c]) for c in ("own", "shuffled", "none"))
@@ -295,3 +297,16 @@ def test_negative_control_random_node_features_give_no_difference():
     """No node holds the answer: own − ablated must be indistinguishable from 0."""
     r = _aligned_control_scores("negative")
     assert r["ci95"][0] < 0 < r["ci95"][1], r
+
+
+def test_summary_reports_the_sham_contrasts_and_a_pooled_figure_without_abstention():
+    own = [1.0, 1.0, 1.0, 1.0]
+    run = _scores(own, own, own, ["abstention_evidence", "abstention_evidence", "user_evidence", "user_evidence"])
+    run.nll["ablated"] = [1.5, 1.5, 1.1, 1.1]
+    run.nll["sham"] = [1.2, 1.2, 1.0, 1.0]
+    s = summarize([run], n_boot=200)
+    assert s["sham_vs_ablated"]["mean"] == pytest.approx(-0.2)
+    assert s["own_vs_sham"]["mean"] == pytest.approx(-0.1)
+    # without abstention only the two user questions count: the sham equals own there
+    assert s["own_vs_sham"]["without_abstention"]["mean"] == pytest.approx(0.0)
+    assert s["sham_vs_ablated"]["without_abstention"]["mean"] == pytest.approx(-0.1)

@@ -413,8 +413,8 @@ def test_items_follow_the_contract(tiny_data, tmp_path):
     _build(dm)
     dm.setup()
     item = dm.split("val")[0]
-    assert set(item) - {"ablated_graph", "ablated_node_text"} == {"graph", "memory_text", "question", "answer",
-                                                              "category", "qa_id", "node_text"}
+    assert set(item) - {"ablated_graph", "ablated_node_text", "sham_graph", "sham_node_text"} == {
+        "graph", "memory_text", "question", "answer", "category", "qa_id", "node_text"}
     g = item["graph"]
     assert g.x.dtype == torch.float32 and g.x.dim() == 2 and g.x.shape[1] == DIM and g.x.shape[0] >= 1
     assert g.edge_index.dtype == torch.long and g.edge_index.shape[0] == 2
@@ -595,6 +595,10 @@ def test_the_ablated_graph_differs_from_the_own_and_holds_no_gold_evidence_unit(
         assert item["ablated_graph"].x.shape == (r["ablated_num_nodes"] or 1, r["feature_dim"])
         assert graph_signature(item["ablated_graph"]) != graph_signature(item["graph"])
         assert r["store_evidence_units"] >= 1 and 0 <= r["evidence_nodes_kept"] <= r["evidence_nodes"]
+        # the sham beside it: as many units removed as the evidence ablation removed, or says how many fewer
+        assert r["sham"] and r["sham_units"] + r["sham_short"] == r["store_evidence_units"]
+        assert item["sham_graph"].x.shape == (r["sham_num_nodes"] or 1, r["feature_dim"])
+    assert not any(r["sham"] for r in rows if not r["ablated"])
     assert "ablated_graph" not in row_to_item({**with_ablated[0], "ablated": False})
     # replayed by hand: the ablated working memory holds no unit grounded in a gold evidence turn
     replayer = B.Replayer(dm.cache_spec, HashEncoder(), memo=False)

@@ -1,4 +1,4 @@
-"""Percentile bootstrap intervals for paired differences: over groups, and over seeds then groups.
+"""Percentile bootstrap intervals for paired differences: over groups, and over seeds and groups.
 
 The learning check (:mod:`qgmem.evaluation.protocol`) and ``qgmem eval-qa`` report paired answer-NLL
 differences with these intervals, so both read the same way.
@@ -33,21 +33,34 @@ def paired_bootstrap(diffs: Sequence[float], groups: Sequence[str] | None = None
     return {"mean": float(d.mean()), "ci95": [float(lo), float(hi)], "n": int(d.size), "groups": int(len(uniq))}
 
 
-def hierarchical_bootstrap(diffs: Any, groups: Sequence[str] | None = None, *, n_boot: int = 10_000,
+DESIGNS = ("crossed", "nested")
+
+
+def hierarchical_bootstrap(diffs: Any, groups: Sequence[str] | None = None, *, design: str, n_boot: int = 10_000,
                            seed: int = 0, level: float = 0.95) -> dict[str, Any]:
     """Mean of paired differences ``[seeds, samples]`` with a two-level percentile bootstrap interval.
 
-    Each draw resamples the seeds with replacement and, inside every drawn seed, the groups (samples
-    when ``groups`` is ``None``) with replacement, then takes the mean of all differences drawn. A
-    seed-to-seed spread therefore widens the interval, which a bootstrap over seed-averaged samples
-    hides. ``NaN`` marks a sample without a score in that seed (it counts nowhere). Also returns each
-    seed's mean and its own interval over groups.
+    ``design`` says how seeds and samples relate, and there is no default because a wrong choice gives
+    a wrong interval:
+
+    - ``"crossed"``: every seed scores the same samples (column ``j`` is one question in every seed),
+      as in the learning check. Each draw resamples the seeds with replacement and the groups (samples
+      when ``groups`` is ``None``) **once**, that one group draw shared by every drawn seed: a question
+      that is hard in one seed is hard in all of them, so seeds must not multiply the questions.
+    - ``"nested"``: each seed scores its own samples (column ``j`` of seed ``s`` is unrelated to column
+      ``j`` of another seed). Each draw resamples the seeds and, inside every drawn seed, its groups.
+
+    A seed-to-seed spread widens either interval, which a bootstrap over seed-averaged samples hides.
+    ``NaN`` marks a sample without a score in that seed (it counts nowhere). Also returns each seed's
+    mean and its own interval over groups.
     """
+    if design not in DESIGNS:
+        raise ValueError(f"design must be one of {list(DESIGNS)}, got {design!r}")
     d = np.atleast_2d(np.asarray(diffs, dtype=np.float64))
     valid = np.isfinite(d)
     if not valid.any():
         return {"mean": None, "ci95": [None, None], "n": 0, "groups": 0, "seeds": int(d.shape[0]),
-                "per_seed": []}
+                "design": design, "per_seed": []}
     keys = np.asarray(groups if groups is not None else np.arange(d.shape[1]).astype(str))
     uniq, inverse = np.unique(keys, return_inverse=True)
     S, G = d.shape[0], len(uniq)
@@ -56,6 +69,42 @@ def hierarchical_bootstrap(diffs: Any, groups: Sequence[str] | None = None, *, n
         sums[s_] = np.bincount(inverse, weights=np.where(valid[s_], d[s_], 0.0), minlength=G)
         sizes[s_] = np.bincount(inverse, weights=valid[s_].astype(np.float64), minlength=G)
     rng = np.random.default_rng(seed)
+    means = _crossed_means(sums, sizes, n_boot, rng) if design == "crossed" else _nested_means(sums, sizes, n_boot, rng)
+    alpha = (1 - level) / 2
+    lo, hi = np.nanquantile(means, [alpha, 1 - alpha])
+    per_seed = []
+    for s_ in range(S):
+        row = paired_bootstrap(d[s_][valid[s_]], keys[valid[s_]], n_boot=max(1000, n_boot // 5), seed=seed + s_,
+                               level=level)
+        per_seed.append({"mean": row["mean"], "ci95": row["ci95"]})
+    return {"mean": float(d[valid].mean()), "ci95": [float(lo), float(hi)], "n": int(valid.any(0).sum()),
+            "groups": int(len(np.unique(keys[valid.any(0)]))), "seeds": int(S), "design": design,
+            "per_seed": per_seed}
+
+
+def _draw_counts(rng: np.random.Generator, b: int, n: int) -> np.ndarray:
+    """``[b, n]``: how often each of ``n`` items is drawn in each of ``b`` resamples of size ``n``."""
+    draw = rng.integers(0, n, size=(b, n)) + n * np.arange(b)[:, None]
+    return np.bincount(draw.ravel(), minlength=b * n).reshape(b, n).astype(np.float64)
+
+
+def _crossed_means(sums: np.ndarray, sizes: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """One seed draw and one group draw per resample; a drawn (seed, group) pair counts as often as both."""
+    S, G = sums.shape
+    means = np.empty(n_boot)
+    chunk = max(1, 2_000_000 // max(1, S + G))
+    for start in range(0, n_boot, chunk):
+        b = min(chunk, n_boot - start)
+        seed_count, group_count = _draw_counts(rng, b, S), _draw_counts(rng, b, G)
+        num = ((seed_count @ sums) * group_count).sum(1)
+        den = ((seed_count @ sizes) * group_count).sum(1)
+        means[start:start + b] = np.where(den > 0, num / np.maximum(den, 1e-12), np.nan)
+    return means
+
+
+def _nested_means(sums: np.ndarray, sizes: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """A seed draw per resample and, inside every drawn seed, its own group draw."""
+    S, G = sums.shape
     means = np.empty(n_boot)
     chunk = max(1, 2_000_000 // max(1, S * G))
     for start in range(0, n_boot, chunk):
@@ -65,15 +114,7 @@ def hierarchical_bootstrap(diffs: Any, groups: Sequence[str] | None = None, *, n
         num = sums[seed_draw, group_draw].sum((1, 2))
         den = sizes[seed_draw, group_draw].sum((1, 2))
         means[start:start + b] = np.where(den > 0, num / np.maximum(den, 1e-12), np.nan)
-    alpha = (1 - level) / 2
-    lo, hi = np.nanquantile(means, [alpha, 1 - alpha])
-    per_seed = []
-    for s_ in range(S):
-        row = paired_bootstrap(d[s_][valid[s_]], keys[valid[s_]], n_boot=max(1000, n_boot // 5), seed=seed + s_,
-                               level=level)
-        per_seed.append({"mean": row["mean"], "ci95": row["ci95"]})
-    return {"mean": float(d[valid].mean()), "ci95": [float(lo), float(hi)], "n": int(valid.any(0).sum()),
-            "groups": int(len(np.unique(keys[valid.any(0)]))), "seeds": int(S), "per_seed": per_seed}
+    return means
 
 
-__all__ = ["hierarchical_bootstrap", "paired_bootstrap"]
+__all__ = ["DESIGNS", "hierarchical_bootstrap", "paired_bootstrap"]

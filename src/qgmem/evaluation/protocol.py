@@ -6,8 +6,12 @@ prompt is always the sample's own, only the graph changes:
 - ``own``: each sample's own graph token (the model as trained);
 - ``ablated``: the graph activated for the same question over the same store after every unit grounded
   in a gold evidence turn was removed (the cache's second graph). Topic and style are held fixed and the
-  evidence is gone, so ``own − ablated`` is the headline figure. Samples without an ablated graph (no
-  gold evidence, or no evidence unit in the store) have no score here and drop out of this contrast;
+  evidence is gone. Samples without an ablated graph (no gold evidence, or no evidence unit in the
+  store) have no score here and drop out of this contrast;
+- ``sham``: the ablation's control, the graph activated after as many *non*-evidence units were removed,
+  at the evidence's ranks where possible (the cache's third graph). ``own − ablated`` mixes "the evidence
+  matters" with "any re-retrieved graph disagrees with the text"; ``sham − ablated`` is the evidence's
+  own effect, and ``own − sham`` the cost of re-retrieval alone;
 - ``shuffled``: the token of another sample's graph, from a derangement that never pairs a sample with
   its own graph nor with a graph identical to it (a wrong, off-topic graph: it shows that a wrong graph
   hurts, not that the right one helps);
@@ -16,9 +20,10 @@ prompt is always the sample's own, only the graph changes:
 - ``none``: no graph token at all.
 
 Every contrast is the per-sample paired difference in answer NLL. Its interval is a hierarchical
-bootstrap (:func:`hierarchical_bootstrap`): seeds are resampled, and inside each drawn seed the groups
-(dialogues; a sample is its own group when its dialogue has one QA), so the interval holds seed
-variance as well as sample variance.
+bootstrap of the crossed design (:func:`hierarchical_bootstrap` with ``design="crossed"``): every seed
+scores the same samples, so each draw resamples the seeds and, once for all of them, the groups
+(dialogues; a sample is its own group when its dialogue has one QA). The interval holds seed variance
+as well as sample variance without counting one question once per seed.
 """
 
 from __future__ import annotations
@@ -35,9 +40,13 @@ import torch
 from qgmem.activation.graph import graph_signature
 from qgmem.evaluation.bootstrap import hierarchical_bootstrap, paired_bootstrap
 
-CONDITIONS = ("own", "ablated", "shuffled", "norel", "none")
+CONDITIONS = ("own", "ablated", "sham", "shuffled", "norel", "none")
 CONTRASTS = {"own_vs_ablated": ("own", "ablated"), "own_vs_none": ("own", "none"),
-             "own_vs_shuffled": ("own", "shuffled"), "own_vs_norel": ("own", "norel")}
+             "own_vs_shuffled": ("own", "shuffled"), "own_vs_norel": ("own", "norel"),
+             "own_vs_sham": ("own", "sham"), "sham_vs_ablated": ("sham", "ablated")}
+#: the category whose references are all one sentence ("no information"): a pooled figure leaves it out
+#: too, so that an effect on saying "I don't know" does not pass for an effect on content
+ABSTENTION = "abstention_evidence"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -108,7 +117,7 @@ class SampleScores:
 
 
 def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """Contrasts over seeds with :func:`hierarchical_bootstrap`, overall and per category.
+    """Contrasts over seeds with the crossed :func:`hierarchical_bootstrap`, overall and per category.
 
     Also the mean NLL per condition (over the samples it scores) and EM/F1 per condition where
     generations exist. Every run must score the same samples (same ``qa_id`` order), which holds for
@@ -138,13 +147,16 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
         if a not in nll or b not in nll:
             continue
         diff = nll[a] - nll[b]
-        result = hierarchical_bootstrap(diff, groups, n_boot=n_boot, seed=seed)
+        result = hierarchical_bootstrap(diff, groups, design="crossed", n_boot=n_boot, seed=seed)
         result["per_seed_mean"] = [p["mean"] for p in result["per_seed"]]
         scored = np.isfinite(diff).any(0)
         result["share_below_zero"] = (float((np.nanmean(diff[:, scored], 0) < 0).mean()) if scored.any() else None)
-        result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], n_boot=n_boot,
-                                                            seed=seed) for c in categories}
-        for r in result["per_category"].values():
+        result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], design="crossed",
+                                                            n_boot=n_boot, seed=seed) for c in categories}
+        content = cat != ABSTENTION
+        result["without_abstention"] = hierarchical_bootstrap(diff[:, content], groups[content], design="crossed",
+                                                              n_boot=n_boot, seed=seed)
+        for r in [*result["per_category"].values(), result["without_abstention"]]:
             r.pop("per_seed", None)
         out[name] = result
     scores = {}
@@ -170,10 +182,10 @@ def graph_for(item: dict[str, Any], condition: str, partner: dict[str, Any] | No
         out["graph"] = partner["graph"]
         if "node_text" in partner:  # the graph's own node texts go with it
             out["node_text"] = partner["node_text"]
-    elif condition == "ablated":
-        if item.get("ablated_graph") is None:
+    elif condition in ("ablated", "sham"):
+        if item.get(f"{condition}_graph") is None:
             return None
-        out["graph"], out["node_text"] = item["ablated_graph"], list(item.get("ablated_node_text") or [])
+        out["graph"], out["node_text"] = item[f"{condition}_graph"], list(item.get(f"{condition}_node_text") or [])
     elif condition == "norel":
         graph = copy.copy(item["graph"])
         for name in ("edge_attr", "edge_fact"):
@@ -191,8 +203,8 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
     """Answer NLL of every item under each condition with ``module``'s current weights.
 
     ``shuffled`` pairs item ``i`` with the graph of item ``partner[i]`` (:func:`derangement` over the
-    graphs' signatures, seeded by ``seed``); ``ablated`` uses the item's ``ablated_graph`` (items
-    without one score ``None``); the text of the prompt is always the item's own. ``generate``:
+    graphs' signatures, seeded by ``seed``); ``ablated`` and ``sham`` use the item's ``ablated_graph``
+    and ``sham_graph`` (items without one score ``None``); the text of the prompt is always the item's own. ``generate``:
     conditions whose greedy answers are also decoded (for EM/F1). Returns the scores and a report on
     the pairing (ties, how many partners differ, how many items have an ablated graph).
     """
@@ -208,7 +220,8 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
     report = {**tie_report(signatures),
               "shuffled_same_graph": sum(signatures[p] == signatures[i] for i, p in enumerate(partner))
               if "shuffled" in conditions else None,
-              "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in items)}
+              "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in items),
+              "with_sham_graph": sum(it.get("sham_graph") is not None for it in items)}
     scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)],
                           group=[str(g) for g in (groups or [it.get("qa_id", i) for i, it in enumerate(items)])],
                           category=[str(it.get("category", "")) for it in items],

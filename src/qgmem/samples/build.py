@@ -270,6 +270,8 @@ class Replayer:
             memory = activator.activate(qa.question, when)
             data = graph_to_data(memory.graph, self.encoder, facts=[u.fact for u in memory.units])
             ablated, ablated_text, ablation, _ = self.ablated(store, qa, when, memory, data, ablated_stores)
+            sham, sham_text, sham_info = (self.sham(store, qa, when, memory) if ablated is not None
+                                          else (None, [], None))
             rows.append(C.sample_row(
                 qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
                 category=qa.category, question=qa.question, question_time=qa.question_time, reference=qa.answer,
@@ -277,7 +279,7 @@ class Replayer:
                 node_text=getattr(data, "node_text", memory.graph.node_text),
                 edge_text=getattr(data, "edge_text", memory.graph.edge_text),
                 edge_unit=memory.graph.edge_unit, ablated_graph=ablated, ablated_node_text=ablated_text,
-                ablation=ablation))
+                ablation=ablation, sham_graph=sham, sham_node_text=sham_text, sham=sham_info))
         return rows
 
     def ablated(self, store: Any, qa: Any, when: str | None, memory: Any, data: Any,
@@ -321,6 +323,28 @@ class Replayer:
         kept = evidence_nodes & {t.strip().casefold() for t in other.graph.node_text}
         texts = list(getattr(other_data, "node_text", other.graph.node_text))
         return other_data, texts, {**info, "evidence_nodes": len(evidence_nodes), "evidence_nodes_kept": len(kept)}, other
+
+    def sham(self, store: Any, qa: Any, when: str | None, memory: Any) -> tuple[Any, list[str], dict[str, Any]]:
+        """The sham-ablated graph of ``qa``, its node texts and what the sham removed.
+
+        As many units as the evidence ablation dropped, none grounded in the evidence, from the
+        evidence's ranks of the own working memory where possible (:func:`sham_unit_ids`, seeded by
+        the question's id); the question is activated again over the rest. Built only beside an ablated
+        graph, so the two contrasts score the same samples.
+        """
+        from qgmem.activation.activator import Activator
+        from qgmem.activation.graph import graph_to_data
+        from qgmem.activation.records import WorkingMemory
+        from qgmem.memory.ablate import evidence_unit_ids, sham_unit_ids, without_units
+
+        drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
+        remove, info = sham_unit_ids(store.units, memory.units, drop, seed=qa.id)
+        llm = self.llm if self.builder.uses_llm_consolidation else None
+        reduced = without_units(store, remove, self.encoder.encode, self.spec.construction, llm=llm)
+        other = (Activator(reduced, self.encoder, self.spec.activation, reranker=self.reranker, llm=self.llm)
+                 .activate(qa.question, when) if len(reduced) else WorkingMemory(question=qa.question))
+        data = graph_to_data(other.graph, self.encoder, facts=[u.fact for u in other.units])
+        return data, list(getattr(data, "node_text", other.graph.node_text)), info
 
     def close(self) -> None:
         """Persist the vectors encoded since the last flush; release the construction backend."""

@@ -48,7 +48,7 @@ CHECKSUMS = INTEGRITY_CHECKSUMS  # one name for every sealed folder (qgmem.integ
 REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 7  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent; 7: the evidence-ablated graph per sample
+CACHE_FORMAT_VERSION = 8  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent; 7: the evidence-ablated graph per sample; 8: the sham-ablated graph beside it
 
 SPLITS = ("train", "val", "test")
 
@@ -139,6 +139,15 @@ def sample_features():
         "ablation_status": Value("string"), "store_evidence_units": Value("int32"),
         "memory_evidence_units": Value("int32"), "evidence_nodes": Value("int32"),
         "evidence_nodes_kept": Value("int32"),
+        # the sham ablation (its control, only beside an ablated graph): as many non-evidence units
+        # removed, at the evidence's ranks of the own working memory where possible, then activated
+        # again; same layout; how many units it removed, how many of them were rank-matched, how many
+        # it could not remove for want of non-evidence units
+        "sham": Value("bool"), "sham_num_nodes": Value("int32"), "sham_num_edges": Value("int32"),
+        "sham_x": List(Value("float32")), "sham_edge_index": List(Value("int64")),
+        "sham_edge_attr": List(Value("float32")), "sham_edge_fact": List(Value("float32")),
+        "sham_node_text": List(Value("string")), "sham_units": Value("int32"),
+        "sham_rank_matched": Value("int32"), "sham_short": Value("int32"),
     })
 
 
@@ -159,11 +168,13 @@ def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split:
                question: str, reference: str, memory_text: str, graph: Any, feature_dim: int,
                question_time: str | None = None, node_text: Iterable[str] = (), edge_text: Iterable[str] = (),
                edge_unit: Iterable[int] = (), ablated_graph: Any = None, ablated_node_text: Iterable[str] = (),
-               ablation: dict[str, Any] | None = None) -> dict[str, Any]:
+               ablation: dict[str, Any] | None = None, sham_graph: Any = None, sham_node_text: Iterable[str] = (),
+               sham: dict[str, Any] | None = None) -> dict[str, Any]:
     """One cache row from a working memory's PyG graph (``x [N, D]``, ``edge_index [2, E]``, ``edge_attr [E, D]``).
 
     ``ablated_graph`` (same layout) is the evidence-ablated graph, ``ablation`` what the ablation
-    removed (:func:`ablation_fields`'s keys).
+    removed (:func:`ablation_fields`'s keys); ``sham_graph`` the sham-ablated graph, ``sham`` what the
+    sham removed (:func:`sham_fields`'s keys).
     """
     x = _as_array(getattr(graph, "x", None), np.float32, (0, feature_dim))
     edge_index = _as_array(getattr(graph, "edge_index", None), np.int64, (2, 0))
@@ -193,6 +204,7 @@ def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split:
         "edge_attr": edge_attr.reshape(-1), "edge_fact": edge_fact.reshape(-1), "node_text": node_text, "edge_text": edge_text,
         "edge_unit": [int(u) for u in edge_unit],
         **ablation_fields(qa_id, ablated_graph, feature_dim, ablated_node_text, ablation),
+        **sham_fields(qa_id, sham_graph, feature_dim, sham_node_text, sham),
     }
 
 
@@ -202,15 +214,28 @@ def ablation_fields(qa_id: str, graph: Any, feature_dim: int, node_text: Iterabl
     info = {"ablation_status": "", "store_evidence_units": 0, "memory_evidence_units": 0, "evidence_nodes": 0,
             "evidence_nodes_kept": 0, **(ablation or {})}
     if graph is None:
-        return {"ablated": False, "ablated_num_nodes": 0, "ablated_num_edges": 0, "ablated_x": [],
-                "ablated_edge_index": [], "ablated_edge_attr": [], "ablated_edge_fact": [], "ablated_node_text": [],
-                **info, "ablation_status": info["ablation_status"] or "none"}
+        return {**_graph_columns("ablated", qa_id, None, feature_dim), **info,
+                "ablation_status": info["ablation_status"] or "none"}
+    return {**_graph_columns("ablated", qa_id, graph, feature_dim, node_text), **info, "ablation_status": ""}
+
+
+def sham_fields(qa_id: str, graph: Any, feature_dim: int, node_text: Iterable[str] = (),
+                sham: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``sham_*`` columns of a row (empty ones and ``sham`` False without a sham graph)."""
+    info = {"sham_units": 0, "sham_rank_matched": 0, "sham_short": 0, **(sham or {})}
+    return {**_graph_columns("sham", qa_id, graph, feature_dim, node_text), **info}
+
+
+def _graph_columns(prefix: str, qa_id: str, graph: Any, feature_dim: int, node_text: Iterable[str] = ()) -> dict[str, Any]:
+    """``<prefix>`` (is there a graph) and ``<prefix>_num_nodes`` … ``<prefix>_node_text``: a second graph's columns."""
+    if graph is None:
+        return {prefix: False, f"{prefix}_num_nodes": 0, f"{prefix}_num_edges": 0, f"{prefix}_x": [],
+                f"{prefix}_edge_index": [], f"{prefix}_edge_attr": [], f"{prefix}_edge_fact": [],
+                f"{prefix}_node_text": []}
     own = sample_row(qa_id=qa_id, case_id="", dialogue_id="", group="", split="", category="", question="",
                      reference="", memory_text="", graph=graph, feature_dim=feature_dim, node_text=node_text)
-    return {"ablated": True, "ablated_num_nodes": own["num_nodes"], "ablated_num_edges": own["num_edges"],
-            "ablated_x": own["x"], "ablated_edge_index": own["edge_index"], "ablated_edge_attr": own["edge_attr"],
-            "ablated_edge_fact": own["edge_fact"], "ablated_node_text": own["node_text"], **info,
-            "ablation_status": ""}
+    return {prefix: True, **{f"{prefix}_{k}": own[k] for k in ("num_nodes", "num_edges", "x", "edge_index",
+                                                               "edge_attr", "edge_fact", "node_text")}}
 
 
 def _as_array(value: Any, dtype: Any, empty_shape: tuple[int, int]) -> np.ndarray:
@@ -245,15 +270,16 @@ def row_to_data(row: dict[str, Any]):
 
 def row_to_item(row: dict[str, Any]) -> dict[str, Any]:
     """A filtered row to the dataset item the collator consumes (the data↔model contract); with its
-    evidence-ablated graph (``ablated_graph``, ``ablated_node_text``) when the row has one."""
+    evidence-ablated graph (``ablated_graph``, ``ablated_node_text``) and its sham (``sham_graph``,
+    ``sham_node_text``) when the row has them."""
     item = {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
             "answer": row["answer"], "category": row["category"], "qa_id": row["qa_id"],
             "node_text": list(row.get("node_text") or [])}
-    if row.get("ablated"):
-        item["ablated_graph"] = row_to_data({k[len("ablated_"):]: row[k] for k in (
-            "ablated_num_nodes", "ablated_num_edges", "ablated_x", "ablated_edge_index", "ablated_edge_attr",
-            "ablated_edge_fact")} | {"feature_dim": row["feature_dim"]})
-        item["ablated_node_text"] = list(row.get("ablated_node_text") or [])
+    for prefix in ("ablated", "sham"):
+        if row.get(prefix):
+            item[f"{prefix}_graph"] = row_to_data({k: row[f"{prefix}_{k}"] for k in (
+                "num_nodes", "num_edges", "x", "edge_index", "edge_attr", "edge_fact")} | {"feature_dim": row["feature_dim"]})
+            item[f"{prefix}_node_text"] = list(row.get(f"{prefix}_node_text") or [])
     return item
 
 

@@ -1,0 +1,264 @@
+"""Cross-fitted predictions: every usable question scored by a model that never saw it, nor its conversation.
+
+The learning check scores one held-out split (55 questions). Cross-fitting splits the usable questions
+into ``k`` folds grouped by evidence conversation; each fold is scored by models trained on the other
+folds, so every usable question gets a held-out prediction. Two things keep a fold truly held out:
+
+- **grouping**: questions that share an evidence conversation are in one fold (:func:`assign_folds`);
+- **histories**: a ConvoMem history hides a case's evidence among distractor conversations of the same
+  person. Drawn from the whole pool, a training history would hold a held-out question's evidence as a
+  distractor. :func:`with_distractors` draws each case's distractors from its own fold, or from
+  conversations that are no fold's evidence (the rubric categories', never scored); :func:`leaks` lists
+  every held-out evidence conversation found in a training history (it must be empty).
+
+Seeds: every fold is trained once per seed; seed ``s`` of all folds together forms one row of the
+``[seeds, questions]`` matrix, so the crossed bootstrap resamples seed rows and question groups.
+
+Text dropout (:class:`TextDropout`) is the training option aimed at evidence: with probability ``p`` a
+training sample's prompt text keeps only its top ``m`` working-memory units while the graph keeps all.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from qgmem.evaluation.bootstrap import hierarchical_bootstrap, paired_bootstrap
+
+#: a repeated conversation inside one history is named ``id~2``; its conversation is ``id``
+_REPEAT = "~"
+
+
+def conversation_of(session_id: str) -> str:
+    return session_id.split(_REPEAT, 1)[0]
+
+
+def evidence_conversations(case: Any) -> set[str]:
+    """The conversations that hold ``case``'s evidence (its own sessions when the source does not say)."""
+    ids = case.source.get("evidence_session_ids")
+    if ids is None:
+        ids = [s.id for s in case.dialogue.sessions]
+    return {conversation_of(i) for i in ids}
+
+
+def assign_folds(cases: Sequence[Any], scored: Iterable[str], k: int = 5, seed: int = 0) -> dict[str, int]:
+    """``{case id: fold}`` for the scored cases: grouped by evidence conversation, balanced per category.
+
+    Cases that share an evidence conversation form one group (transitively). Groups are shuffled with
+    ``seed`` and dealt, category by category (a group's category is its first case's), each to the fold
+    with the fewest cases of that category so far (then the fewest cases, then the lowest index).
+    """
+    if k < 2:
+        raise ValueError(f"cross-fitting needs at least 2 folds, got {k}")
+    scored = set(scored)
+    chosen = [c for c in cases if c.id in scored]
+    parent = list(range(len(chosen)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
+    for i, case in enumerate(chosen):
+        for conv in evidence_conversations(case):
+            if conv in owner:
+                parent[root(i)] = root(owner[conv])
+            else:
+                owner[conv] = i
+    groups: dict[int, list[int]] = defaultdict(list)
+    for i in range(len(chosen)):
+        groups[root(i)].append(i)
+    by_category: dict[str, list[list[int]]] = defaultdict(list)
+    for members in groups.values():
+        by_category[str(chosen[members[0]].qas[0].category if chosen[members[0]].qas else "")].append(members)
+    rng = random.Random(seed)
+    sizes, per_category = [0] * k, defaultdict(lambda: [0] * k)
+    folds: dict[str, int] = {}
+    for category in sorted(by_category):
+        members_list = sorted(by_category[category], key=lambda m: chosen[m[0]].id)
+        rng.shuffle(members_list)
+        for members in members_list:
+            f = min(range(k), key=lambda j: (per_category[category][j], sizes[j], j))
+            for i in members:
+                folds[chosen[i].id] = f
+            per_category[category][f] += len(members)
+            sizes[f] += len(members)
+    return folds
+
+
+def with_distractors(cases: Sequence[Any], folds: dict[str, int], n: int, seed: int = 0) -> list[Any]:
+    """The cases with ``n`` distractor conversations each, drawn so that no fold's evidence leaks.
+
+    ``cases`` hold their evidence conversations only (loaded with no distractors). A case in fold ``f``
+    draws from the evidence conversations of the other cases of fold ``f`` and of the cases in no fold;
+    a case in no fold draws from the cases in no fold only. Draws and positions are seeded per case, as
+    the loader's own are; evidence sessions keep their ids, so the gold turn ids stay valid.
+    """
+    from qgmem.data.convomem_history import case_rng
+    from qgmem.data.records import Dialogue
+
+    sessions_of = {c.id: [s for s in c.dialogue.sessions] for c in cases}
+    pool: dict[int | None, list[tuple[str, Any]]] = defaultdict(list)
+    for case in cases:
+        for s in sessions_of[case.id]:
+            pool[folds.get(case.id)].append((case.id, s))
+    out = []
+    for case in cases:
+        fold = folds.get(case.id)
+        own = evidence_conversations(case)
+        candidates = [(cid, s) for cid, s in pool[fold] + (pool[None] if fold is not None else [])
+                      if cid != case.id and conversation_of(s.id) not in own]
+        rng = case_rng(seed, case.id)
+        drawn = rng.sample(candidates, min(n, len(candidates)))
+        evidence = [copy.deepcopy(s) for s in sessions_of[case.id]]
+        distractors = [copy.deepcopy(s) for _, s in drawn]
+        for s, (cid, _) in zip(distractors, drawn):
+            s.meta = {**s.meta, "origin": "distractor", "source_item": cid}
+        total = len(evidence) + len(distractors)
+        slots = set(sorted(rng.sample(range(total), len(evidence))))
+        ev, dis = iter(evidence), iter(distractors)
+        mixed = [next(ev) if i in slots else next(dis) for i in range(total)]
+        seen: dict[str, int] = defaultdict(int)
+        for s in mixed:  # a conversation twice in one history: the second copy is id~2, as the loader does
+            seen[s.id] += 1
+            if seen[s.id] > 1:
+                s.id = f"{s.id}{_REPEAT}{seen[s.id]}"
+                for t in s.turns:
+                    t.session_id = s.id
+                    t.id = f"{s.id}:{t.id.rsplit(':', 1)[-1]}"
+        dialogue = Dialogue(id=case.dialogue.id, sessions=mixed, meta=dict(case.dialogue.meta))
+        dialogue.reindex()
+        source = {**case.source, "fold": fold, "distractor_sessions": len(distractors),
+                  "evidence_session_positions": sorted(slots)}
+        out.append(replace(case, dialogue=dialogue, source=source))
+    return out
+
+
+def leaks(cases: Sequence[Any], folds: dict[str, int]) -> list[tuple[int, str, str]]:
+    """``(fold, training case, conversation)`` for every fold's evidence conversation in another case's history.
+
+    A training case of fold ``f``'s models is any case not in fold ``f`` (cases in no fold included).
+    """
+    held: dict[int, set[str]] = defaultdict(set)
+    for case in cases:
+        if case.id in folds:
+            held[folds[case.id]].update(evidence_conversations(case))
+    found = []
+    for case in cases:
+        history = {conversation_of(s.id) for s in case.dialogue.sessions}
+        for f, conversations in held.items():
+            if folds.get(case.id) == f:
+                continue
+            found.extend((f, case.id, conv) for conv in sorted(history & conversations))
+    return found
+
+
+def fold_parts(folds: dict[str, int], fold: int, k: int, all_ids: Iterable[str]) -> dict[str, list[str]]:
+    """Case ids of one fold's ``train`` / ``val`` / ``test``: test is the fold, val the next fold (its
+    checkpoint selection and the text-dropout choice), train everything else (cases in no fold too)."""
+    val_fold = (fold + 1) % k
+    parts: dict[str, list[str]] = {"train": [], "val": [], "test": []}
+    for cid in all_ids:
+        f = folds.get(cid)
+        parts["test" if f == fold else "val" if f == val_fold else "train"].append(cid)
+    return parts
+
+
+# --------------------------------------------------------------------------------------------------
+# text dropout
+
+
+class TextDropout:
+    """Training items whose prompt text, with probability ``p``, keeps only its top ``m`` entries.
+
+    The graph keeps all its units, so on those samples the graph is the only carrier of the evidence
+    the text lost. Draws are seeded by ``seed``, the item and how often it was read, so a run repeats.
+    Evaluation never goes through this: it always uses the product's prompt.
+    """
+
+    def __init__(self, items: Sequence[dict[str, Any]], p: float, m: int, seed: int = 0):
+        if not 0.0 <= p <= 1.0 or m < 0:
+            raise ValueError(f"text dropout needs 0 <= p <= 1 and m >= 0, got p={p}, m={m}")
+        self.items, self.p, self.m, self.seed = list(items), p, m, seed
+        self.reads = [0] * len(self.items)
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        from qgmem.prompting.contract import first_entries
+
+        item = self.items[index]
+        self.reads[index] += 1
+        if random.Random(f"{self.seed}|{index}|{self.reads[index]}").random() >= self.p:
+            return item
+        self.dropped += 1
+        return {**item, "memory_text": first_entries(item["memory_text"], self.m)}
+
+
+# --------------------------------------------------------------------------------------------------
+# answers and graphs
+
+
+def answer_scores(predictions: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:
+    """Per question: token F1, exact match and the rule judge (``match``) of greedy answers."""
+    from qgmem.llm.judge import MatchRule
+    from qgmem.text import exact_match, token_f1
+
+    rule = MatchRule()
+    return {"f1": [float(token_f1(p, r)) for p, r in zip(predictions, references)],
+            "em": [float(exact_match(p, r)) for p, r in zip(predictions, references)],
+            "judge": [float(rule(p, r)) for p, r in zip(predictions, references)]}
+
+
+def answer_contrasts(runs: Sequence[Any], a: str = "own", b: str = "none", *, categories_out: Iterable[str] = (),
+                     n_boot: int = 10_000) -> dict[str, Any]:
+    """Paired ``a − b`` of each answer score per question (crossed bootstrap over seeds and groups).
+
+    ``runs`` are :class:`~qgmem.evaluation.protocol.SampleScores` of one question order with greedy
+    answers under ``a`` and ``b``; questions of ``categories_out`` are left out.
+    """
+    base = runs[0]
+    keep = np.asarray([c not in set(categories_out) for c in base.category])
+    groups = np.asarray(base.group)[keep]
+    out: dict[str, Any] = {}
+    for metric in ("f1", "em", "judge"):
+        rows_a = np.asarray([answer_scores(r.predictions[a], r.answer)[metric] for r in runs])[:, keep]
+        rows_b = np.asarray([answer_scores(r.predictions[b], r.answer)[metric] for r in runs])[:, keep]
+        diff = hierarchical_bootstrap(rows_a - rows_b, groups, design="crossed", n_boot=n_boot)
+        diff.pop("per_seed", None)
+        out[metric] = {a: float(rows_a.mean()), b: float(rows_b.mean()), "diff": diff}
+    return out
+
+
+def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Nodes and edges of the own, ablated and sham graphs over the items that have all three, paired."""
+    have = [it for it in items if it.get("ablated_graph") is not None and it.get("sham_graph") is not None]
+
+    def size(graph: Any, what: str) -> float:
+        return float(graph.num_nodes if what == "nodes" else graph.edge_index.shape[1])
+
+    out: dict[str, Any] = {"n": len(have)}
+    for what in ("nodes", "edges"):
+        own = np.asarray([size(it["graph"], what) for it in have])
+        abl = np.asarray([size(it["ablated_graph"], what) for it in have])
+        sham = np.asarray([size(it["sham_graph"], what) for it in have])
+        out[what] = {"own": float(own.mean()) if len(have) else None,
+                     "ablated": float(abl.mean()) if len(have) else None,
+                     "sham": float(sham.mean()) if len(have) else None,
+                     "ablated_minus_own": paired_bootstrap(abl - own, n_boot=2000),
+                     "sham_minus_own": paired_bootstrap(sham - own, n_boot=2000),
+                     "sham_minus_ablated": paired_bootstrap(sham - abl, n_boot=2000)}
+    return out
+
+
+__all__ = ["TextDropout", "answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
+           "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "with_distractors"]

@@ -1,0 +1,101 @@
+"""Cross-fitting: folds grouped by conversation, histories that leak no held-out evidence, text dropout."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from qgmem.data.records import QA, Case, Dialogue, Session, Turn
+from qgmem.evaluation.crossfit import (TextDropout, answer_scores, assign_folds, evidence_conversations,
+                                       fold_parts, leaks, with_distractors)
+
+CATEGORIES = ["user_evidence", "changing_evidence", "preference_evidence"]
+
+
+def _case(i: int, category: str, convs: list[str]) -> Case:
+    sessions = [Session(id=c, turns=[Turn(id=f"{c}:{j}", session_id=c, speaker="u", role="user", text=f"{c} {j}")
+                                     for j in range(2)]) for c in convs]
+    qa = QA(id=f"case{i}#q0", question="q?", answer="a", category=category, evidence_turn_ids=[f"{convs[0]}:1"])
+    return Case(id=f"case{i}", dialogue=Dialogue(id=f"case{i}", sessions=sessions), qas=[qa],
+                source={"evidence_session_ids": list(convs), "person_id": "p"})
+
+
+@pytest.fixture()
+def cases() -> list[Case]:
+    out = [_case(i, CATEGORIES[i % 3], [f"c{i}"]) for i in range(30)]
+    out.append(_case(30, "user_evidence", ["c0b", "c1"]))  # shares c1 with case1: one group
+    return out
+
+
+def _scored(cases):
+    return [c.id for c in cases if c.qas[0].category != "preference_evidence"]
+
+
+def test_folds_keep_a_conversation_in_one_fold_and_balance_categories(cases):
+    folds = assign_folds(cases, _scored(cases), k=5, seed=0)
+    assert set(folds) == set(_scored(cases)) and set(folds.values()) == set(range(5))
+    assert folds["case30"] == folds["case1"]  # they share conversation c1
+    owner = {}
+    for cid, f in folds.items():
+        for conv in evidence_conversations(next(c for c in cases if c.id == cid)):
+            assert owner.setdefault(conv, f) == f
+    per_fold = np.bincount(list(folds.values()), minlength=5)
+    assert per_fold.max() - per_fold.min() <= 2
+
+
+def test_histories_hold_no_held_out_evidence(cases):
+    folds = assign_folds(cases, _scored(cases), k=5, seed=0)
+    mixed = with_distractors(cases, folds, n=2, seed=0)
+    assert all(len(c.dialogue.sessions) == len(cases[i].dialogue.sessions) + 2 for i, c in enumerate(mixed))
+    assert leaks(mixed, folds) == []
+    for before, after in zip(cases, mixed):  # the gold turns are still in the history, under the same ids
+        turns = {t.id for t in after.dialogue.turns()}
+        assert set(after.qas[0].evidence_turn_ids) <= turns
+        assert before.dialogue.num_turns() + 4 == after.dialogue.num_turns()
+
+
+def test_leak_check_finds_the_loaders_own_draw(cases):
+    """Negative control: distractors drawn from the whole pool (as the loader does) put held-out evidence
+    in training histories, and the check says where."""
+    folds = assign_folds(cases, _scored(cases), k=5, seed=0)
+    rng = random.Random(0)
+    whole_pool = [c for case in cases for c in case.dialogue.sessions]
+    naive = []
+    for case in cases:
+        other = [s for s in whole_pool if s.id not in evidence_conversations(case)]
+        naive.append(Case(id=case.id, qas=case.qas, source=case.source,
+                          dialogue=Dialogue(id=case.id, sessions=case.dialogue.sessions + rng.sample(other, 2))))
+    found = leaks(naive, folds)
+    assert found
+    fold, training_case, conv = found[0]
+    assert folds.get(training_case) != fold
+    assert any(conv in evidence_conversations(c) and folds[c.id] == fold for c in cases if c.id in folds)
+
+
+def test_fold_parts_are_disjoint_and_cover_every_case(cases):
+    folds = assign_folds(cases, _scored(cases), k=5, seed=0)
+    ids = [c.id for c in cases]
+    parts = fold_parts(folds, 2, 5, ids)
+    assert sorted(parts["train"] + parts["val"] + parts["test"]) == sorted(ids)
+    assert {folds[c] for c in parts["test"]} == {2} and {folds[c] for c in parts["val"]} == {3}
+    assert {c for c in parts["train"] if c not in folds} == {c.id for c in cases if c.id not in folds}
+
+
+def test_text_dropout_cuts_the_text_at_rate_p_and_keeps_the_graph():
+    item = {"memory_text": "[M1] a\n[M2] b\n[M3] c", "graph": "G"}
+    data = TextDropout([item] * 400, p=0.5, m=1, seed=3)
+    seen = [data[i] for i in range(400)]
+    cut = [s for s in seen if s["memory_text"] != item["memory_text"]]
+    assert all(s["memory_text"] == "[M1] a" and s["graph"] == "G" for s in cut)
+    assert 150 < len(cut) < 250 and data.dropped == len(cut)
+    assert all(TextDropout([item], p=0.0, m=1)[0]["memory_text"] == item["memory_text"] for _ in range(5))
+    with pytest.raises(ValueError):
+        TextDropout([item], p=1.5, m=1)
+
+
+def test_answer_scores_per_question():
+    s = answer_scores(["Paris", "I don't know", "blue car"], ["Paris", "There is no information.", "a red car"])
+    assert s["em"] == [1.0, 0.0, 0.0] and s["f1"][0] == 1.0 and 0 < s["f1"][2] < 1
+    assert s["judge"][0] == 1.0 and s["judge"][2] == 0.0
