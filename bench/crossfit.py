@@ -19,7 +19,7 @@ checkpoint selection; today's default construction and activation). Stages, each
 ``--max-minutes`` ends the run at a unit's boundary when the next unit would not fit (one unit is
 measured, the next is estimated from it). Variants: ``product`` and ``tdP-M`` (text dropout with
 probability P keeping the top M units, e.g. ``td0.5-1``). The held-out folds are scored for the
-configurations named in docs/pending/study.md before they ran::
+configurations named in docs/graph_token.md before they ran::
 
     python bench/crossfit.py --root checkpoints/crossfit --variants product --seeds 0 1 --max-minutes 40 \\
         --out docs/crossfit_product.json

@@ -56,7 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="budget sweep: text entries kept in the prompt (the graph keeps all k)")
     p.add_argument("--num-cases", type=int, default=None, help="cases to sample (default: all)")
     p.add_argument("--cache-dir", default=None, help="data cache (default: the config's)")
-    p.add_argument("--split", choices=["val", "test"], default="test", help="held-out split to score (tune on val)")
+    p.add_argument("--split", choices=["val", "test"], default="val",
+                   help="held-out split to score: val to choose settings; test only for a configuration named in docs first")
     p.add_argument("--conditions", nargs="+", default=["own", "ablated", "sham", "shuffled", "norel", "none"])
     p.add_argument("--steps", type=int, default=None, help="optimizer steps per setting (default: per setting)")
     p.add_argument("--batch-size", type=int, default=None)

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 NOTE = ("Pooled multi-seed intervals in this file were computed with the nested draw on crossed data (every "
         "seed scores the same questions): the question variance was divided by the number of seeds, so they "
-        "are too narrow and superseded. Per-seed intervals stand. See docs/pending/study.md (issue 44).")
+        "are too narrow and superseded. Per-seed intervals stand. See docs/graph_token.md.")
 
 
 def pooled(doc: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any], list[dict[str, Any]]]]:
