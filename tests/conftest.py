@@ -17,6 +17,31 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CONVOMEM_SAMPLE = REPO_ROOT / "data" / "convomem"
 
 
+@pytest.fixture()
+def hash_encoder():
+    """A deterministic bag-of-words encoder (``tests/activation/helpers.py``)."""
+    from activation.helpers import HashEncoder
+
+    return HashEncoder()
+
+
+@pytest.fixture()
+def small_store(hash_encoder):
+    """The hand-made store of ``tests/activation/helpers.py`` (activation, evaluation, reranker training)."""
+    from activation.helpers import build_small_store
+
+    return build_small_store(hash_encoder)
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_path(tmp_path_factory):
+    """A random 1-layer Llama with SmolLM2's tokenizer and chat template (serving and evaluation tests)."""
+    from qgmem.model.random_lm import save_random_lm
+    from serving.helpers import HIDDEN
+
+    return str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny", hidden_size=HIDDEN, layers=1))
+
+
 @pytest.fixture(scope="session")
 def convomem_path() -> Path:
     """The real ConvoMem sample shipped in ``data/convomem`` (CC-BY-NC-4.0, see its SOURCE.md)."""

@@ -18,17 +18,7 @@ from qgmem.reranker_training import (
 )
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
-from activation.helpers import HashEncoder, build_small_store, save_tiny_cross_encoder
-
-
-@pytest.fixture()
-def hash_encoder() -> HashEncoder:
-    return HashEncoder()
-
-
-@pytest.fixture()
-def small_store(hash_encoder):
-    return build_small_store(hash_encoder)
+from activation.helpers import save_tiny_cross_encoder
 
 
 @pytest.fixture()
