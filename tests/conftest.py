@@ -18,6 +18,16 @@ CONVOMEM_SAMPLE = REPO_ROOT / "data" / "convomem"
 
 
 @pytest.fixture()
+def keep_torch_threads():
+    """A bench script sets torch's thread count for the whole process; later tests must not inherit it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture()
 def hash_encoder():
     """A deterministic bag-of-words encoder (``tests/activation/helpers.py``)."""
     from activation.helpers import HashEncoder

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from qgmem.job import resolved_config
+from bench_script import load_bench_script
 
 REPO = Path(__file__).resolve().parents[2]
 #: the keys the miniature changes in the preset; anything else differing is a leak of the rehearsal
@@ -24,12 +24,6 @@ NAMED_OVERRIDES = sorted([
 ])
 
 
-def _rehearsal():
-    spec = importlib.util.spec_from_file_location("paper_preset_rehearsal", REPO / "bench" / "paper_preset_rehearsal.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
@@ -39,7 +33,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def test_print_config_differs_from_the_preset_only_in_the_named_overrides(tmp_path):
-    R = _rehearsal()
+    R = load_bench_script("paper_preset_rehearsal")
     assert sorted(R.override_keys()) == NAMED_OVERRIDES
     overrides = R.write_overrides(tmp_path, 8123, 12)
     preset = _flat(resolved_config(["--config", "qwen3_8b"], default_config=None))
@@ -58,7 +52,7 @@ def test_print_config_differs_from_the_preset_only_in_the_named_overrides(tmp_pa
 
 
 def test_fill_keeps_the_type_of_a_whole_placeholder():
-    R = _rehearsal()
+    R = load_bench_script("paper_preset_rehearsal")
     assert R.fill({"a": "{n}", "b": "{d}/x.sqlite", "c": 3}, {"n": 5, "d": "cache"}) == {"a": 5, "b": "cache/x.sqlite", "c": 3}
 
 

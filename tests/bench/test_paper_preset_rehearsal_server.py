@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -15,23 +13,17 @@ from qgmem.llm.judge import JudgeItem, judge_messages, parse_verdict
 from qgmem.llm.prompts import construction_messages, consolidation_messages, format_turn
 from qgmem.memory.extract_llm import parse_reply
 from qgmem.model.random_lm import THINKING_TEMPLATE, save_random_lm
+from bench_script import load_bench_script
 
-REPO = Path(__file__).resolve().parents[2]
 pytest.importorskip("uvicorn")  # the serve extra, which the README's test command installs
 
-
-def _server_module():
-    spec = importlib.util.spec_from_file_location("rehearsal_server", REPO / "bench" / "paper_preset_rehearsal_server.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     import uvicorn
 
-    S = _server_module()
+    S = load_bench_script("paper_preset_rehearsal_server")
     tmp = tmp_path_factory.mktemp("server")
     lm = save_random_lm(tmp / "lm", arch="qwen3", hidden_size=32, layers=1, chat_template=THINKING_TEMPLATE)
     responder = S.Responder(model_share=2, log=tmp / "log.jsonl", lm=str(lm))

@@ -7,35 +7,19 @@ what was recorded. It trains 2 steps per unit: nothing here says what the graph 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from qgmem.model.random_lm import save_random_lm
 
 from .test_datamodule import write_convomem
+from bench_script import load_bench_script
 
-REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.slow  # replays a small data set with the embedded sentence encoder
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_torch_threads")]  # replays a small data set with the embedded sentence encoder
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("crossfit", REPO / "bench" / "crossfit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys):
@@ -49,7 +33,7 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
                     "max_prompt_tokens": 128, "max_answer_tokens": 8}}
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
-    script = load_script()
+    script = load_bench_script("crossfit")
     out = tmp_path / "summary.json"
     argv = ["--config", str(config), "--root", str(tmp_path / "root"), "--folds", "3", "--seeds", "0", "1",
             "--n-boot", "200", "--threads", "1", "--out", str(out)]

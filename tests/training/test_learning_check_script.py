@@ -7,36 +7,20 @@ of a finished seed on a rerun. It trains 1 step per seed: nothing here says what
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from qgmem.model.random_lm import save_random_lm
 
 from .test_datamodule import write_convomem
+from bench_script import load_bench_script
 
-REPO = Path(__file__).resolve().parents[2]
-
-pytestmark = pytest.mark.slow  # builds a small cache with the embedded sentence encoder
-
-
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """The script sets torch's thread count for the whole process; later tests must not inherit it."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_torch_threads")]  # builds a small cache with the embedded sentence encoder
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("learning_check", REPO / "bench" / "learning_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +42,7 @@ def last_json(out: str) -> dict:
 
 
 def test_budget_sweep_prints_the_promised_json_line(config, tmp_path, capsys):
-    script = load_script()
+    script = load_bench_script("learning_check")
     argv = ["--protocol", "budget", "--memory-units", "0", "1", "--config", str(config), "--root", str(tmp_path),
             "--seeds", "0", "1", "--steps", "1", "--split", "val", "--n-boot", "200", "--threads", "1"]
     assert script.main(argv) == 0
