@@ -10,7 +10,8 @@ models and the run (the overrides in ``bench/paper_preset_rehearsal.yaml``, noth
 3. ``torchrun --nproc_per_node 2 -m qgmem.training.build_cache --shard auto``, the server killed after
    ``--kill-after`` construction requests, then restarted and the same command run again (resume);
 4. the same build on 1 process into another folder, from a copy of the response caches (a replay: the
-   new requests it sends are counted), compared sample by sample with the sharded one;
+   new requests it sends are counted; only replies that came back empty, never cached, may be asked
+   again), compared sample by sample with the sharded one;
 5. ``python train.py --config qwen3_8b --config <overrides>`` (DDP, 2 ranks, gloo, bf16-mixed, gradient
    checkpointing) with a probe callback that records what each rank saw;
 6. ``qgmem serve --export`` answers one question over HTTP; ``qgmem eval-qa`` scores 10 questions.
@@ -295,6 +296,8 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
         seconds["build_single_replay"] = time.perf_counter() - t
         replay_requests = server.requests()[len(first_requests):]
         result["replay_new_requests"] = count(replay_requests)
+        # an empty HTTP 200 is treated as a server fault (retried, never cached): those alone may be asked again
+        result["replay_new_requests_with_content"] = count([r for r in replay_requests if not r.get("empty")])
         result["sharded_vs_single"] = compare_datasets(dataset_dir(sharded_dir), dataset_dir(single_dir))
         summary = json.loads((dataset_dir(sharded_dir) / "summary.json").read_text())
         result["build_summary"] = {k: summary.get(k) for k in ("samples", "skipped_cases", "construction", "filter")

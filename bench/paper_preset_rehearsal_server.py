@@ -158,6 +158,7 @@ class Responder:
             if self.log is not None:
                 with self.log.open("a") as f:
                     f.write(json.dumps({"kind": kind, "source": source, "retry": len(messages) > 2,
+                                        "empty": not text.strip(),
                                         "seconds": round(time.perf_counter() - started, 3)}) + "\n")
         return {"id": f"chatcmpl-{int(time.time() * 1e6)}", "object": "chat.completion", "created": int(time.time()),
                 "model": body.get("model", "rehearsal"),

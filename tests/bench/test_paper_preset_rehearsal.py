@@ -74,7 +74,9 @@ def test_reduced_rehearsal_runs_the_preset_path_end_to_end(tmp_path):
     requests = r["server_requests_build"]
     assert requests.get("construction/scripted", 0) > 0 and requests.get("judge/model", 0) > 0
     assert requests.get("construction/model", 0) > 0  # the model's replies went through the same path
-    # the replay sends only the windows whose replies failed validation (never cached), nothing else
+    # the 1-process build replays every reply from the response caches, the rejected ones too; only
+    # empty replies (an HTTP fault to the backend: retried, never cached) are asked again
+    assert r["replay_new_requests_with_content"] == {}
     assert set(r["replay_new_requests"]) <= {"construction/model"}
     t = r["training"]
     assert t["ranks"] == 2 and t["train_disjoint"] and all(all(e["slots"]) for e in t["train_per_epoch"])

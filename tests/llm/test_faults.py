@@ -66,17 +66,45 @@ def _units(text: str) -> list:
     return value
 
 
-def test_reply_that_does_not_parse_is_unusable_and_never_cached(tmp_path):
+def test_rejected_reply_at_temperature_0_is_replayed_rejected(tmp_path):
     replies = iter(['{"units": "nope"}', '{"units": []}'])
     inner = CallableBackend(lambda messages: next(replies))
     backend = CachedBackend(inner, tmp_path / "c.sqlite")
     [bad] = backend.chat(MSG, validate=_units)
     assert bad.unusable and bad.text == '{"units": "nope"}' and "units must be a list" in bad.error
-    assert len(backend) == 0 and backend.usage.unusable == 1 and inner.usage.unusable == 1
-    [good] = backend.chat(MSG, validate=_units)  # asked again, not replayed
-    assert good.ok and good.text == '{"units": []}' and inner.usage.calls == 2 and len(backend) == 1
+    assert len(backend) == 1 and backend.usage.unusable == 1 and inner.usage.unusable == 1
+    # the model would give the same reply at temperature 0: replayed, and rejected again, for nothing
+    [again] = CachedBackend(inner, tmp_path / "c.sqlite").chat(MSG, validate=_units)
+    assert again.cached and again.unusable and again.text == bad.text and again.error == bad.error
+    assert inner.usage.calls == 1 and backend.dropped == 0
+    # a check that now accepts it uses it as it is
+    [accepted] = backend.chat(MSG, validate=lambda text: None)
+    assert accepted.ok and accepted.cached and inner.usage.calls == 1
+    # --refresh-llm-cache rejected: asked again, and the good reply replaces it
+    assert backend.drop("rejected") == 1 and len(backend) == 0
+    [good] = backend.chat(MSG, validate=_units)
+    assert good.ok and not good.cached and good.text == '{"units": []}' and inner.usage.calls == 2
     [replayed] = backend.chat(MSG, validate=_units)
-    assert replayed.cached and replayed.text == '{"units": []}' and inner.usage.calls == 2
+    assert replayed.cached and replayed.ok and inner.usage.calls == 2 and backend.drop("rejected") == 0
+
+
+def test_rejected_reply_above_temperature_0_is_asked_again(tmp_path):
+    replies = iter(['{"units": "nope"}', '{"units": []}'])
+    inner = CallableBackend(lambda messages: next(replies))
+    backend = CachedBackend(inner, tmp_path / "c.sqlite")
+    [bad] = backend.chat(MSG, validate=_units, temperature=0.7)
+    assert bad.unusable and len(backend) == 0  # another sample may parse: not kept
+    [good] = backend.chat(MSG, validate=_units, temperature=0.7)
+    assert good.ok and not good.cached and inner.usage.calls == 2 and len(backend) == 1
+
+
+def test_empty_reply_is_never_stored_even_at_temperature_0(tmp_path):
+    replies = iter(["  ", "<think>hmm</think>", '{"units": []}'])
+    inner = CallableBackend(lambda messages: next(replies))
+    backend = CachedBackend(inner, tmp_path / "c.sqlite")
+    assert backend.chat(MSG, validate=_units)[0].unusable and len(backend) == 0
+    assert backend.chat(MSG, validate=_units)[0].unusable and len(backend) == 0
+    assert backend.chat(MSG, validate=_units)[0].ok and inner.usage.calls == 3 and len(backend) == 1
 
 
 def test_per_conversation_validators():
@@ -204,6 +232,15 @@ def test_drop_prefix_and_range(filled):
     assert backend.drop(keys[0][:6]) == 1 and len(backend) == 3
     assert backend.drop(f"{keys[1]}..{keys[3]}") == 2 and len(backend) == 1  # end exclusive
     assert backend.drop(f"..{keys[3]}") == 0 and backend.drop(f"{keys[3]}..") == 1
+
+
+def test_drop_rejected_only(tmp_path):
+    inner = CallableBackend(lambda messages: messages[0]["content"])
+    backend = CachedBackend(inner, tmp_path / "c.sqlite")
+    convs = [[{"role": "user", "content": '{"units": []}'}], [{"role": "user", "content": "prose"}]]
+    assert [r.ok for r in backend.chat(convs, validate=_units)] == [True, False] and len(backend) == 2
+    assert backend.drop("rejected") == 1 and len(backend) == 1
+    assert backend.chat(convs[:1], validate=_units)[0].cached
 
 
 def test_drop_since(filled, tmp_path):

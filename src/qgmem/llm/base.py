@@ -6,8 +6,9 @@ set instead of raising, so one bad request costs only the item that made it, nev
 
 An empty reply (nothing but whitespace or ``<think>`` reasoning) is a failure too, and so is a reply
 that the caller's ``validate`` rejects (``chat(..., validate=parse_reply)``): both come back with
-``error`` set and ``unusable=True`` (the text is kept, for a retry prompt that quotes it), are counted
-in ``usage.unusable`` and are never stored by the response cache.
+``error`` set and ``unusable=True`` (the text is kept, for a retry prompt that quotes it) and are
+counted in ``usage.unusable``. The response cache never stores an empty reply; a rejected one it keeps,
+marked, only at temperature 0 (see :mod:`qgmem.llm.cache`).
 """
 
 from __future__ import annotations

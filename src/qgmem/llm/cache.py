@@ -1,10 +1,14 @@
 """A replayable response cache in SQLite, so reruns cost no LLM calls and killed builds resume.
 
 The key is a SHA-256 over (backend name, model id, messages, max_new_tokens, temperature): exactly what
-determines a temperature-0 reply. Only replies that were usable are stored: not failed requests, not
-empty replies, and not replies that the caller's ``validate`` rejected (``chat(..., validate=...)``),
-so a bad reply is asked again next time instead of being replayed forever. A stored reply that fails
-the caller's check on replay (written by an older version, say) is deleted and asked again.
+determines a temperature-0 reply. Failed requests and empty replies are never stored. A reply that the
+caller's ``validate`` rejected (``chat(..., validate=...)``) is stored *marked rejected* when it was asked
+at temperature 0, because the same request would get the same reply: a rebuild replays it (and the
+caller rejects it again, exactly as the first time) instead of paying for it twice. At a higher
+temperature a rejected reply is not stored, so it is asked again. ``--refresh-llm-cache rejected`` drops
+the rejected replies (after a change of server or sampling, say) so they are asked again. A stored
+*accepted* reply that fails the caller's check on replay (written by an older version, say) is deleted
+and asked again; a stored rejected reply that the caller's check now accepts is used.
 
 Misses are sent to the inner backend in chunks and each chunk is committed before the next starts; a
 build killed midway therefore keeps everything it had paid for. Threads that share one cache ask a
@@ -58,14 +62,18 @@ class KeyRange:
     end: str | None = None
     model: str | None = None
     since: float | None = None
+    rejected: bool = False  # only the replies stored as rejected by the caller's check
+
 
     @classmethod
     def parse(cls, spec: str) -> KeyRange:
-        """``all`` | ``PREFIX`` (hex) | ``START..END`` (hex, end exclusive, either may be empty) |
-        ``model=NAME`` | ``since=UNIX_SECONDS``."""
+        """``all`` | ``rejected`` | ``PREFIX`` (hex) | ``START..END`` (hex, end exclusive, either may be
+        empty) | ``model=NAME`` | ``since=UNIX_SECONDS``."""
         spec = spec.strip().lower() if not spec.strip().startswith("model=") else spec.strip()
         if spec == "all":
             return cls()
+        if spec == "rejected":
+            return cls(rejected=True)
         if spec.startswith("model="):
             return cls(model=spec.split("=", 1)[1])
         if spec.startswith("since="):
@@ -83,7 +91,7 @@ class KeyRange:
             return cls(start=start or None, end=end or None)
         if _HEX.match(spec):
             return cls.prefix(spec)
-        raise UserError(f"--refresh-llm-cache {spec!r}: expected all, a hex key prefix, START..END, "
+        raise UserError(f"--refresh-llm-cache {spec!r}: expected all, rejected, a hex key prefix, START..END, "
                         "model=NAME or since=UNIX_SECONDS")
 
     @classmethod
@@ -109,6 +117,8 @@ class KeyRange:
         if self.since is not None:
             clauses.append("created >= ?")
             params.append(self.since)
+        if self.rejected:
+            clauses.append("rejected = 1")
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
 
 
@@ -156,6 +166,8 @@ class CachedBackend(LLMBackend):
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(responses)")}
             if "created" not in columns:  # caches written before entries were timed
                 self._db.execute("ALTER TABLE responses ADD COLUMN created REAL NOT NULL DEFAULT 0")
+            if "rejected" not in columns:  # caches written before rejected replies were kept
+                self._db.execute("ALTER TABLE responses ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0")
             self._db.commit()
         except sqlite3.DatabaseError as exc:
             raise UserError(f"{self.path}: not a usable LLM response cache ({exc})",
@@ -174,41 +186,59 @@ class CachedBackend(LLMBackend):
             self._db.commit()
         return int(removed)
 
-    def _lookup(self, key: str) -> ChatResult | None:
+    def _lookup(self, key: str) -> tuple[ChatResult, bool] | None:
+        """The stored reply of ``key`` and whether it was stored as rejected, or ``None``."""
         with self._db_lock:
             row = self._db.execute(
-                "SELECT text, prompt_tokens, completion_tokens FROM responses WHERE key = ?", (key,)
+                "SELECT text, prompt_tokens, completion_tokens, rejected FROM responses WHERE key = ?", (key,)
             ).fetchone()
-        return None if row is None else ChatResult(row[0], int(row[1]), int(row[2]), cached=True)
+        return None if row is None else (ChatResult(row[0], int(row[1]), int(row[2]), cached=True), bool(row[3]))
+
+    def _replay(self, key: str, check: Validator | None, temperature: float) -> ChatResult | None:
+        """What the cache answers for ``key`` (checked with ``check``), or ``None``: ask the model.
+
+        A stored accepted reply that ``check`` now rejects was stored by an older version: it is deleted
+        and asked again. A stored rejected reply is replayed, rejected again, at temperature 0 (the model
+        would give it again); at another temperature it is asked again.
+        """
+        found = self._lookup(key)
+        if found is None:
+            return None
+        hit, rejected = found
+        answer = check_reply(hit, check)
+        if answer.error is None:
+            return answer
+        if rejected and temperature == 0:
+            return answer
+        self._forget(key)
+        self.dropped += int(not rejected)
+        return None
 
     def _forget(self, key: str) -> None:
         with self._db_lock:
             self._db.execute("DELETE FROM responses WHERE key = ?", (key,))
             self._db.commit()
 
-    def _store(self, items: list[tuple[str, ChatResult]]) -> None:
+    def _store(self, items: list[tuple[str, ChatResult]], temperature: float) -> None:
+        """Store the usable replies, and at temperature 0 the non-empty ones the caller rejected."""
         now = time.time()
-        rows = [(k, self.inner.name, self.inner.model_id, r.text, r.prompt_tokens, r.completion_tokens, now)
-                for k, r in items if r.error is None and reply_problem(r.text) is None]
+        rows = [(k, self.inner.name, self.inner.model_id, r.text, r.prompt_tokens, r.completion_tokens, now,
+                 int(r.error is not None))
+                for k, r in items
+                if reply_problem(r.text) is None and (r.error is None or (r.unusable and temperature == 0))]
         if not rows:
             return
         with self._db_lock:
             self._db.executemany("INSERT OR REPLACE INTO responses (key, backend, model, text, prompt_tokens, "
-                                 "completion_tokens, created) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+                                 "completion_tokens, created, rejected) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.commit()
 
     def _chat_checked(self, conversations: list[Conversation], *, max_new_tokens: int, temperature: float,
                       validate: list[Validator | None]) -> list[ChatResult]:
         keys = [cache_key(self.inner.name, self.inner.model_id, c, max_new_tokens, temperature)
                 for c in conversations]
-        results: list[ChatResult | None] = []
-        for key, check in zip(keys, validate):
-            hit = self._lookup(key)
-            if hit is not None and reply_problem(hit.text, check) is not None:
-                self._forget(key)  # stored before it was checked: ask again rather than replay it
-                self.dropped += 1
-                hit = None
-            results.append(hit)
+        results: list[ChatResult | None] = [self._replay(key, check, temperature)
+                                            for key, check in zip(keys, validate)]
         # Identical requests inside one batch are asked once.
         pending: dict[str, list[int]] = {}
         for i, r in enumerate(results):
@@ -217,7 +247,7 @@ class CachedBackend(LLMBackend):
         ask = _Asking(conversations, validate, results, {"max_new_tokens": max_new_tokens, "temperature": temperature})
         todo = list(pending.items())
         for second_round in (False, True):
-            owned, borrowed, found = self._claim(todo, validate, force=second_round)
+            owned, borrowed, found = self._claim(todo, validate, temperature, force=second_round)
             for idx, hit in found:
                 ask.fill(idx, hit, first_is_copy=True)
             self._ask(ask, owned)
@@ -228,7 +258,8 @@ class CachedBackend(LLMBackend):
                     ChatResult(answer.text, answer.prompt_tokens, answer.completion_tokens, cached=True,
                                error=answer.error, unusable=answer.unusable, unavailable=answer.unavailable),
                     validate[idx[0]])
-                if answer is None or answer.error is not None:
+                replayable = answer is not None and (answer.error is None or (answer.unusable and temperature == 0))
+                if not replayable:
                     todo.append((key, idx))  # it failed for the thread that asked: ask it here, as a serial run would
                 else:
                     ask.fill(idx, answer, first_is_copy=True)
@@ -238,7 +269,8 @@ class CachedBackend(LLMBackend):
             self.usage.retries = self.inner.usage.retries
         return [r for r in results if r is not None]
 
-    def _claim(self, todo: list[tuple[str, list[int]]], validate: list[Validator | None], force: bool):
+    def _claim(self, todo: list[tuple[str, list[int]]], validate: list[Validator | None], temperature: float,
+               force: bool):
         """Split ``todo`` into the requests this thread asks, those another thread is asking right now,
         and those another thread stored since this one looked them up.
 
@@ -259,8 +291,8 @@ class CachedBackend(LLMBackend):
                     borrowed.append((key, idx, other))
                     continue
                 if other is None and not force:
-                    hit = self._lookup(key)
-                    if hit is not None and reply_problem(hit.text, validate[idx[0]]) is None:
+                    hit = self._replay(key, validate[idx[0]], temperature)
+                    if hit is not None:
                         found.append((idx, hit))
                         continue
                 mine = None
@@ -288,7 +320,7 @@ class CachedBackend(LLMBackend):
                 answers = self.inner.chat([ask.conversations[idx[0]] for _, idx, _ in chunk], **ask.params,
                                           validate=checks)
                 answers = [check_reply(a, v) for a, v in zip(answers, checks)]  # an inner backend that skips it
-                self._store([(key, a) for (key, _, _), a in zip(chunk, answers)])
+                self._store([(key, a) for (key, _, _), a in zip(chunk, answers)], ask.params["temperature"])
                 for (key, idx, future), answer in zip(chunk, answers):
                     ask.fill(idx, answer)
                     self._settle(key, future, answer)

@@ -76,7 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     llm.add_argument("--llm-device", default=llm_defaults.device)
     llm.add_argument("--llm-cache", default=None, help="SQLite response cache (default: OUT/llm_cache.sqlite)")
     llm.add_argument("--refresh-llm-cache", default=None, metavar="KEYS",
-                     help="drop these cached replies first so they are asked again: all, a hex key prefix, "
+                     help="drop these cached replies first so they are asked again: all, rejected (replies the "
+                          "parser rejected, kept at temperature 0), a hex key prefix, "
                           "START..END (hex, end exclusive), model=NAME or since=UNIX_SECONDS")
     llm.add_argument("--llm-timeout", type=float, default=llm_defaults.timeout_s,
                      help=f"seconds per network read (default {llm_defaults.timeout_s:g})")
