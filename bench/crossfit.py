@@ -318,7 +318,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
 
 
 def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa, n_boot: int) -> dict[str, Any] | None:
-    from qgmem.evaluation.crossfit import answer_contrasts, graph_sizes
+    from qgmem.evaluation.crossfit import answer_contrasts, graph_sizes, same_size_removals
     from qgmem.evaluation.protocol import ABSTENTION, SampleScores, summarize
 
     runs = {}
@@ -344,6 +344,14 @@ def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa,
     out["answers_own_vs_none_without_abstention"] = answer_contrasts(rows, "own", "none", categories_out=[ABSTENTION],
                                                                      n_boot=n_boot)
     out["graph_sizes"] = graph_sizes([items_by_qa[q] for q in rows[0].qa_id])
+    same = same_size_removals([items_by_qa[q] for q in rows[0].qa_id])
+    if same:  # the removals' contrasts on the questions whose ablated and sham graphs have equal sizes
+        matched = summarize([r.only(same) for r in rows], n_boot=n_boot)
+        out["same_size_removals"] = {"n": len(same), **{k: matched[k] for k in ("own_vs_ablated", "own_vs_sham",
+                                                                              "sham_vs_ablated") if k in matched}}
+        for r in out["same_size_removals"].values():
+            if isinstance(r, dict):
+                r.pop("per_seed", None)
     out.update(variant=variant, folds_done=done, seeds=seeds,
                val_nll_best={f"{f}-{s}": runs[(f, s)]["val_nll_best"] for f in done for s in seeds},
                val_nll_mean=sum(runs[(f, s)]["val_nll_best"] for f in done for s in seeds) / (len(done) * len(seeds)),
@@ -378,6 +386,11 @@ def print_table(s: dict[str, Any]) -> None:
     print(f"\ngraph sizes over {g['n']} questions with all three graphs: "
           + "; ".join(f"{w} own {g[w]['own']:.2f}, ablated {g[w]['ablated']:.2f}, sham {g[w]['sham']:.2f} "
                       f"(sham − ablated {ci(g[w]['sham_minus_ablated'])})" for w in ("nodes", "edges") if g["n"]))
+    m = s.get("same_size_removals")
+    if m:
+        print(f"\nablated and sham graphs of equal size (n={m['n']}): "
+              + "; ".join(f"{k.replace('_', ' ')} {ci(m[k])} (without abstention {ci(m[k]['without_abstention'])})"
+                          for k in ("own_vs_ablated", "own_vs_sham", "sham_vs_ablated") if k in m))
     print(f"validation answer NLL (best checkpoint), mean over units: {s['val_nll_mean']:.4f}")
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 from qgmem.evaluation.crossfit import (TextDropout, answer_scores, assign_folds, evidence_conversations,
-                                       fold_parts, leaks, with_distractors)
+                                       fold_parts, leaks, same_size_removals, with_distractors)
 
 CATEGORIES = ["user_evidence", "changing_evidence", "preference_evidence"]
 
@@ -99,3 +99,19 @@ def test_answer_scores_per_question():
     s = answer_scores(["Paris", "I don't know", "blue car"], ["Paris", "There is no information.", "a red car"])
     assert s["em"] == [1.0, 0.0, 0.0] and s["f1"][0] == 1.0 and 0 < s["f1"][2] < 1
     assert s["judge"][0] == 1.0 and s["judge"][2] == 0.0
+
+
+def _graph(nodes: int, edges: int):
+    from torch_geometric.data import Data
+    import torch
+
+    return Data(x=torch.zeros(nodes, 2), edge_index=torch.zeros(2, edges, dtype=torch.long))
+
+
+def test_same_size_removals_keeps_only_equal_ablated_and_sham_graphs():
+    items = [{"qa_id": "equal", "ablated_graph": _graph(5, 4), "sham_graph": _graph(5, 4)},
+             {"qa_id": "fewer_edges", "ablated_graph": _graph(5, 3), "sham_graph": _graph(5, 4)},  # negative control
+             {"qa_id": "fewer_nodes", "ablated_graph": _graph(4, 4), "sham_graph": _graph(5, 4)},
+             {"qa_id": "no_sham", "ablated_graph": _graph(5, 4), "sham_graph": None},
+             {"qa_id": "no_ablation", "ablated_graph": None, "sham_graph": None}]
+    assert same_size_removals(items) == ["equal"]

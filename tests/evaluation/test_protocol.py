@@ -310,3 +310,14 @@ def test_summary_reports_the_sham_contrasts_and_a_pooled_figure_without_abstenti
     # without abstention only the two user questions count: the sham equals own there
     assert s["own_vs_sham"]["without_abstention"]["mean"] == pytest.approx(0.0)
     assert s["sham_vs_ablated"]["without_abstention"]["mean"] == pytest.approx(-0.1)
+
+
+def test_sample_scores_only_keeps_the_chosen_questions_in_order():
+    from qgmem.evaluation.protocol import SampleScores
+
+    s = SampleScores(qa_id=["a", "b", "c"], group=["g1", "g2", "g1"], category=["x", "y", "x"], answer=["1", "2", "3"],
+                     nll={"own": [0.1, 0.2, 0.3], "none": [1.0, 2.0, 3.0]}, predictions={"own": ["p", "q", "r"]})
+    sub = s.only(["c", "a", "zzz"])
+    assert sub.qa_id == ["a", "c"] and sub.group == ["g1", "g1"] and sub.answer == ["1", "3"]
+    assert sub.nll == {"own": [0.1, 0.3], "none": [1.0, 3.0]} and sub.predictions == {"own": ["p", "r"]}
+    assert s.only([]).qa_id == [] and s.qa_id == ["a", "b", "c"]  # the original is untouched

@@ -50,6 +50,8 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     for metric in ("f1", "em", "judge"):
         assert {"own", "none", "diff"} <= set(s["answers_own_vs_none"][metric])
     assert s["graph_sizes"]["n"] == s["own_vs_ablated"]["n"]
+    # the removals' contrasts on the questions whose ablated and sham graphs have equal sizes
+    assert 0 < s["same_size_removals"]["n"] <= s["graph_sizes"]["n"] and "sham_vs_ablated" in s["same_size_removals"]
     runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
     assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
     assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 6  # train + 5 conditions

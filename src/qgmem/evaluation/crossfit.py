@@ -239,6 +239,20 @@ def answer_contrasts(runs: Sequence[Any], a: str = "own", b: str = "none", *, ca
     return out
 
 
+def same_size_removals(items: Sequence[dict[str, Any]]) -> list[str]:
+    """``qa_id`` of the items whose ablated and sham graphs have the same number of nodes and of edges.
+
+    The sham removes as many units as the ablation, but the evidence units carry more relations than the
+    units that replace them, so the ablated graph is a little smaller on average. On this subset the two
+    removals left graphs of equal size, so ``sham − ablated`` there is not a difference of size (a
+    matching by selection: the graphs are not trimmed or padded).
+    """
+    return [it["qa_id"] for it in items
+            if it.get("ablated_graph") is not None and it.get("sham_graph") is not None
+            and it["ablated_graph"].num_nodes == it["sham_graph"].num_nodes
+            and it["ablated_graph"].edge_index.shape[1] == it["sham_graph"].edge_index.shape[1]]
+
+
 def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Nodes and edges of the own, ablated and sham graphs over the items that have all three, paired."""
     have = [it for it in items if it.get("ablated_graph") is not None and it.get("sham_graph") is not None]
@@ -261,4 +275,4 @@ def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 __all__ = ["TextDropout", "answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
-           "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "with_distractors"]
+           "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]

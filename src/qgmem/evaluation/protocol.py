@@ -115,6 +115,18 @@ class SampleScores:
     def from_dict(cls, d: dict[str, Any]) -> SampleScores:
         return cls(**d)
 
+    def only(self, qa_ids: Iterable[str]) -> SampleScores:
+        """The same scores restricted to ``qa_ids`` (order kept), e.g. a matched subset of questions."""
+        keep = set(qa_ids)
+        idx = [i for i, q in enumerate(self.qa_id) if q in keep]
+
+        def pick(values: list) -> list:
+            return [values[i] for i in idx]
+
+        return SampleScores(qa_id=pick(self.qa_id), group=pick(self.group), category=pick(self.category),
+                            answer=pick(self.answer), nll={c: pick(v) for c, v in self.nll.items()},
+                            predictions={c: pick(v) for c, v in self.predictions.items() if v})
+
 
 def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int = 0) -> dict[str, Any]:
     """Contrasts over seeds with the crossed :func:`hierarchical_bootstrap`, overall and per category.
