@@ -17,8 +17,10 @@ checkpoint selection; today's default construction and activation). Stages, each
    seed. ``--out`` writes it as JSON; a markdown table is printed.
 
 ``--max-minutes`` ends the run at a unit's boundary when the next unit would not fit (one unit is
-measured, the next is estimated from it). Variants: ``product`` and ``tdP-M`` (text dropout with
-probability P keeping the top M units, e.g. ``td0.5-1``). The held-out folds are scored for the
+measured, the next is estimated from it). Two copies of one command (``--threads 1`` each, one per
+core) share the units: a unit being run is locked (``fold-F-seed-S.lock``, taken over when its process
+died). Variants: ``product`` and ``tdP-M`` (text dropout with probability P keeping the top M units,
+e.g. ``td0.5-1``). The held-out folds are scored for the
 configurations named in docs/graph_token.md before they ran::
 
     python bench/crossfit.py --root checkpoints/crossfit --variants product --seeds 0 1 --max-minutes 40 \\
@@ -209,6 +211,40 @@ def best_weights_callback():
 
 class OutOfTime(Exception):
     """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
+
+
+def claim(lock: Path) -> bool:
+    """Take ``lock`` for this process, or ``False`` when a live process holds it.
+
+    Two copies of the same command (one per core) then share the units instead of running the same one
+    twice; a lock left by a process that died is taken over.
+    """
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _alive(pid):
+                return False
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None = None,
@@ -475,18 +511,21 @@ def main(argv=None) -> int:
                 break
             for seed in args.seeds:
                 path = out / f"fold-{fold}-seed-{seed}.json"
-                if path.exists():
+                lock = out / f"fold-{fold}-seed-{seed}.lock"
+                if path.exists() or not claim(lock):  # done, or another process is running it now
                     continue
                 parts = fold_parts(folds, fold, args.folds, list(items))
                 try:
                     result = run_unit(setting, variant, fold, seed, parts, items, args,
                                       stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
+                    path.write_text(json.dumps(result, default=str) + "\n")
                 except OutOfTime as stop:
                     print(f"[crossfit] stopping before {variant['name']} fold {fold} seed {seed}'s {stop}: it "
                           "would pass the time limit; rerun to go on", flush=True)
                     stopped = True
                     break
-                path.write_text(json.dumps(result, default=str) + "\n")
+                finally:
+                    lock.unlink(missing_ok=True)
                 print(f"[crossfit] {variant['name']} fold {fold} seed {seed}: train {result['train_s']:.0f} s, score "
                       f"{result['score_s']:.0f} s, val NLL {result['val_nll_best']:.4f}, load {result['load']:.1f}",
                       flush=True)

@@ -54,6 +54,7 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     assert 0 < s["same_size_removals"]["n"] <= s["graph_sizes"]["n"] and "sham_vs_ablated" in s["same_size_removals"]
     runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
     assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
+    assert not list((tmp_path / "root" / "runs" / "product").glob("*.lock"))  # every unit's lock released
     assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 6  # train + 5 conditions
     stamps = [p.stat().st_mtime_ns for p in runs]
     assert script.main(argv) == 0  # the rerun trains nothing: every unit is recorded
@@ -75,3 +76,22 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     g = json.loads(sizes.read_text())
     assert g["questions"] == result["scored_cases"] and g["all"]["n"] == g["with_sham_graph"] == s["own_vs_sham"]["n"]
     assert {"own", "ablated", "sham", "sham_minus_ablated"} <= set(g["all"]["nodes"])
+
+
+def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
+    import subprocess
+    import sys
+
+    claim = load_bench_script("crossfit").claim
+    lock = tmp_path / "fold-0-seed-0.lock"
+    assert claim(lock) and lock.read_text() == str(__import__("os").getpid())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(str(other.pid))
+        assert not claim(lock) and lock.read_text() == str(other.pid)  # a live holder keeps it
+    finally:
+        other.kill()
+        other.wait()
+    assert claim(lock) and lock.read_text() != str(other.pid)  # its holder died: taken over
+    lock.write_text("not a pid")
+    assert claim(lock)  # an unreadable lock is stale too
