@@ -64,7 +64,6 @@ class KeyRange:
     since: float | None = None
     rejected: bool = False  # only the replies stored as rejected by the caller's check
 
-
     @classmethod
     def parse(cls, spec: str) -> KeyRange:
         """``all`` | ``rejected`` | ``PREFIX`` (hex) | ``START..END`` (hex, end exclusive, either may be
@@ -120,6 +119,14 @@ class KeyRange:
         if self.rejected:
             clauses.append("rejected = 1")
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _kept(result: ChatResult, temperature: float) -> bool:
+    """Whether ``result`` is stored (and so replayed): a usable reply, or at temperature 0 a non-empty one
+    the caller rejected (the model would give it again). The one rule for storing and for waiting threads."""
+    if reply_problem(result.text) is not None:
+        return False
+    return result.error is None or (result.unusable and temperature == 0)
 
 
 @dataclass
@@ -224,8 +231,7 @@ class CachedBackend(LLMBackend):
         now = time.time()
         rows = [(k, self.inner.name, self.inner.model_id, r.text, r.prompt_tokens, r.completion_tokens, now,
                  int(r.error is not None))
-                for k, r in items
-                if reply_problem(r.text) is None and (r.error is None or (r.unusable and temperature == 0))]
+                for k, r in items if _kept(r, temperature)]
         if not rows:
             return
         with self._db_lock:
@@ -258,8 +264,7 @@ class CachedBackend(LLMBackend):
                     ChatResult(answer.text, answer.prompt_tokens, answer.completion_tokens, cached=True,
                                error=answer.error, unusable=answer.unusable, unavailable=answer.unavailable),
                     validate[idx[0]])
-                replayable = answer is not None and (answer.error is None or (answer.unusable and temperature == 0))
-                if not replayable:
+                if answer is None or not _kept(answer, temperature):
                     todo.append((key, idx))  # it failed for the thread that asked: ask it here, as a serial run would
                 else:
                     ask.fill(idx, answer, first_is_copy=True)
