@@ -85,11 +85,12 @@ def product_setting(path: str) -> dict[str, Any]:
 
 
 def variant_of(name: str) -> dict[str, Any]:
+    """A variant's name and its data-module settings over the product's (``tdP-M``: text dropout)."""
     if name == "product":
-        return {"name": name, "text_dropout": None}
+        return {"name": name, "data": {}}
     if name.startswith("td"):
         p, m = name[2:].split("-")
-        return {"name": name, "text_dropout": {"p": float(p), "m": int(m)}}
+        return {"name": name, "data": {"text_dropout": float(p), "text_dropout_units": int(m)}}
     raise SystemExit(f"--variants: unknown variant {name!r} (product or tdP-M, e.g. td0.5-1)")
 
 
@@ -259,7 +260,6 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     import torch
     from lightning.pytorch import Trainer, seed_everything
 
-    from qgmem.evaluation.crossfit import TextDropout
     from qgmem.evaluation.protocol import SampleScores, score_conditions
     from qgmem.training.datamodule import InMemoryDataModule
     from qgmem.training.module import QGMemModule
@@ -281,7 +281,9 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
                             eval_batch_size=int(data.get("eval_batch_size", 8)),
                             max_prompt_tokens=int(data["max_prompt_tokens"]),
                             max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
-                            **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {}))
+                            **{"text_dropout": float(data.get("text_dropout", 0.0)),
+                               "text_dropout_units": int(data.get("text_dropout_units", 1)), **variant["data"],
+                               **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {})})
     module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
     steps = int(trainer_cfg.get("max_steps", 30))
     meta_path, weights_path = piece("train.json"), piece("weights.pt")
@@ -289,11 +291,6 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
         meta, state = json.loads(meta_path.read_text()), torch.load(weights_path)
     else:
         fits("train")
-        dropout = None
-        if variant["text_dropout"]:
-            dropout = TextDropout(pick["train"], seed=seed, **variant["text_dropout"])
-            dm.items["train"] = dropout
-            dm.setup()
         best = best_weights_callback()
         trainer = Trainer(accelerator=trainer_cfg.get("accelerator", "cpu"), devices=1, max_steps=steps, max_epochs=-1,
                           val_check_interval=trainer_cfg.get("val_check_interval", 15), check_val_every_n_epoch=None,
@@ -310,7 +307,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
         state = best.state
         meta = {"val_nll_best": best.best, "val_history": best.history, "train_samples": len(pick["train"]),
                 "val_samples": len(scored["val"]), "steps": steps, "train_s": round(train_s, 1),
-                "text_dropout_share": dropout.dropped / max(1, sum(dropout.reads)) if dropout else None,
+                "text_dropout_share": getattr(dm.split("train"), "share", None),
                 "load": os.getloadavg()[0]}
         if meta_path is not None:
             torch.save(state, weights_path)

@@ -40,6 +40,10 @@ class InputPathError(UserError, FileNotFoundError):
     """A path the user gave that is missing, or of the wrong kind (a folder where a file is expected)."""
 
 
+class SettingError(UserError, ValueError):
+    """A setting outside its allowed range; the message names the setting."""
+
+
 class IntegrityError(UserError, ValueError):
     """A file on disk whose size or checksum differs from what was written: corrupt or truncated."""
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
-from qgmem.evaluation.crossfit import (TextDropout, answer_scores, assign_folds, evidence_conversations,
+from qgmem.evaluation.crossfit import (answer_scores, assign_folds, evidence_conversations,
                                        fold_parts, leaks, same_size_removals, with_distractors)
 
 CATEGORIES = ["user_evidence", "changing_evidence", "preference_evidence"]
@@ -81,18 +81,6 @@ def test_fold_parts_are_disjoint_and_cover_every_case(cases):
     assert sorted(parts["train"] + parts["val"] + parts["test"]) == sorted(ids)
     assert {folds[c] for c in parts["test"]} == {2} and {folds[c] for c in parts["val"]} == {3}
     assert {c for c in parts["train"] if c not in folds} == {c.id for c in cases if c.id not in folds}
-
-
-def test_text_dropout_cuts_the_text_at_rate_p_and_keeps_the_graph():
-    item = {"memory_text": "[M1] a\n[M2] b\n[M3] c", "graph": "G"}
-    data = TextDropout([item] * 400, p=0.5, m=1, seed=3)
-    seen = [data[i] for i in range(400)]
-    cut = [s for s in seen if s["memory_text"] != item["memory_text"]]
-    assert all(s["memory_text"] == "[M1] a" and s["graph"] == "G" for s in cut)
-    assert 150 < len(cut) < 250 and data.dropped == len(cut)
-    assert all(TextDropout([item], p=0.0, m=1)[0]["memory_text"] == item["memory_text"] for _ in range(5))
-    with pytest.raises(ValueError):
-        TextDropout([item], p=1.5, m=1)
 
 
 def test_answer_scores_per_question():

@@ -95,3 +95,10 @@ def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tm
     assert claim(lock) and lock.read_text() != str(other.pid)  # its holder died: taken over
     lock.write_text("not a pid")
     assert claim(lock)  # an unreadable lock is stale too
+    # a text-dropout variant trains through the data module's option: every training read is cut at p = 1
+    td = argv[:argv.index("--seeds")] + ["--seeds", "0", "--variants", "td1.0-1", "--fold-list", "0", "--n-boot", "200",
+                                         "--threads", "1"]
+    assert script.main(td) == 0
+    meta = json.loads((tmp_path / "root" / "runs" / "td1.0-1" / "fold-0-seed-0.train.json").read_text())
+    assert meta["text_dropout_share"] == 1.0
+    assert json.loads((folder / "fold-0-seed-0.train.json").read_text())["text_dropout_share"] is None

@@ -247,3 +247,12 @@ def test_a_cache_stage_that_draws_does_not_change_the_run(lm_path, tmp_path):
                  datamodule_class=DrawingData)
             for draws in (0, 7)]
     assert runs[0]["val"] == runs[1]["val"] and runs[0]["test"] == runs[1]["test"]
+
+
+def test_train_script_refuses_a_text_dropout_outside_0_1_naming_it(capsys):
+    """A real run of the default preset: the data module refuses the rate before any cache is built."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main(["--data.text_dropout", "1.5"]) == 2
+    err = capsys.readouterr().err
+    assert "data.text_dropout must be a probability in [0, 1], got 1.5" in err and "Traceback" not in err

@@ -14,8 +14,8 @@ folds, so every usable question gets a held-out prediction. Two things keep a fo
 Seeds: every fold is trained once per seed; seed ``s`` of all folds together forms one row of the
 ``[seeds, questions]`` matrix, so the crossed bootstrap resamples seed rows and question groups.
 
-Text dropout (:class:`TextDropout`) is the training option aimed at evidence: with probability ``p`` a
-training sample's prompt text keeps only its top ``m`` working-memory units while the graph keeps all.
+Text dropout (:class:`~qgmem.training.text_dropout.TextDropout`, the data module's ``text_dropout``) is
+the training option aimed at evidence that the study compares with the product's training.
 """
 
 from __future__ import annotations
@@ -172,39 +172,6 @@ def fold_parts(folds: dict[str, int], fold: int, k: int, all_ids: Iterable[str])
 
 
 # --------------------------------------------------------------------------------------------------
-# text dropout
-
-
-class TextDropout:
-    """Training items whose prompt text, with probability ``p``, keeps only its top ``m`` entries.
-
-    The graph keeps all its units, so on those samples the graph is the only carrier of the evidence
-    the text lost. Draws are seeded by ``seed``, the item and how often it was read, so a run repeats.
-    Evaluation never goes through this: it always uses the product's prompt.
-    """
-
-    def __init__(self, items: Sequence[dict[str, Any]], p: float, m: int, seed: int = 0):
-        if not 0.0 <= p <= 1.0 or m < 0:
-            raise ValueError(f"text dropout needs 0 <= p <= 1 and m >= 0, got p={p}, m={m}")
-        self.items, self.p, self.m, self.seed = list(items), p, m, seed
-        self.reads = [0] * len(self.items)
-        self.dropped = 0
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        from qgmem.prompting.contract import first_entries
-
-        item = self.items[index]
-        self.reads[index] += 1
-        if random.Random(f"{self.seed}|{index}|{self.reads[index]}").random() >= self.p:
-            return item
-        self.dropped += 1
-        return {**item, "memory_text": first_entries(item["memory_text"], self.m)}
-
-
-# --------------------------------------------------------------------------------------------------
 # answers and graphs
 
 
@@ -274,5 +241,5 @@ def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["TextDropout", "answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
+__all__ = ["answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
            "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]

@@ -33,6 +33,7 @@ from qgmem.samples.answer_filter import MatchRule
 from qgmem.samples.build import build_cache, count_categories, plan_cases
 from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
 from qgmem.training.synthetic import synthetic_items
+from qgmem.training.text_dropout import TextDropout
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,11 @@ class GraphTextDataModule(L.LightningDataModule):
 
     def __init__(self, *, lm: str, batch_size: int, eval_batch_size: int, num_workers: int,
                  max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None,
-                 graph_only: bool = False, memory_units: int | None = None, order_seed: int | None = None):
+                 graph_only: bool = False, memory_units: int | None = None, order_seed: int | None = None,
+                 text_dropout: float = 0.0, text_dropout_units: int = 1):
         super().__init__()
+        TextDropout.check(text_dropout, text_dropout_units)
+        self.text_dropout, self.text_dropout_units = text_dropout, text_dropout_units
         self.graph_only = graph_only  # graph-only prompts: no textual working memory (the learning check)
         self.memory_units = memory_units  # the prompt's text holds the top m units; the graph keeps all k
         self._order_seed = order_seed
@@ -103,6 +107,13 @@ class GraphTextDataModule(L.LightningDataModule):
         if not self._splits:
             self.setup()
         return self._splits[name]
+
+    def _set_splits(self, splits: dict[str, Any]) -> None:
+        """Keep the loaded splits; the training split goes through text dropout when it is on."""
+        self._splits = dict(splits)
+        if self.text_dropout > 0:
+            self._splits["train"] = TextDropout(self._splits["train"], self.text_dropout, self.text_dropout_units,
+                                                seed=self.order_seed)
 
     @property
     def tokenizer(self):
@@ -209,6 +220,11 @@ class QGMemDataModule(GraphTextDataModule):
             the same.
         order_seed: Seed of the training data order and the alignment stage's order (``None``: ``seed``).
             Not in the cache key, so seeds of one protocol share one cache.
+        text_dropout: Probability that a training sample's prompt text keeps only its top
+            ``text_dropout_units`` units while the graph keeps all (0: off, the default). Validation,
+            test and export use the full prompt; the cache is the same. See docs/graph_token.md for
+            how it compared.
+        text_dropout_units: The units kept by text dropout.
     """
 
     def __init__(
@@ -248,6 +264,8 @@ class QGMemDataModule(GraphTextDataModule):
         graph_only: bool = False,
         memory_units: int | None = None,
         order_seed: int | None = None,
+        text_dropout: float = 0.0,
+        text_dropout_units: int = 1,
     ):
         self.cache_spec = CacheSpec(
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
@@ -267,7 +285,7 @@ class QGMemDataModule(GraphTextDataModule):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
                          enable_thinking=enable_thinking, graph_only=graph_only, memory_units=memory_units,
-                         order_seed=order_seed)
+                         order_seed=order_seed, text_dropout=text_dropout, text_dropout_units=text_dropout_units)
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
@@ -327,7 +345,7 @@ class QGMemDataModule(GraphTextDataModule):
             raise RuntimeError(f"no complete cache at {self.dataset_dir}: run prepare_data() first "
                                "(Lightning does, before setup)")
         splits = final.load()
-        self._splits = {name: QGMemDataset(splits[name]) for name in C.SPLITS}
+        self._set_splits({name: QGMemDataset(splits[name]) for name in C.SPLITS})
         self._summary = final.summary()
         if stage == "fit" and len(self._splits["train"]) == 0:
             raise RuntimeError(f"the training split is empty after answer filtering ({self.answer_filter!r}); "
@@ -367,19 +385,20 @@ class InMemoryDataModule(GraphTextDataModule):
                  max_prompt_tokens: int = PromptSettings.max_prompt_tokens,
                  max_answer_tokens: int = PromptSettings.max_answer_tokens, feature_dim: int | None = None,
                  graph_only: bool = False, memory_units: int | None = PromptSettings.memory_units,
-                 order_seed: int | None = None):
+                 order_seed: int | None = None, text_dropout: float = 0.0, text_dropout_units: int = 1):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
-                         graph_only=graph_only, memory_units=memory_units, order_seed=order_seed)
+                         graph_only=graph_only, memory_units=memory_units, order_seed=order_seed,
+                         text_dropout=text_dropout, text_dropout_units=text_dropout_units)
         self.items = {"train": list(train_items), "val": list(val_items), "test": list(test_items)}
         first = next((it for split in self.items.values() for it in split), None)
         if feature_dim is None and first is None:
             raise ValueError("no items to read the feature width from: pass feature_dim")
         self.feature_dim = int(feature_dim if feature_dim is not None else first["graph"].x.shape[1])
-        self._splits = dict(self.items)
+        self._set_splits(self.items)
 
     def setup(self, stage: str | None = None) -> None:
-        self._splits = dict(self.items)
+        self._set_splits(self.items)
 
     @property
     def summary(self) -> dict[str, Any]:
