@@ -392,6 +392,35 @@ def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa,
     return out
 
 
+def unit_val_nll(root: Path, variant: str, seeds: list[int], folds: int) -> dict[str, float]:
+    """``"fold-seed" -> best validation answer NLL`` of every unit of ``variant`` whose training is recorded."""
+    out = {}
+    for f in range(folds):
+        for s in seeds:
+            path = root / "runs" / variant / f"fold-{f}-seed-{s}.train.json"
+            if path.exists():
+                out[f"{f}-{s}"] = json.loads(path.read_text())["val_nll_best"]
+    return out
+
+
+def choose_on_validation(root: Path, names: list[str], seeds: list[int], folds: int) -> dict[str, Any] | None:
+    """The named rule (:func:`~qgmem.evaluation.crossfit.validation_choice`): candidates against ``product``."""
+    from qgmem.evaluation.crossfit import validation_choice
+
+    candidates = {n: unit_val_nll(root, n, seeds, folds) for n in names if n != "product"}
+    if not candidates:
+        return None
+    out = validation_choice(unit_val_nll(root, "product", seeds, folds), candidates, units=folds * len(seeds))
+    print(f"\nvalidation choice (lower mean and lower in >= {out['need_lower_in']} of {out['units']} paired units):")
+    print("| candidate | units | lower in | mean val NLL | product, same units | status |\n| --- | --- | --- | --- | --- | --- |")
+    for n, r in out["candidates"].items():
+        mean = "-" if r["mean"] is None else f"{r['mean']:.4f}"
+        base = "-" if r["baseline_mean"] is None else f"{r['baseline_mean']:.4f}"
+        print(f"| {n} | {r['units']} | {r['lower_in']} | {mean} | {base} | {r['status']} |")
+    print(f"chosen: {out['chosen'] or 'product (no candidate wins)'}" + ("" if out["decided"] else " (not decided yet)"))
+    return out
+
+
 def print_table(s: dict[str, Any]) -> None:
     def ci(r):
         if not r or r.get("mean") is None:
@@ -532,7 +561,9 @@ def main(argv=None) -> int:
         if s is not None:
             summaries[variant["name"]] = s
             print_table(s)
-    final = {"summaries": summaries, "folds": args.folds, "seeds": args.seeds, "fold_seed": args.fold_seed,
+    choice = choose_on_validation(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
+    final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}), "folds": args.folds,
+             "seeds": args.seeds, "fold_seed": args.fold_seed,
              "cases": len(cases), "scored_cases": len(scored), "samples_key": spec.samples_key,
              "fold_sizes": [list(folds.values()).count(f) for f in range(args.folds)],
              "wall_s": round(time.time() - started, 1)}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
-from qgmem.evaluation.crossfit import (answer_scores, assign_folds, evidence_conversations,
+from qgmem.evaluation.crossfit import (answer_scores, validation_choice, assign_folds, evidence_conversations,
                                        fold_parts, leaks, same_size_removals, with_distractors)
 
 CATEGORIES = ["user_evidence", "changing_evidence", "preference_evidence"]
@@ -103,3 +103,35 @@ def test_same_size_removals_keeps_only_equal_ablated_and_sham_graphs():
              {"qa_id": "no_sham", "ablated_graph": _graph(5, 4), "sham_graph": None},
              {"qa_id": "no_ablation", "ablated_graph": None, "sham_graph": None}]
     assert same_size_removals(items) == ["equal"]
+
+
+def _units(values):
+    return {f"{i // 2}-{i % 2}": v for i, v in enumerate(values)}
+
+
+def test_validation_choice_needs_a_lower_mean_and_7_of_10_lower_units():
+    base = _units([2.0] * 10)
+    winner = _units([1.9] * 7 + [2.05] * 3)  # lower in 7, mean 1.945
+    few = _units([1.5] * 6 + [2.01] * 4)  # a much lower mean, but lower in 6 only
+    higher = _units([1.99] * 7 + [2.2] * 3)  # lower in 7, mean higher
+    out = validation_choice(base, {"a": winner, "b": few, "c": higher}, units=10)
+    assert out["need_lower_in"] == 7 and out["decided"]
+    assert {n: r["status"] for n, r in out["candidates"].items()} == {"a": "wins", "b": "cannot win", "c": "cannot win"}
+    assert out["chosen"] == "a" and out["candidates"]["a"]["lower_in"] == 7
+    assert out["candidates"]["a"]["mean"] == pytest.approx(1.945)
+
+
+def test_validation_choice_keeps_the_baseline_without_a_winner_and_picks_the_lowest_of_several():
+    base = _units([2.0] * 10)
+    assert validation_choice(base, {"x": _units([2.1] * 10)}, units=10)["chosen"] is None
+    two = validation_choice(base, {"x": _units([1.9] * 10), "y": _units([1.8] * 10)}, units=10)
+    assert two["chosen"] == "y"
+
+
+def test_validation_choice_on_partial_units_is_open_until_it_cannot_win():
+    base = _units([2.0] * 10)
+    partial = {u: v for u, v in _units([2.1] * 4).items()}  # 4 units, none lower: 6 left cannot give 7
+    some = {u: v for u, v in _units([1.9] * 4).items()}  # 4 lower, 6 left: still open
+    out = validation_choice(base, {"p": partial, "s": some}, units=10)
+    assert out["candidates"]["p"]["status"] == "cannot win" and out["candidates"]["s"]["status"] == "open"
+    assert not out["decided"] and out["chosen"] is None

@@ -241,5 +241,44 @@ def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
+# --------------------------------------------------------------------------------------------------
+# the validation rule for a training option
+
+
+#: a candidate must be lower on validation in at least this share of the paired units (7 of 10)
+LOWER_IN_SHARE = 0.7
+
+
+def validation_choice(baseline: dict[str, float], candidates: dict[str, dict[str, float]], units: int,
+                      lower_in_share: float = LOWER_IN_SHARE) -> dict[str, Any]:
+    """The rule named before the text-dropout runs, applied to best validation answer NLLs per unit.
+
+    ``baseline`` and each candidate map a unit (``"fold-seed"``) to its best validation NLL; ``units`` is
+    how many units the study has. A candidate **wins** when all ``units`` are recorded for it and the
+    baseline, its mean is lower than the baseline's on them, and it is lower in at least
+    ``ceil(lower_in_share * units)`` paired units; it **cannot win** as soon as its units still missing
+    could not bring it there; otherwise it is **open**. Among winners the lowest mean is chosen;
+    with none, the baseline stays (``chosen: None``).
+    """
+    need = int(np.ceil(lower_in_share * units - 1e-9))
+    rows: dict[str, Any] = {}
+    for name, values in candidates.items():
+        shared = sorted(set(values) & set(baseline))
+        lower = sum(values[u] < baseline[u] for u in shared)
+        mean = float(np.mean([values[u] for u in shared])) if shared else None
+        base = float(np.mean([baseline[u] for u in shared])) if shared else None
+        if lower + (units - len(shared)) < need:
+            status = "cannot win"
+        elif len(shared) < units:
+            status = "open"
+        else:
+            status = "wins" if lower >= need and mean < base else "cannot win"
+        rows[name] = {"units": len(shared), "lower_in": lower, "mean": mean, "baseline_mean": base, "status": status}
+    winners = [n for n, r in rows.items() if r["status"] == "wins"]
+    return {"units": units, "need_lower_in": need, "candidates": rows,
+            "chosen": min(winners, key=lambda n: rows[n]["mean"]) if winners else None,
+            "decided": all(r["status"] != "open" for r in rows.values())}
+
+
+__all__ = ["validation_choice", "answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
            "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
