@@ -264,8 +264,8 @@ class QGMemModule(LightningModule):
             per_row, counts = self.sample_nll(batch)
             loss = (per_row * counts).sum() / counts.sum().clamp(min=1)
         on_step = stage == "train"
-        self.log(f"{stage}/nll", loss, batch_size=B, on_step=on_step, on_epoch=True, prog_bar=True,
-                 sync_dist=not on_step)
+        # every logged mean is over all processes (a scalar all-reduce per step: nothing beside the LM's step)
+        self.log(f"{stage}/nll", loss, batch_size=B, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
         limit = {"val": self.hparams.val_generate_batches, "test": self.hparams.test_generate_batches}.get(stage, 0)
         predictions = None
         if stage != "train" and (limit is None or batch_idx < limit):
@@ -280,7 +280,7 @@ class QGMemModule(LightningModule):
         ids = getattr(batch["graph"], "node_word_ids", None)
         if stage == "train" and self.hparams.align_weight > 0 and ids is not None:
             align = alignment_loss(self.net.node_tokens(batch["graph"]), ids, self.lm.get_input_embeddings().weight)
-            self.log("train/align", align, batch_size=B, on_step=True, on_epoch=True)
+            self.log("train/align", align, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
             loss = loss + self.hparams.align_weight * align
         return loss
 
@@ -300,7 +300,8 @@ class QGMemModule(LightningModule):
         if scores.total.item() == 0 and not torch.distributed.is_initialized():
             return
         for name, value in scores.compute().items():
-            self.log(f"{stage}/{name}", value, sync_dist=False)  # already reduced across processes
+            # already reduced across processes, so equal on every rank: the mean over ranks keeps the value
+            self.log(f"{stage}/{name}", value, sync_dist=True)
         scores.reset()
 
     def _log_categories(self, stage: str) -> list[dict[str, Any]]:
@@ -309,7 +310,7 @@ class QGMemModule(LightningModule):
         self.records[stage].reset()
         for category, scores in by_category(rows).items():
             for name, value in scores.items():
-                self.log(f"{stage}/{category}/{name}", value, sync_dist=False)  # gathered already
+                self.log(f"{stage}/{category}/{name}", value, sync_dist=True)  # gathered already: equal on every rank
         return rows
 
     def on_validation_epoch_end(self) -> None:
@@ -390,6 +391,7 @@ class QGMemModule(LightningModule):
         if self.trainer.world_size > 1:  # ranks aligned on their own draws: keep rank 0's weights everywhere
             state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
             self.net.load_state_dict(state)
+            result = self.trainer.strategy.broadcast(result, 0)  # and rank 0's losses, logged by every rank
         self.alignment_result = result
         self.alignment_seconds = time.perf_counter() - started
         if result and self.trainer.is_global_zero and self.trainer.default_root_dir:
@@ -400,7 +402,7 @@ class QGMemModule(LightningModule):
                                                                           ALIGNMENT_DIR)))
         if result:
             self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
-                          rank_zero_only=True)
+                          sync_dist=True)
 
     def use_prompt_settings(self, settings: PromptSettings | None) -> None:
         """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
