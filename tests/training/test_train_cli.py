@@ -256,3 +256,13 @@ def test_train_script_refuses_a_text_dropout_outside_0_1_naming_it(capsys):
     assert training_cli.script_main(["--data.text_dropout", "1.5"]) == 2
     err = capsys.readouterr().err
     assert "data.text_dropout must be a probability in [0, 1], got 1.5" in err and "Traceback" not in err
+
+
+def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsys):
+    """A ``ValueError`` while the run's objects are built from the settings is one message and exit 2."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main(["--data.split_ratios", "[0.5, 0.5, 0.5]"]) == 2
+    err = capsys.readouterr().err
+    assert "bad setting: split_ratios must be three non-negative numbers summing to 1" in err
+    assert "Traceback" not in err

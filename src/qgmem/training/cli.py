@@ -78,6 +78,13 @@ class QGMemCLI(LightningCLI):
         parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end" + only)
         parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit" + only)
 
+    def instantiate_classes(self) -> None:
+        """Build the run's objects; a setting they refuse (a ``ValueError``) is a user error naming it."""
+        from qgmem.errors import as_user_error
+
+        with as_user_error(ValueError, prefix="bad setting: "):
+            super().instantiate_classes()
+
     def before_instantiate_classes(self) -> None:
         """A run given ``--ckpt_path`` takes the checkpoint's weights, so ``model.init_from`` is not read.
 
