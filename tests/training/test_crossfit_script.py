@@ -76,6 +76,18 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     g = json.loads(sizes.read_text())
     assert g["questions"] == result["scored_cases"] and g["all"]["n"] == g["with_sham_graph"] == s["own_vs_sham"]["n"]
     assert {"own", "ablated", "sham", "sham_minus_ablated"} <= set(g["all"]["nodes"])
+    # a text-dropout variant trains through the data module's option: every training read is cut at p = 1
+    td = argv[:argv.index("--seeds")] + ["--seeds", "0", "--variants", "td1.0-1", "--fold-list", "0", "--n-boot", "200",
+                                         "--threads", "1", "--out", str(tmp_path / "td.json")]
+    assert script.main(td) == 0
+    meta = json.loads((tmp_path / "root" / "runs" / "td1.0-1" / "fold-0-seed-0.train.json").read_text())
+    assert meta["text_dropout_share"] == 1.0
+    assert json.loads((folder / "fold-0-seed-0.train.json").read_text())["text_dropout_share"] is None
+    # the named validation rule against the product's same units: one of three units cannot decide it
+    choice = json.loads((tmp_path / "td.json").read_text())["validation_choice"]
+    row = choice["candidates"]["td1.0-1"]
+    assert choice["units"] == 3 and choice["need_lower_in"] == 3 and row["units"] == 1
+    assert row["status"] == ("open" if row["lower_in"] == 1 else "cannot win") and choice["chosen"] is None
 
 
 def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
@@ -95,15 +107,3 @@ def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tm
     assert claim(lock) and lock.read_text() != str(other.pid)  # its holder died: taken over
     lock.write_text("not a pid")
     assert claim(lock)  # an unreadable lock is stale too
-    # a text-dropout variant trains through the data module's option: every training read is cut at p = 1
-    td = argv[:argv.index("--seeds")] + ["--seeds", "0", "--variants", "td1.0-1", "--fold-list", "0", "--n-boot", "200",
-                                         "--threads", "1", "--out", str(tmp_path / "td.json")]
-    assert script.main(td) == 0
-    meta = json.loads((tmp_path / "root" / "runs" / "td1.0-1" / "fold-0-seed-0.train.json").read_text())
-    assert meta["text_dropout_share"] == 1.0
-    assert json.loads((folder / "fold-0-seed-0.train.json").read_text())["text_dropout_share"] is None
-    # the named validation rule against the product's same units: one of three units cannot decide it
-    choice = json.loads((tmp_path / "td.json").read_text())["validation_choice"]
-    row = choice["candidates"]["td1.0-1"]
-    assert choice["units"] == 3 and choice["need_lower_in"] == 3 and row["units"] == 1
-    assert row["status"] == ("open" if row["lower_in"] == 1 else "cannot win") and choice["chosen"] is None
