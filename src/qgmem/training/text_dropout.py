@@ -19,7 +19,8 @@ class TextDropout:
     """A training split whose items' ``memory_text``, with probability ``p``, keeps only the top ``m`` entries.
 
     The draw of each read is seeded by ``seed``, the item's index and how often this object has read it,
-    so a run repeats (per data-loader worker: each worker counts its own reads). The wrapped split is
+    so a run repeats (per data-loader worker: each worker counts its own reads; a resumed run counts
+    from zero again). The wrapped split is
     read lazily, item by item.
     """
 
