@@ -20,8 +20,7 @@ class TextDropout:
 
     The draw of each read is seeded by ``seed``, the item's index and how often this object has read it,
     so a run repeats (per data-loader worker: each worker counts its own reads; a resumed run counts
-    from zero again). The wrapped split is
-    read lazily, item by item.
+    from zero again). The wrapped split is read lazily, item by item.
     """
 
     def __init__(self, items: Sequence[dict[str, Any]], p: float, m: int, seed: int = 0):
