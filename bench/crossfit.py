@@ -273,7 +273,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     def piece(name: str) -> Path | None:
         return None if stem is None else stem.with_name(f"{stem.name}.{name}")
 
-    data, model_cfg, trainer_cfg = setting["data"], dict(setting["model"]), setting["trainer"]
+    data, model_cfg, trainer_cfg = {**setting["data"], **variant["data"]}, dict(setting["model"]), setting["trainer"]
     pick = {name: [it for cid in ids for it in items[cid]] for name, ids in parts.items()}
     scored = {name: [it for it in v if it["qa_id"] in args.scored_qa] for name, v in pick.items()}
     seed_everything(seed, verbose=False)
@@ -281,9 +281,8 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
                             eval_batch_size=int(data.get("eval_batch_size", 8)),
                             max_prompt_tokens=int(data["max_prompt_tokens"]),
                             max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
-                            **{"text_dropout": float(data.get("text_dropout", 0.0)),
-                               "text_dropout_units": int(data.get("text_dropout_units", 1)), **variant["data"],
-                               **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {})})
+                            **{k: v for k, v in data.items() if k in ("text_dropout", "text_dropout_units")},
+                            **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {}))
     module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
     steps = int(trainer_cfg.get("max_steps", 30))
     meta_path, weights_path = piece("train.json"), piece("weights.pt")
