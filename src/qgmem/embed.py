@@ -16,7 +16,7 @@ import numpy as np
 DEFAULT_ENCODER = "embedded:all-MiniLM-L6-v2"
 
 #: texts per forward pass on a CPU: each batch is padded to its longest text, and on the cache build's
-#: own calls 16 took 0.55x the time of 128 (``bench/encoder_batch.py``, docs/BENCHMARKS.md)
+#: own calls 16 took 0.55x the time of 128 (``bench/cache/encoder_batch.py``, docs/BENCHMARKS.md)
 CPU_BATCH_SIZE = 16
 #: on an accelerator, where a wider batch costs little more than a narrow one
 ACCELERATOR_BATCH_SIZE = 128

@@ -33,7 +33,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def test_print_config_differs_from_the_preset_only_in_the_named_overrides(tmp_path):
-    R = load_bench_script("paper_preset_rehearsal")
+    R = load_bench_script("bench.rehearsal.paper_preset_rehearsal")
     assert sorted(R.override_keys()) == NAMED_OVERRIDES
     overrides = R.write_overrides(tmp_path, 8123, 12)
     preset = _flat(resolved_config(["--config", "qwen3_8b"], default_config=None))
@@ -52,7 +52,7 @@ def test_print_config_differs_from_the_preset_only_in_the_named_overrides(tmp_pa
 
 
 def test_fill_keeps_the_type_of_a_whole_placeholder():
-    R = load_bench_script("paper_preset_rehearsal")
+    R = load_bench_script("bench.rehearsal.paper_preset_rehearsal")
     assert R.fill({"a": "{n}", "b": "{d}/x.sqlite", "c": 3}, {"n": 5, "d": "cache"}) == {"a": 5, "b": "cache/x.sqlite", "c": 3}
 
 
@@ -60,10 +60,10 @@ def test_fill_keeps_the_type_of_a_whole_placeholder():
 def test_reduced_rehearsal_runs_the_preset_path_end_to_end(tmp_path):
     """8 cases, one epoch, the random Qwen3 LM behind the LLM server (a quicker model than SmolLM2)."""
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(REPO / "bench" / "paper_preset_rehearsal.py"), "--work", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "bench.rehearsal.paper_preset_rehearsal", "--work", str(tmp_path),
                            "--cases", "8", "--epochs", "1", "--server-lm", "random", "--model-share", "32",
                            "--kill-after", "30", "--eval-limit", "2"],
-                          capture_output=True, text=True, env=env, timeout=900)
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     r = json.loads(done.stdout.strip().splitlines()[-1])
     # the sharded build was cut by the server's death, resumed, and equals the 1-process build

@@ -23,7 +23,7 @@ pytest.importorskip("uvicorn")  # the serve extra, which the README's test comma
 def served(tmp_path_factory):
     import uvicorn
 
-    S = load_bench_script("paper_preset_rehearsal_server")
+    S = load_bench_script("bench.rehearsal.paper_preset_rehearsal_server")
     tmp = tmp_path_factory.mktemp("server")
     lm = save_random_lm(tmp / "lm", arch="qwen3", hidden_size=32, layers=1, chat_template=THINKING_TEMPLATE)
     responder = S.Responder(model_share=2, log=tmp / "log.jsonl", lm=str(lm))

@@ -10,7 +10,7 @@ Worker ``w`` of ``N`` replays the cases at positions ``w, w + N, …`` of the bu
 the next case whoever is free: a vector is what the encoder returned for the batch the text first came
 in, so with a shared queue the batches, and the last bits of the vectors, followed the workers' timing,
 and near-ties in the ranking flipped between two runs of the same command (15 of the default's samples
-differed in their graph's facts; ``bench/cache_processes.py --processes 2 --rounds 2``). With fixed
+differed in their graph's facts; ``bench/cache/cache_processes.py --processes 2 --rounds 2``). With fixed
 shares the same command builds the same dataset.
 
 What differs from the serial build: each worker's embedding memo starts from the chunks on disk and

@@ -1,0 +1,568 @@
+"""Cross-fitted learning check: every usable ConvoMem question scored by models that never saw it.
+
+The setting is the product's (configs/default.yaml: model, prompt, budget, distractors, training steps and
+checkpoint selection; today's default construction and activation). Stages, each resumable under
+``--root`` (a cut-off run loses nothing that was recorded; a rerun picks up where it stopped):
+
+1. **samples**: the ConvoMem cases are loaded with their evidence conversations only, split into
+   ``--folds`` folds grouped by evidence conversation (:func:`qgmem.evaluation.crossfit.assign_folds`),
+   given distractor conversations from their own fold or from no fold's evidence, checked for leaks
+   (any: exit 2), then replayed (memory, activation, the ablated and sham graphs) one case at a time,
+   each case's rows saved under ``ROOT/samples-KEY/``;
+2. **runs**: per variant, fold and seed: train on the other folds (the next fold is the validation
+   part: checkpoint selection on its answer NLL, as ``python train.py`` selects), then score the held-out
+   fold under every condition, with greedy answers with and without graph tokens. One JSON per
+   (variant, fold, seed) under ``ROOT/runs/VARIANT/``;
+3. **summary**: the crossed bootstrap over the seed rows and the questions of the folds done for every
+   seed. ``--out`` writes it as JSON; a markdown table is printed.
+
+``--max-minutes`` ends the run at a unit's boundary when the next unit would not fit (one unit is
+measured, the next is estimated from it). Two copies of one command (``--threads 1`` each, one per
+core) share the units: a unit being run is locked (``fold-F-seed-S.lock``, taken over when its process
+died). Variants: ``product`` and ``tdP-M`` (text dropout with probability P keeping the top M units,
+e.g. ``td0.5-1``). The held-out folds are scored for the
+configurations named in docs/graph_token.md before they ran::
+
+    python -m bench.studies.graph_token.crossfit --root checkpoints/crossfit --variants product --seeds 0 1 --max-minutes 40 \\
+        --out docs/results/crossfit_product.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import os
+import pickle
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, ci
+CONDITIONS = ["own", "ablated", "sham", "shuffled", "none"]
+GENERATE = ["own", "none"]
+UNIT_FILE = re.compile(r"fold-\d+-seed-\d+\.json")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="checkpoints/crossfit")
+    p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
+    p.add_argument("--cache-dir", default=None, help="sentence-embedding memo folder (default: the data module's)")
+    p.add_argument("--folds", type=int, default=5)
+    p.add_argument("--fold-list", type=int, nargs="*", default=None, help="folds to run (default: all)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--variants", nargs="+", default=["product"])
+    p.add_argument("--fold-seed", type=int, default=0, help="seed of the fold assignment and the distractor draw")
+    p.add_argument("--max-minutes", type=float, default=40.0)
+    p.add_argument("--samples-only", action="store_true")
+    p.add_argument("--summary-only", action="store_true")
+    p.add_argument("--graph-sizes", action="store_true",
+                   help="only compare the node and edge counts of the own, ablated and sham graphs of the scored "
+                        "questions (needs the samples, no training)")
+    p.add_argument("--measure", action="store_true",
+                   help="time one unit on the cases saved so far (train, validate and score on them; nothing "
+                        "is recorded under runs/): the cost of one (fold, seed) comes from it")
+    p.add_argument("--out", default=None, help="write the summary JSON here")
+    p.add_argument("--n-boot", type=int, default=10_000)
+    p.add_argument("--threads", type=int, default=2)
+    return p.parse_args(argv)
+
+
+def product_setting(path: str) -> dict[str, Any]:
+    """The preset's data, model and trainer settings with the signature defaults for the rest."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(path).read_text())
+    data, model, trainer = dict(cfg.get("data") or {}), dict(cfg.get("model") or {}), dict(cfg.get("trainer") or {})
+    for key in ("optimizer", "lr_scheduler"):
+        if cfg.get(key):
+            model[key] = json.loads(json.dumps(cfg[key]))
+    return {"data": data, "model": model, "trainer": trainer}
+
+
+def variant_of(name: str) -> dict[str, Any]:
+    """A variant's name and its data-module settings over the product's (``tdP-M``: text dropout)."""
+    if name == "product":
+        return {"name": name, "data": {}}
+    if name.startswith("td"):
+        p, m = name[2:].split("-")
+        return {"name": name, "data": {"text_dropout": float(p), "text_dropout_units": int(m)}}
+    raise SystemExit(f"--variants: unknown variant {name!r} (product or tdP-M, e.g. td0.5-1)")
+
+
+# --------------------------------------------------------------------------------------------------
+# stage 1: samples
+
+
+def fold_cases(setting: dict[str, Any], args) -> tuple[list[Any], dict[str, int], set[str]]:
+    from qgmem.data.loaders import load_cases
+    from qgmem.evaluation.crossfit import assign_folds, leaks, with_distractors
+    from qgmem.samples.answer_filter import RUBRIC_CATEGORIES
+
+    data = setting["data"]
+    path = data.get("data_path", "data/convomem")
+    cases = list(load_cases("convomem", path, distractor_conversations=0).cases)
+    scored = {c.id for c in cases if c.qas and c.qas[0].category not in RUBRIC_CATEGORIES}
+    folds = assign_folds(cases, scored, k=args.folds, seed=args.fold_seed)
+    mixed = with_distractors(cases, folds, n=int(data.get("distractor_conversations", 2)), seed=args.fold_seed)
+    product = load_cases("convomem", path, distractor_conversations=int(data.get("distractor_conversations", 2))).cases
+    loader_leaks = leaks(list(product), folds)  # what the loader's own draw (the whole person's pool) would leak
+    print(f"[crossfit] the loader's own distractor draw would put held-out evidence in training histories "
+          f"{len(loader_leaks)} times ({len({(f, c) for f, _, c in loader_leaks})} held-out conversations); "
+          "the fold-bound draw:", flush=True)
+    found = leaks(mixed, folds)
+    print(f"[crossfit] {len(found)} leaks", flush=True)
+    if found:
+        f, case, conv = found[0]
+        print(f"error: fold {f}'s evidence conversation {conv} is in training case {case}'s history "
+              f"({len(found)} leaks)", file=sys.stderr)
+        raise SystemExit(2)
+    return mixed, folds, scored
+
+
+def sample_spec(setting: dict[str, Any], args):
+    from qgmem.samples.spec import CacheSpec
+
+    data = setting["data"]
+    kwargs = {"distractor_conversations": int(data.get("distractor_conversations", 2))}
+    if args.cache_dir or data.get("cache_dir"):
+        kwargs["cache_dir"] = Path(args.cache_dir or data["cache_dir"])
+    return CacheSpec(dataset="convomem", data_path=data.get("data_path", "data/convomem"), num_cases=None, **kwargs)
+
+
+def samples_folder(spec, args) -> Path:
+    key = hashlib.sha256(json.dumps({"samples": spec.samples_key, "folds": args.folds, "fold_seed": args.fold_seed},
+                                    sort_keys=True).encode()).hexdigest()[:12]
+    return Path(args.root) / f"samples-{key}"
+
+
+def build_samples(cases, spec, folder: Path, deadline: float) -> bool:
+    """Replay every case not yet saved; ``False`` when the deadline stopped it first."""
+    from qgmem.samples.build import Replayer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [c for c in cases if not case_file(folder, c.id).exists()]
+    if not todo:
+        return True
+    print(f"[samples] {len(cases) - len(todo)} of {len(cases)} cases saved; replaying {len(todo)}", flush=True)
+    replayer = Replayer(spec)
+    started = time.perf_counter()
+    try:
+        for n, case in enumerate(todo, 1):
+            if time.time() > deadline:
+                print(f"[samples] stopped at the time limit, {len(todo) - n + 1} cases left", flush=True)
+                return False
+            rows = replayer.rows("crossfit", case)
+            tmp = case_file(folder, case.id).with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(rows))
+            tmp.replace(case_file(folder, case.id))
+            if n % 5 == 0 or n == len(todo):
+                if replayer.memo is not None:  # what is encoded so far survives a cut-off run
+                    replayer.memo.flush()
+                rate = (time.perf_counter() - started) / n
+                print(f"[samples] {n}/{len(todo)} cases, {rate:.1f} s a case", flush=True)
+    finally:
+        replayer.close()
+    return True
+
+
+def case_file(folder: Path, case_id: str) -> Path:
+    return folder / (hashlib.sha256(case_id.encode()).hexdigest()[:16] + ".pkl")
+
+
+def load_items(cases, folder: Path) -> dict[str, list[dict[str, Any]]]:
+    from qgmem.samples import cache as C
+
+    out = {}
+    for case in cases:
+        rows = pickle.loads(case_file(folder, case.id).read_bytes())
+        out[case.id] = [{**C.row_to_item({**r, "answer": r["reference"]}), "group": r["dialogue_id"]} for r in rows]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# stage 2: one (variant, fold, seed)
+
+
+def best_weights_callback():
+    """Keeps the trainable weights of the validation with the lowest answer NLL (train.py's selection)."""
+    import torch
+    from lightning.pytorch.callbacks import Callback
+
+    class BestWeights(Callback):
+        def __init__(self):
+            self.best, self.state, self.history = float("inf"), None, []
+
+        def on_validation_end(self, trainer, pl_module):
+            value = trainer.callback_metrics.get("val/nll")
+            if value is None or trainer.sanity_checking:
+                return
+            value = float(value)
+            self.history.append({"step": int(trainer.global_step), "val_nll": value})
+            if torch.isfinite(torch.tensor(value)) and value < self.best:
+                self.best = value
+                self.state = {k: v.detach().clone() for k, v in pl_module.named_parameters() if v.requires_grad}
+
+    return BestWeights()
+
+
+class OutOfTime(Exception):
+    """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
+
+
+def claim(lock: Path) -> bool:
+    """Take ``lock`` for this process, or ``False`` when a live process holds it.
+
+    Two copies of the same command (one per core) then share the units instead of running the same one
+    twice; a lock left by a process that died is taken over.
+    """
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and pid != os.getpid() and _alive(pid):
+                return False
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None = None,
+             clock: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train (checkpoint selection on the validation part), then score the held-out part per condition.
+
+    Each piece (the training, then each condition) is recorded under ``stem`` (``…train.json`` with its
+    ``…weights.pt``, ``…<condition>.json``) as soon as it ends, and reused by a rerun: one unit costs more
+    than a 40-minute part on the shared CPU, so a part may end between its pieces. ``clock`` holds the
+    deadline and the last piece's durations; :class:`OutOfTime` stops before a piece that would not fit.
+    """
+    import torch
+    from lightning.pytorch import Trainer, seed_everything
+
+    from qgmem.evaluation.protocol import SampleScores, score_conditions
+    from qgmem.training.datamodule import InMemoryDataModule
+    from qgmem.training.module import QGMemModule
+
+    clock = clock if clock is not None else {"deadline": float("inf")}
+
+    def fits(kind: str) -> None:
+        if clock.get(kind) is not None and time.time() + clock[kind] > clock["deadline"]:
+            raise OutOfTime(f"{kind} (~{clock[kind] / 60:.0f} min)")
+
+    def piece(name: str) -> Path | None:
+        return None if stem is None else stem.with_name(f"{stem.name}.{name}")
+
+    data, model_cfg, trainer_cfg = {**setting["data"], **variant["data"]}, dict(setting["model"]), setting["trainer"]
+    pick = {name: [it for cid in ids for it in items[cid]] for name, ids in parts.items()}
+    scored = {name: [it for it in v if it["qa_id"] in args.scored_qa] for name, v in pick.items()}
+    seed_everything(seed, verbose=False)
+    dm = InMemoryDataModule(pick["train"], scored["val"], scored["test"], batch_size=int(data.get("batch_size", 4)),
+                            eval_batch_size=int(data.get("eval_batch_size", 8)),
+                            max_prompt_tokens=int(data["max_prompt_tokens"]),
+                            max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
+                            **{k: v for k, v in data.items() if k in ("text_dropout", "text_dropout_units")},
+                            **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {}))
+    module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
+    steps = int(trainer_cfg.get("max_steps", 30))
+    meta_path, weights_path = piece("train.json"), piece("weights.pt")
+    if meta_path is not None and meta_path.exists() and weights_path.exists():
+        meta, state = json.loads(meta_path.read_text()), torch.load(weights_path)
+    else:
+        fits("train")
+        best = best_weights_callback()
+        trainer = Trainer(accelerator=trainer_cfg.get("accelerator", "cpu"), devices=1, max_steps=steps, max_epochs=-1,
+                          val_check_interval=trainer_cfg.get("val_check_interval", 15), check_val_every_n_epoch=None,
+                          num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
+                          precision=trainer_cfg.get("precision", "32-true"),
+                          default_root_dir=str(Path(args.root) / "trainer"), callbacks=[best])
+        t = time.perf_counter()
+        trainer.fit(module, datamodule=dm)
+        train_s = time.perf_counter() - t
+        clock["train"] = train_s
+        if best.state is None:
+            raise FloatingPointError(f"fold {fold} seed {seed}: no finite validation answer NLL")
+        state = best.state
+        meta = {"val_nll_best": best.best, "val_history": best.history, "train_samples": len(pick["train"]),
+                "val_samples": len(scored["val"]), "steps": steps, "train_s": round(train_s, 1),
+                "text_dropout_share": getattr(dm.split("train"), "share", None),
+                "load": os.getloadavg()[0]}
+        if meta_path is not None:
+            torch.save(state, weights_path)
+            meta_path.write_text(json.dumps(meta) + "\n")
+    with torch.no_grad():
+        params = dict(module.named_parameters())
+        for k, v in state.items():
+            params[k].copy_(v)
+    test = scored["test"]
+    pieces = {}
+    for condition in CONDITIONS:
+        path = piece(f"{condition}.json")
+        if path is not None and path.exists():
+            pieces[condition] = json.loads(path.read_text())
+            continue
+        kind = "generate" if condition in GENERATE else "score"
+        fits(kind)
+        t = time.perf_counter()
+        scores, pairing = score_conditions(module, test, dm.collator, groups=[it["group"] for it in test],
+                                           batch_size=dm.eval_batch_size, seed=seed,
+                                           generate=[condition] if condition in GENERATE else [],
+                                           conditions=[condition])
+        clock[kind] = time.perf_counter() - t
+        pieces[condition] = {"scores": scores.to_dict(), "pairing": pairing, "score_s": round(clock[kind], 1)}
+        if path is not None:
+            path.write_text(json.dumps(pieces[condition]) + "\n")
+        print(f"  [{variant['name']} fold {fold} seed {seed}] {condition}: {clock[kind]:.0f} s", flush=True)
+    first = SampleScores.from_dict(pieces[CONDITIONS[0]]["scores"])
+    scores = SampleScores(qa_id=first.qa_id, group=first.group, category=first.category, answer=first.answer,
+                          nll={c: pieces[c]["scores"]["nll"][c] for c in CONDITIONS},
+                          predictions={c: pieces[c]["scores"]["predictions"][c] for c in CONDITIONS
+                                       if c in pieces[c]["scores"]["predictions"]})
+    pairing = {**pieces["shuffled"]["pairing"], **{k: v for c in CONDITIONS for k, v in pieces[c]["pairing"].items()
+                                                   if v is not None}}
+    return {"variant": variant["name"], "fold": fold, "seed": seed, "scores": scores.to_dict(), "pairing": pairing,
+            **meta, "score_s": round(sum(pieces[c]["score_s"] for c in CONDITIONS), 1)}
+
+
+# --------------------------------------------------------------------------------------------------
+# stage 3: summary
+
+
+def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa, n_boot: int) -> dict[str, Any] | None:
+    from qgmem.evaluation.crossfit import answer_contrasts, graph_sizes, same_size_removals
+    from qgmem.evaluation.protocol import ABSTENTION, SampleScores, summarize
+
+    runs = {}
+    for path in sorted((root / "runs" / variant).glob("fold-*-seed-*.json")):
+        if not UNIT_FILE.fullmatch(path.name):  # a unit's pieces sit beside it
+            continue
+        r = json.loads(path.read_text())
+        runs[(r["fold"], r["seed"])] = r
+    done = [f for f in range(folds) if all((f, s) in runs for s in seeds)]
+    if not done:
+        return None
+    rows = []
+    for s in seeds:  # seed s of every fold done: one row over all their questions (the crossed design)
+        parts = [SampleScores.from_dict(runs[(f, s)]["scores"]) for f in done]
+        rows.append(SampleScores(qa_id=sum((p.qa_id for p in parts), []), group=sum((p.group for p in parts), []),
+                                 category=sum((p.category for p in parts), []), answer=sum((p.answer for p in parts), []),
+                                 nll={c: sum((p.nll[c] for p in parts), []) for c in parts[0].nll},
+                                 predictions={c: sum((p.predictions[c] for p in parts), []) for c in parts[0].predictions}))
+    out = summarize(rows, n_boot=n_boot)
+    for key in [k for k in out if k.endswith(tuple(f"_vs_{c}" for c in CONDITIONS))]:
+        out[key].pop("per_seed", None)
+    out["answers_own_vs_none"] = answer_contrasts(rows, "own", "none", n_boot=n_boot)
+    out["answers_own_vs_none_without_abstention"] = answer_contrasts(rows, "own", "none", categories_out=[ABSTENTION],
+                                                                     n_boot=n_boot)
+    out["graph_sizes"] = graph_sizes([items_by_qa[q] for q in rows[0].qa_id])
+    same = same_size_removals([items_by_qa[q] for q in rows[0].qa_id])
+    if same:  # the removals' contrasts on the questions whose ablated and sham graphs have equal sizes
+        matched = summarize([r.only(same) for r in rows], n_boot=n_boot)
+        out["same_size_removals"] = {"n": len(same), **{k: matched[k] for k in ("own_vs_ablated", "own_vs_sham",
+                                                                              "sham_vs_ablated") if k in matched}}
+        for r in out["same_size_removals"].values():
+            if isinstance(r, dict):
+                r.pop("per_seed", None)
+    out.update(variant=variant, folds_done=done, seeds=seeds,
+               val_nll_best={f"{f}-{s}": runs[(f, s)]["val_nll_best"] for f in done for s in seeds},
+               val_nll_mean=sum(runs[(f, s)]["val_nll_best"] for f in done for s in seeds) / (len(done) * len(seeds)),
+               unit_s={f"{f}-{s}": runs[(f, s)]["train_s"] + runs[(f, s)]["score_s"] for f in done for s in seeds})
+    return out
+
+
+def unit_val_nll(root: Path, variant: str, seeds: list[int], folds: int) -> dict[str, float]:
+    """``"fold-seed" -> best validation answer NLL`` of every unit of ``variant`` whose training is recorded."""
+    out = {}
+    for f in range(folds):
+        for s in seeds:
+            path = root / "runs" / variant / f"fold-{f}-seed-{s}.train.json"
+            if path.exists():
+                out[f"{f}-{s}"] = json.loads(path.read_text())["val_nll_best"]
+    return out
+
+
+def choose_on_validation(root: Path, names: list[str], seeds: list[int], folds: int) -> dict[str, Any] | None:
+    """The named rule (:func:`~qgmem.evaluation.crossfit.validation_choice`): candidates against ``product``."""
+    from qgmem.evaluation.crossfit import validation_choice
+
+    candidates = {n: unit_val_nll(root, n, seeds, folds) for n in names if n != "product"}
+    if not candidates:
+        return None
+    out = validation_choice(unit_val_nll(root, "product", seeds, folds), candidates, units=folds * len(seeds))
+    print(f"\nvalidation choice (lower mean and lower in >= {out['need_lower_in']} of {out['units']} paired units):")
+    print("| candidate | units | lower in | mean val NLL | product, same units | status |\n| --- | --- | --- | --- | --- | --- |")
+    for n, r in out["candidates"].items():
+        mean = "-" if r["mean"] is None else f"{r['mean']:.4f}"
+        base = "-" if r["baseline_mean"] is None else f"{r['baseline_mean']:.4f}"
+        print(f"| {n} | {r['units']} | {r['lower_in']} | {mean} | {base} | {r['status']} |")
+    print(f"chosen: {out['chosen'] or 'product (no candidate wins)'}" + ("" if out["decided"] else " (not decided yet)"))
+    return out
+
+
+def print_table(s: dict[str, Any]) -> None:
+    cats = sorted(s["per_category_n"])
+    print(f"\n### {s['variant']}: {s['n']} questions (folds {s['folds_done']}), seeds {s['seeds']}\n")
+    print("| condition | answer NLL |\n| --- | --- |")
+    for c, v in s["nll"].items():
+        print(f"| {c} | {v:.3f} |" if v is not None else f"| {c} | - |")
+    print("\n| contrast (95 % CI, crossed) | all | without abstention | "
+          + " | ".join(f"{c} (n={s['per_category_n'][c]})" for c in cats) + " |")
+    print("| --- | --- | --- |" + " --- |" * len(cats))
+    for key in ("own_vs_none", "own_vs_ablated", "own_vs_sham", "sham_vs_ablated", "own_vs_shuffled"):
+        if key in s:
+            r = s[key]
+            print(f"| {key.replace('_', ' ')} (n={r['n']}) | {ci(r)} | {ci(r['without_abstention'])} | "
+                  + " | ".join(ci(r["per_category"][c]) for c in cats) + " |")
+    print("\n| greedy answers | own | none | own − none (95 % CI) | without abstention: own − none |\n| --- | --- | --- | --- | --- |")
+    for m in ("f1", "em", "judge"):
+        a, b = s["answers_own_vs_none"][m], s["answers_own_vs_none_without_abstention"][m]
+        print(f"| {m} | {a['own']:.3f} | {a['none']:.3f} | {ci(a['diff'])} | {ci(b['diff'])} |")
+    g = s["graph_sizes"]
+    print(f"\ngraph sizes over {g['n']} questions with all three graphs: "
+          + "; ".join(f"{w} own {g[w]['own']:.2f}, ablated {g[w]['ablated']:.2f}, sham {g[w]['sham']:.2f} "
+                      f"(sham − ablated {ci(g[w]['sham_minus_ablated'])})" for w in ("nodes", "edges") if g["n"]))
+    m = s.get("same_size_removals")
+    if m:
+        print(f"\nablated and sham graphs of equal size (n={m['n']}): "
+              + "; ".join(f"{k.replace('_', ' ')} {ci(m[k])} (without abstention {ci(m[k]['without_abstention'])})"
+                          for k in ("own_vs_ablated", "own_vs_sham", "sham_vs_ablated") if k in m))
+    print(f"validation answer NLL (best checkpoint), mean over units: {s['val_nll_mean']:.4f}")
+
+
+def report_graph_sizes(items, scored, args) -> int:
+    """Node and edge counts of own, ablated and sham graphs, paired per question, overall and per category."""
+    from qgmem.evaluation.crossfit import graph_sizes
+
+    chosen = [it for cid in sorted(scored) if cid in items for it in items[cid]]
+    out = {"all": graph_sizes(chosen), "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in chosen),
+           "with_sham_graph": sum(it.get("sham_graph") is not None for it in chosen), "questions": len(chosen),
+           "per_category": {c: graph_sizes([it for it in chosen if it["category"] == c])
+                            for c in sorted({it["category"] for it in chosen})}}
+
+    print(f"| questions | graphs | own | ablated | sham | ablated − own | sham − own | sham − ablated |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, g in [("all", out["all"]), *out["per_category"].items()]:
+        for what in ("nodes", "edges"):
+            w = g[what]
+            if g["n"]:
+                print(f"| {name} (n={g['n']}) | {what} | {w['own']:.2f} | {w['ablated']:.2f} | {w['sham']:.2f} | "
+                      f"{ci(w['ablated_minus_own'], 2)} | {ci(w['sham_minus_own'], 2)} | {ci(w['sham_minus_ablated'], 2)} |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({k: out[k] for k in ("questions", "with_ablated_graph", "with_sham_graph")}))
+    return 0
+
+
+def measure(setting, items, args) -> int:
+    """One unit over the saved cases only, for its cost: seconds of training (all steps, both validations)
+    per validation item, and of scoring per held-out item (every condition plus two greedy answers)."""
+    ids = sorted(items)
+    parts = {"train": ids, "val": ids[:2], "test": ids}
+    result = run_unit(setting, variant_of("product"), -1, 0, parts, items, args)
+    n_test = len(result["scores"]["qa_id"])
+    n_val = result["val_samples"]
+    out = {"cases": len(ids), "train_samples": result["train_samples"], "val_items": n_val, "test_items": n_test,
+           "train_s": result["train_s"], "score_s": result["score_s"],
+           "score_s_per_item": result["score_s"] / max(1, n_test), "load": result["load"]}
+    print(json.dumps(out))
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    started = time.time()
+    deadline = started + 60 * args.max_minutes
+    setting = product_setting(args.config)
+    variants = [variant_of(v) for v in args.variants]
+    cases, folds, scored = fold_cases(setting, args)
+    spec = sample_spec(setting, args)
+    folder = samples_folder(spec, args)
+    print(f"[crossfit] {len(cases)} cases, {len(scored)} scored in {args.folds} folds "
+          f"({[list(folds.values()).count(f) for f in range(args.folds)]}); samples in {folder}", flush=True)
+    if not (args.summary_only or args.measure) and not build_samples(cases, spec, folder, deadline):
+        return 0
+    if args.samples_only:
+        return 0
+    items = load_items([c for c in cases if case_file(folder, c.id).exists()], folder)
+    by_qa = {it["qa_id"]: it for v in items.values() for it in v}
+    args.scored_qa = {q for cid in scored if cid in items for q in (it["qa_id"] for it in items[cid])}
+    if args.measure:
+        return measure(setting, items, args)
+    if args.graph_sizes:
+        return report_graph_sizes(items, scored, args)
+    from qgmem.evaluation.crossfit import fold_parts
+
+    clock: dict[str, Any] = {"deadline": deadline}
+    stopped = False
+    for variant in variants if not args.summary_only else []:
+        if stopped:
+            break
+        out = Path(args.root) / "runs" / variant["name"]
+        out.mkdir(parents=True, exist_ok=True)
+        for fold in args.fold_list if args.fold_list is not None else range(args.folds):
+            if stopped:
+                break
+            for seed in args.seeds:
+                path = out / f"fold-{fold}-seed-{seed}.json"
+                lock = out / f"fold-{fold}-seed-{seed}.lock"
+                if path.exists() or not claim(lock):  # done, or another process is running it now
+                    continue
+                parts = fold_parts(folds, fold, args.folds, list(items))
+                try:
+                    result = run_unit(setting, variant, fold, seed, parts, items, args,
+                                      stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
+                    path.write_text(json.dumps(result, default=str) + "\n")
+                except OutOfTime as stop:
+                    print(f"[crossfit] stopping before {variant['name']} fold {fold} seed {seed}'s {stop}: it "
+                          "would pass the time limit; rerun to go on", flush=True)
+                    stopped = True
+                    break
+                finally:
+                    lock.unlink(missing_ok=True)
+                print(f"[crossfit] {variant['name']} fold {fold} seed {seed}: train {result['train_s']:.0f} s, score "
+                      f"{result['score_s']:.0f} s, val NLL {result['val_nll_best']:.4f}, load {result['load']:.1f}",
+                      flush=True)
+    summaries = {}
+    for variant in variants:
+        s = summary(Path(args.root), variant["name"], args.seeds, args.folds, by_qa, args.n_boot)
+        if s is not None:
+            summaries[variant["name"]] = s
+            print_table(s)
+    choice = choose_on_validation(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
+    final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}), "folds": args.folds,
+             "seeds": args.seeds, "fold_seed": args.fold_seed,
+             "cases": len(cases), "scored_cases": len(scored), "samples_key": spec.samples_key,
+             "fold_sizes": [list(folds.values()).count(f) for f in range(args.folds)],
+             "wall_s": round(time.time() - started, 1)}
+    if args.out:
+        Path(args.out).write_text(json.dumps(final, indent=1, default=str) + "\n")
+    print(json.dumps({k: v for k, v in final.items() if k != "summaries"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""``bench/studies/graph_token/crossfit.py`` end to end on a tiny ConvoMem-form set and a random LM.
+
+Checks the promised JSON (every condition's contrasts with a pooled figure without abstention, greedy
+answers own − none, graph sizes), that every usable question is scored once, and that a rerun reuses
+what was recorded. It trains 2 steps per unit: nothing here says what the graph token adds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from qgmem.model.random_lm import save_random_lm
+
+from training.test_datamodule import write_convomem
+from bench_script import load_bench_script
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_torch_threads")]  # replays a small data set with the embedded sentence encoder
+
+
+
+
+def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys):
+    lm = save_random_lm(tmp_path / "lm", hidden_size=32, layers=1)
+    cfg = {"trainer": {"accelerator": "cpu", "precision": "32-true", "gradient_clip_val": 1.0, "max_steps": 2,
+                       "val_check_interval": 1},
+           "model": {"lm": str(lm), "align_steps": 2, "align_batch_size": 4, "num_graph_tokens": 5,
+                     "max_new_tokens": 4, "val_generate_batches": 0},
+           "data": {"data_path": str(write_convomem(tmp_path / "convomem", items_per_person=3)),
+                    "cache_dir": str(tmp_path / "cache"), "distractor_conversations": 1, "batch_size": 2,
+                    "max_prompt_tokens": 128, "max_answer_tokens": 8}}
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+    out = tmp_path / "summary.json"
+    argv = ["--config", str(config), "--root", str(tmp_path / "root"), "--folds", "3", "--seeds", "0", "1",
+            "--n-boot", "200", "--threads", "1", "--out", str(out)]
+    assert script.main(argv) == 0
+    first = capsys.readouterr().out
+    assert "0 leaks" in first
+    result = json.loads(out.read_text())
+    s = result["summaries"]["product"]
+    assert s["folds_done"] == [0, 1, 2] and s["seeds"] == [0, 1]
+    assert s["n"] == result["scored_cases"] and len(set(s["per_category_n"])) == 1  # user questions only
+    for key in ("own_vs_none", "own_vs_ablated", "own_vs_sham", "sham_vs_ablated", "own_vs_shuffled"):
+        assert key in s and "without_abstention" in s[key], key
+    assert s["own_vs_sham"]["n"] == s["own_vs_ablated"]["n"]  # the sham exists where the ablation does
+    for metric in ("f1", "em", "judge"):
+        assert {"own", "none", "diff"} <= set(s["answers_own_vs_none"][metric])
+    assert s["graph_sizes"]["n"] == s["own_vs_ablated"]["n"]
+    # the removals' contrasts on the questions whose ablated and sham graphs have equal sizes
+    assert 0 < s["same_size_removals"]["n"] <= s["graph_sizes"]["n"] and "sham_vs_ablated" in s["same_size_removals"]
+    runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
+    assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
+    assert not list((tmp_path / "root" / "runs" / "product").glob("*.lock"))  # every unit's lock released
+    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 6  # train + 5 conditions
+    stamps = [p.stat().st_mtime_ns for p in runs]
+    assert script.main(argv) == 0  # the rerun trains nothing: every unit is recorded
+    assert " seed 0: train " not in capsys.readouterr().out
+    assert [p.stat().st_mtime_ns for p in runs] == stamps
+    # a part cut off inside a unit: its recorded pieces are reused, only the missing one runs again
+    folder = tmp_path / "root" / "runs" / "product"
+    (folder / "fold-0-seed-0.json").unlink()
+    (folder / "fold-0-seed-0.own.json").unlink()
+    weights = (folder / "fold-0-seed-0.weights.pt").stat().st_mtime_ns
+    assert script.main(argv) == 0
+    again = capsys.readouterr().out
+    assert "[product fold 0 seed 0] own:" in again and "[product fold 0 seed 0] none:" not in again
+    assert (folder / "fold-0-seed-0.weights.pt").stat().st_mtime_ns == weights  # not trained again
+    assert (folder / "fold-0-seed-0.json").exists()
+    # the graph sizes need the samples only
+    sizes = tmp_path / "sizes.json"
+    assert script.main(argv[:-2] + ["--graph-sizes", "--out", str(sizes)]) == 0
+    g = json.loads(sizes.read_text())
+    assert g["questions"] == result["scored_cases"] and g["all"]["n"] == g["with_sham_graph"] == s["own_vs_sham"]["n"]
+    assert {"own", "ablated", "sham", "sham_minus_ablated"} <= set(g["all"]["nodes"])
+    # a text-dropout variant trains through the data module's option: every training read is cut at p = 1
+    td = argv[:argv.index("--seeds")] + ["--seeds", "0", "--variants", "td1.0-1", "--fold-list", "0", "--n-boot", "200",
+                                         "--threads", "1", "--out", str(tmp_path / "td.json")]
+    assert script.main(td) == 0
+    meta = json.loads((tmp_path / "root" / "runs" / "td1.0-1" / "fold-0-seed-0.train.json").read_text())
+    assert meta["text_dropout_share"] == 1.0
+    assert json.loads((folder / "fold-0-seed-0.train.json").read_text())["text_dropout_share"] is None
+    # the named validation rule against the product's same units: one of three units cannot decide it
+    choice = json.loads((tmp_path / "td.json").read_text())["validation_choice"]
+    row = choice["candidates"]["td1.0-1"]
+    assert choice["units"] == 3 and choice["need_lower_in"] == 3 and row["units"] == 1
+    assert row["status"] == ("open" if row["lower_in"] == 1 else "cannot win") and choice["chosen"] is None
+
+
+def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
+    import subprocess
+    import sys
+
+    claim = load_bench_script("bench.studies.graph_token.crossfit").claim
+    lock = tmp_path / "fold-0-seed-0.lock"
+    assert claim(lock) and lock.read_text() == str(__import__("os").getpid())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(str(other.pid))
+        assert not claim(lock) and lock.read_text() == str(other.pid)  # a live holder keeps it
+    finally:
+        other.kill()
+        other.wait()
+    assert claim(lock) and lock.read_text() != str(other.pid)  # its holder died: taken over
+    lock.write_text("not a pid")
+    assert claim(lock)  # an unreadable lock is stale too
