@@ -55,7 +55,7 @@ def test_old_records_read_as_today_s_defaults():
 @pytest.mark.parametrize(("field", "value"), [
     ("expansion_seeds", 3), ("feedback_seeds", 1), ("hop_extra_units", 20), ("expansion_max_entity_units", 5),
     ("fusion_weights", {"source": 2.0}), ("lexical_speaker_once", True), ("superseded", "fold"),
-    ("dense_speaker_names", "blend"),
+    ("dense_speaker_names", "blend"), ("reverse_edges", True), ("source_chars", 200),
 ])
 def test_a_retired_activation_value_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
@@ -69,3 +69,4 @@ def test_a_retired_construction_value_is_refused_by_name():
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "unread_turn_fallback": False})
     with pytest.raises(ValueError, match="unknown construction settings"):
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "no_such": 1})
+

@@ -18,9 +18,12 @@ from typing import Any
 ACTIVATION_RETIRED: dict[str, object] = {
     "expansion_seeds": 0, "expansion_max_entity_units": 20, "feedback_seeds": 0, "hop_extra_units": 0,
     "fusion_weights": {}, "lexical_speaker_once": False, "superseded": "attach", "extra": {},
+    # no default, preset or documented choice set them (reverse edges in the local graph; source text
+    # in each working-memory entry)
+    "reverse_edges": False, "source_chars": 0,
 }
 #: activation: retired fields that every cache key held (they were in the first keyed settings)
-ACTIVATION_KEYED = ("superseded", "extra")
+ACTIVATION_KEYED = ("superseded", "extra", "reverse_edges", "source_chars")
 #: activation: a retired value of a field that stays
 ACTIVATION_RETIRED_VALUES: dict[str, tuple[object, ...]] = {"dense_speaker_names": ("blend",)}
 
