@@ -70,3 +70,20 @@ def test_a_retired_construction_value_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown construction settings"):
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "no_such": 1})
 
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+@pytest.mark.parametrize(("name", "value"), [("pool_size", "200"), ("limit_per_category", "2"), ("device", "cuda")])
+def test_a_retired_eval_retrieval_flag_is_refused_by_name(name, value, where, tmp_path, capsys):
+    """An old command line or ``--config`` file of eval-retrieval naming a retired flag: exit 2, the flag named
+    and what happens instead (not argparse's "unrecognized arguments")."""
+    from qgmem.cli import main
+    from qgmem.retired_settings import RETRIEVAL_EVAL_FLAGS
+
+    flag = "--" + name.replace("_", "-")
+    if where == "flag":
+        extra = [flag, value]
+    else:
+        (tmp_path / "old.yaml").write_text(f"{name}: {value}\nk: 5\n")
+        extra = ["--config", str(tmp_path / "old.yaml")]
+    assert main(["eval-retrieval", "--dataset", "locomo", "--path", str(tmp_path / "x.json"), *extra]) == 2
+    assert f"{flag} was retired: {RETRIEVAL_EVAL_FLAGS[name]}" in capsys.readouterr().err

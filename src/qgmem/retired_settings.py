@@ -7,7 +7,8 @@ it (the git history holds the code that can). Caches and stores also keep their 
 setting that every key held keeps its place there with the value today's code uses.
 
 Nothing here is a user's setting; ``ActivationConfig`` and ``ConstructionConfig`` strip these fields
-from what they read and add the keyed ones to their keys.
+from what they read and add the keyed ones to their keys. Retired command flags are refused by name,
+saying what happens instead, whether given on the command line or in a ``--config`` file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ ACTIVATION_RETIRED_VALUES: dict[str, tuple[object, ...]] = {"dense_speaker_names
 CONSTRUCTION_RETIRED: dict[str, object] = {"unread_turn_fallback": True, "source_turn_label": True}
 #: construction: retired fields that store and cache keys held while they had today's value
 CONSTRUCTION_KEYED = ("unread_turn_fallback",)
+
+
+#: flags of ``qgmem eval-retrieval`` that no default or documented choice needed -> what happens instead
+RETRIEVAL_EVAL_FLAGS: dict[str, str] = {
+    "pool_size": "the fused pool is ActivationConfig's pool_size (100), or k when k is larger",
+    "limit_per_category": "--limit N evaluates the first N cases",
+    "device": "model rerankers run on cuda when it is available, else on the CPU",
+}
 
 
 def _read(values: dict[str, Any], retired: dict[str, object], what: str) -> dict[str, Any]:
