@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 from pathlib import Path
@@ -10,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qgmem.cli import COMMANDS, main
-from qgmem.errors import USER_ERROR_EXIT, UserError, as_user_error
+from qgmem.errors import USER_ERROR_EXIT, UserError, as_user_error, command_parser
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -21,6 +20,12 @@ DATA_COMMANDS = {"data-stats": [], "build-memory": ["--out", "o"], "eval-retriev
 @pytest.fixture()
 def locomo_file() -> Path:
     return FIXTURES / "locomo_small.json"
+
+
+def _parser(command: str):
+    """The parser ``qgmem COMMAND`` parses with."""
+    module = importlib.import_module(COMMANDS[command][0])
+    return command_parser(f"qgmem {command}", "", module.add_arguments, getattr(module, "TAKES_CONFIG", False))
 
 
 def _errors(capsys) -> list[str]:
@@ -103,8 +108,7 @@ def test_help_exits_0(capsys):
 @pytest.mark.parametrize("command", sorted(DATA_COMMANDS))
 @pytest.mark.parametrize("mode", ["--lenient", "--strict"])
 def test_every_data_command_takes_strict_and_lenient(command, mode):
-    parser = argparse.ArgumentParser()
-    importlib.import_module(COMMANDS[command][0]).add_arguments(parser)
+    parser = _parser(command)
     args = parser.parse_args(["--dataset", "locomo", "--path", "p", *DATA_COMMANDS[command], mode])
     assert args.strict is (mode == "--strict")
     assert parser.parse_args(["--dataset", "locomo", "--path", "p", *DATA_COMMANDS[command]]).strict is True
@@ -114,16 +118,9 @@ def test_data_commands_list_is_complete():
     """A new command with a --dataset flag must be added to DATA_COMMANDS (and so take --lenient)."""
     reading = set()
     for name, (module, _) in COMMANDS.items():
-        mod = importlib.import_module(module)
-        if not hasattr(mod, "add_arguments"):
+        if not hasattr(importlib.import_module(module), "add_arguments"):
             continue  # a command with its own jsonargparse parser (build-cache): its data flags are the data module's
-        if getattr(mod, "CONFIG_FILE", False):  # typed flags (``str | None``) need jsonargparse's parser
-            from jsonargparse import ArgumentParser
-
-            parser = ArgumentParser()
-        else:
-            parser = argparse.ArgumentParser()
-        mod.add_arguments(parser)
+        parser = _parser(name)
         if any("--dataset" in a.option_strings for a in parser._actions):
             reading.add(name)
     assert reading == set(DATA_COMMANDS)
@@ -155,7 +152,8 @@ def test_user_error_hint_is_part_of_the_message():
 
 
 @pytest.mark.parametrize("command,flag,value", [("eval-qa", "limit", 3), ("answer", "max_new_tokens", 7),
-                                                ("eval-retrieval", "k", 4), ("serve", "max_batch", 3)])
+                                                ("eval-retrieval", "k", 4), ("serve", "max_batch", 3),
+                                                ("build-memory", "window_size", 5), ("train-reranker", "negatives", 3)])
 def test_commands_that_read_settings_take_config_and_print_config(command, flag, value, tmp_path, capsys):
     """``--print_config`` shows the resolved flags as YAML, and that YAML is a ``--config`` file."""
     import yaml
@@ -174,9 +172,32 @@ def test_commands_that_read_settings_take_config_and_print_config(command, flag,
 
 @pytest.mark.parametrize(("flag", "value", "needle"), [
     ("--channels", "turns", "channels must be a non-empty subset"),
-    ("--dense-speaker-names", "blend", "invalid choice: 'blend'"),  # retired: only keep | drop
+    ("--dense-speaker-names", "blend", "Got value: blend"),  # retired: only keep | drop
 ])
 def test_bad_activation_options_are_a_user_error(flag, value, needle, locomo_file, capsys):
     code = main(["eval-retrieval", "--dataset", "locomo", "--path", str(locomo_file), flag, value])
     err = _errors(capsys)
     assert code == USER_ERROR_EXIT and any(needle in line for line in err)
+
+
+#: what a command may load only once its flags are parsed (each takes seconds to import)
+HEAVY_MODULES = ("torch", "transformers", "lightning", "sentence_transformers", "torch_geometric", "spacy", "faiss")
+
+
+#: commands whose parser LightningCLI builds from the training classes (as ``fit|validate|test``)
+LIGHTNING_PARSED = {"build-cache"}
+
+
+@pytest.mark.parametrize("command", sorted(set(COMMANDS) - LIGHTNING_PARSED))
+def test_help_and_a_bad_flag_load_no_heavy_module(command):
+    """``qgmem COMMAND --help`` and a misspelt flag answer before torch and friends are imported, so they answer
+    fast."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from qgmem.cli import main; "
+            f"codes = [main([{command!r}, '--help']), main([{command!r}, '--no-such-flag'])]; "
+            f"print(codes, sorted(m for m in {HEAVY_MODULES!r} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[0, 2] []"

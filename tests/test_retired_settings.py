@@ -55,7 +55,7 @@ def test_old_records_read_as_today_s_defaults():
 @pytest.mark.parametrize(("field", "value"), [
     ("expansion_seeds", 3), ("feedback_seeds", 1), ("hop_extra_units", 20), ("expansion_max_entity_units", 5),
     ("fusion_weights", {"source": 2.0}), ("lexical_speaker_once", True), ("superseded", "fold"),
-    ("dense_speaker_names", "blend"),
+    ("dense_speaker_names", "blend"), ("reverse_edges", True), ("source_chars", 200),
 ])
 def test_a_retired_activation_value_is_refused_by_name(field, value):
     with pytest.raises(ValueError, match=field):
@@ -69,3 +69,21 @@ def test_a_retired_construction_value_is_refused_by_name():
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "unread_turn_fallback": False})
     with pytest.raises(ValueError, match="unknown construction settings"):
         ConstructionConfig.from_dict({**OLD_CONSTRUCTION_RECORD, "no_such": 1})
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+@pytest.mark.parametrize(("name", "value"), [("pool_size", "200"), ("limit_per_category", "2"), ("device", "cuda")])
+def test_a_retired_eval_retrieval_flag_is_refused_by_name(name, value, where, tmp_path, capsys):
+    """An old command line or ``--config`` file of eval-retrieval naming a retired flag: exit 2, the flag named
+    and what happens instead (not argparse's "unrecognized arguments")."""
+    from qgmem.cli import main
+    from qgmem.retired_settings import RETRIEVAL_EVAL_FLAGS
+
+    flag = "--" + name.replace("_", "-")
+    if where == "flag":
+        extra = [flag, value]
+    else:
+        (tmp_path / "old.yaml").write_text(f"{name}: {value}\nk: 5\n")
+        extra = ["--config", str(tmp_path / "old.yaml")]
+    assert main(["eval-retrieval", "--dataset", "locomo", "--path", str(tmp_path / "x.json"), *extra]) == 2
+    assert f"{flag} was retired: {RETRIEVAL_EVAL_FLAGS[name]}" in capsys.readouterr().err

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if not hasattr(module, "add_arguments"):  # a command with its own (jsonargparse) parser
             return module.run(rest)
         return argparse_command(prog, help_text, module.add_arguments, module.run,
-                                config_file=getattr(module, "CONFIG_FILE", False))(rest)
+                                takes_config=getattr(module, "TAKES_CONFIG", False))(rest)
 
     return run_command(prog, command, argv[1:], debug)
 

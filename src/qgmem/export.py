@@ -14,21 +14,27 @@ import argparse
 import json
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from qgmem import __version__
 from qgmem.provenance import git_commit
-from qgmem.finite import nonfinite_names
 from qgmem.integrity import fresh_temp_dir, publish_dir
-from qgmem.model.graph_token import GraphTokenConfig
-from qgmem.model.pretrained import (CONFIG_FILE, FORMAT, FORMAT_VERSION, WEIGHTS_FILE, GraphTokenEncoder,
-                                    peft_adapter_state)
-from qgmem.prompting import PromptSettings
+
+if TYPE_CHECKING:
+    from qgmem.prompting.contract import PromptSettings
 
 __all__ = ["CONFIG_FILE", "FORMAT", "FORMAT_VERSION", "WEIGHTS_FILE", "export_checkpoint", "find_metrics",
            "load_checkpoint", "prompt_settings"]
+#: the export format's names, read from their home on first use (so ``qgmem export --help`` loads no torch)
+_FORMAT_NAMES = ("CONFIG_FILE", "FORMAT", "FORMAT_VERSION", "WEIGHTS_FILE")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FORMAT_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from qgmem.model import pretrained
+
+    return getattr(pretrained, name)
 
 NET_PREFIX = "net."
 
@@ -46,6 +52,8 @@ EDGE_FEATURE_SPEC = {
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A Lightning checkpoint of ``QGMemModule`` as plain tensors and dicts (``weights_only`` load)."""
+    import torch
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -76,6 +84,8 @@ def find_metrics(ckpt_path: Path) -> dict[str, Any] | None:
 
 def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
     """The run's prompt contract from a checkpoint (older checkpoints kept its parts in two places)."""
+    from qgmem.prompting.contract import PromptSettings
+
     if hp.get("prompt"):
         return PromptSettings.from_dict(hp["prompt"])
     legacy = {"enable_thinking": hp.get("enable_thinking"), "max_prompt_tokens": info.get("max_prompt_tokens"),
@@ -85,6 +95,9 @@ def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
 
 def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:
     """``config.json`` of the export of ``ckpt`` (without the weights)."""
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.model.pretrained import FORMAT, FORMAT_VERSION
+
     hp = ckpt["hyper_parameters"]
     info = dict(ckpt.get("qgmem_data_info") or {})
     lm_info = dict(ckpt.get("qgmem_lm") or {})
@@ -112,7 +125,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},
         "activation": activation,
         "activation_key_parameters": {k: activation.get(k) for k in ("k", "pool_size", "rrf_k", "attribute_threshold",
-                                                                     "reranker", "reranker_path", "reverse_edges") if k in activation},
+                                                                     "reranker", "reranker_path") if k in activation},
         "construction": info.get("construction"),
         "construction_llm": construction_llm(info.get("construction_llm")),
         "dataset": info.get("dataset"), "answer_filter": info.get("answer_filter"),
@@ -144,6 +157,10 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
 
     ``metrics`` default to the checkpoint's own run's (:func:`find_metrics`); none found, the card says so.
     """
+    from qgmem.finite import nonfinite_names
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.model.pretrained import GraphTokenEncoder, peft_adapter_state
+
     ckpt_path, out = Path(ckpt_path), Path(out_dir)
     ckpt = load_checkpoint(ckpt_path)
     state = ckpt["state_dict"]

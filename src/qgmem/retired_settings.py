@@ -7,7 +7,8 @@ it (the git history holds the code that can). Caches and stores also keep their 
 setting that every key held keeps its place there with the value today's code uses.
 
 Nothing here is a user's setting; ``ActivationConfig`` and ``ConstructionConfig`` strip these fields
-from what they read and add the keyed ones to their keys.
+from what they read and add the keyed ones to their keys. Retired command flags are refused by name,
+saying what happens instead, whether given on the command line or in a ``--config`` file.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ from typing import Any
 ACTIVATION_RETIRED: dict[str, object] = {
     "expansion_seeds": 0, "expansion_max_entity_units": 20, "feedback_seeds": 0, "hop_extra_units": 0,
     "fusion_weights": {}, "lexical_speaker_once": False, "superseded": "attach", "extra": {},
+    # no default, preset or documented choice set them (reverse edges in the local graph; source text
+    # in each working-memory entry)
+    "reverse_edges": False, "source_chars": 0,
 }
 #: activation: retired fields that every cache key held (they were in the first keyed settings)
-ACTIVATION_KEYED = ("superseded", "extra")
+ACTIVATION_KEYED = ("superseded", "extra", "reverse_edges", "source_chars")
 #: activation: a retired value of a field that stays
 ACTIVATION_RETIRED_VALUES: dict[str, tuple[object, ...]] = {"dense_speaker_names": ("blend",)}
 
@@ -28,6 +32,14 @@ ACTIVATION_RETIRED_VALUES: dict[str, tuple[object, ...]] = {"dense_speaker_names
 CONSTRUCTION_RETIRED: dict[str, object] = {"unread_turn_fallback": True, "source_turn_label": True}
 #: construction: retired fields that store and cache keys held while they had today's value
 CONSTRUCTION_KEYED = ("unread_turn_fallback",)
+
+
+#: flags of ``qgmem eval-retrieval`` that no default or documented choice needed -> what happens instead
+RETRIEVAL_EVAL_FLAGS: dict[str, str] = {
+    "pool_size": "the fused pool is ActivationConfig's pool_size (100), or k when k is larger",
+    "limit_per_category": "--limit N evaluates the first N cases",
+    "device": "model rerankers run on cuda when it is available, else on the CPU",
+}
 
 
 def _read(values: dict[str, Any], retired: dict[str, object], what: str) -> dict[str, Any]:

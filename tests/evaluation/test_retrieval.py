@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from qgmem.activation.config import ActivationConfig
-from qgmem.evaluation.retrieval import evaluate_cases, first_cases
+from qgmem.evaluation.retrieval import evaluate_cases
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
 FIXTURE = Path(__file__).parents[1] / "activation" / "fixtures" / "locomo_form.json"
@@ -83,17 +83,6 @@ def test_per_question_file(small_store, hash_encoder, tmp_path):
     assert summary["baseline_bm25_turns"]["recall@2"] == 1.0
 
 
-def test_first_cases_per_category(small_store):
-    cases = []
-    for i, category in enumerate(["a", "a", "b", "a", "b", "c"]):
-        case = _case(small_store)
-        case.id, case.qas = f"c{i}", [QA(id=f"q{i}", question="?", answer="", category=category)]
-        cases.append(case)
-    assert [c.id for c in first_cases(cases, per_category=1)] == ["c0", "c2", "c5"]
-    assert [c.id for c in first_cases(cases, limit=2, per_category=2)] == ["c0", "c1"]
-    assert len(first_cases(cases)) == 6
-
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -157,3 +146,12 @@ def test_cli_model_weight_reaches_the_settings(capsys):
     assert main(["eval-retrieval", "--dataset", "locomo", "--path", str(FIXTURE), "--reranker", "trained",
                  "--reranker-path", "unused", "--model-weight", "1.5", "--tokenizer", "none"]) == 2
     assert "model_weight must lie in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+def test_settings_are_activation_s_defaults():
+    """eval-retrieval's flags default to ``ActivationConfig``'s fields: the defaults evaluate the product's activation."""
+    from qgmem.evaluation.retrieval import RetrievalEvalSettings
+
+    assert RetrievalEvalSettings(dataset="locomo", path="p").activation() == ActivationConfig()
+    # a k past the pool grows the pool with it
+    assert RetrievalEvalSettings(dataset="locomo", path="p", k=120).activation().pool_size == 120

@@ -257,31 +257,20 @@ def test_the_api_key_is_in_no_summary_and_no_output(tmp_path, convomem_path, cap
         assert key not in text and key[:10] not in text
 
 
-def test_flag_defaults_are_the_dataclass_defaults():
-    """Each construction and LLM flag of build-memory defaults to its dataclass field, written nowhere else."""
-    import argparse
-    from dataclasses import fields
+def test_flag_defaults_are_the_dataclass_defaults(tmp_path):
+    """build-memory's settings default to ``ConstructionConfig``'s and ``LLMConfig``'s fields, written nowhere else."""
+    from qgmem.memory.build_cli import BuildMemorySettings
 
-    from qgmem.memory.build_cli import CONSTRUCTION_FLAGS, LLM_FLAGS, add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    dests = {action.dest: action.default for action in parser._actions}
-    for flags, config in ((CONSTRUCTION_FLAGS, ConstructionConfig()), (LLM_FLAGS, LLMConfig())):
-        assert set(flags) <= set(dests) and set(flags.values()) <= {f.name for f in fields(config)}
-        for dest, name in flags.items():
-            assert dests[dest] == getattr(config, name), (dest, name)
-    # the mapping covers every flag that sets one of those fields (a new flag must be added to it)
-    assert {d for d in dests if d.startswith("llm_")} - set(LLM_FLAGS) == {"llm_cache"}
-    assert {"window_size", "window_overlap", "extractor", "consolidation"} <= set(CONSTRUCTION_FLAGS)
+    settings = BuildMemorySettings(dataset="locomo", path="p", out=str(tmp_path))
+    assert settings.construction() == ConstructionConfig()
+    assert settings.llm(tmp_path) == LLMConfig(cache_path=str(tmp_path / "llm_cache.sqlite"))
 
 
 def test_flags_reach_the_configs(monkeypatch, tmp_path, convomem_path, fake_encoder):
     """What the flags say is what the build's ``ConstructionConfig`` and ``LLMConfig`` hold."""
-    import argparse
-
     import qgmem.llm.backends
     import qgmem.memory.builder
+    from qgmem.errors import command_parser
     from qgmem.memory import build_cli
 
     seen = {}
@@ -295,8 +284,7 @@ def test_flags_reach_the_configs(monkeypatch, tmp_path, convomem_path, fake_enco
 
     monkeypatch.setattr(qgmem.llm.backends, "make_backend", lambda config: seen.setdefault("llm", config))
     monkeypatch.setattr(qgmem.memory.builder, "MemoryBuilder", builder)
-    parser = argparse.ArgumentParser()
-    build_cli.add_arguments(parser)
+    parser = command_parser("qgmem build-memory", "", build_cli.add_arguments, build_cli.TAKES_CONFIG)
     args = parser.parse_args(["--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
                               "--extractor", "llm", "--window-size", "5", "--window-overlap", "1",
                               "--llm-timeout", "7", "--llm-concurrency", "3", "--llm-model", "m"])

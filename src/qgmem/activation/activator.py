@@ -335,8 +335,8 @@ class Activator:
             units=units,
             scores=[s for _, s in chosen],
             traces=traces,
-            graph=build_local_graph(units, reverse_edges=self.config.reverse_edges),
-            text=serialize_working_memory(units, self.store, source_chars=self.config.source_chars),
+            graph=build_local_graph(units),
+            text=serialize_working_memory(units, self.store),
             constraints=constraints,
         )
         self.last_timings["assemble"] = (time.perf_counter() - t3) * 1e3

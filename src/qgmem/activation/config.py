@@ -60,9 +60,7 @@ class ActivationConfig:
     lexical_weight: float = 0.2  # embedding reranker: added weight of the normalized BM25 score
     # embedding reranker: added weight of the cosine between the question and the unit's source turn
     source_weight: float = 1.0
-    reverse_edges: bool = False
     parser: ParserKind = "heuristic"
-    source_chars: int = 0  # characters of source text per working-memory entry (0 = ids only)
     # what the dense query (fact and source channels, the embedding reranker's cosines) does with the
     # names of the store's speakers in the question: "keep" them (the paper's activation) or "drop" them.
     # A name pulls dense retrieval to that speaker's units, which is wrong when the question asks one

@@ -37,7 +37,7 @@ STAGES = ("construction", "activation", "graph_features", "graph_encoding", "gen
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-CONFIG_FILE = True
+TAKES_CONFIG = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from qgmem.data.loaders import DATASETS, add_load_arguments

@@ -12,26 +12,23 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
-from qgmem.activation.activator import Activator
-from qgmem.evaluation.baselines import BM25TurnBaseline, DenseTurnBaseline
-from qgmem.activation.config import CHANNELS, RERANKERS, SPEAKER_NAME_MODES, ActivationConfig
-from qgmem.evaluation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
-from qgmem.activation.rerank import make_reranker
-from qgmem.activation.serialize import count_tokens
+from qgmem.activation.config import RERANKERS, SPEAKER_NAME_MODES, ActivationConfig
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
-from qgmem.data.records import Case
 from qgmem.errors import as_user_error
 from qgmem.lm import EMBEDDED_LM
 from qgmem.memory.config import EXTRACTORS, ConstructionConfig
-from qgmem.memory.store import MemoryStore
+from qgmem.retired_settings import RETRIEVAL_EVAL_FLAGS
+from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, settings_from_args
+
+if TYPE_CHECKING:
+    from qgmem.activation.activator import Activator
+    from qgmem.data.records import Case
+    from qgmem.memory.store import MemoryStore
 
 
 #: cutoffs of the recall-depth diagnostic: beyond ``k`` they read the rest of the reranked pool
@@ -63,6 +60,10 @@ class _Rows:
             self.pools.append(pools)
 
     def summary(self, k: int, where: Callable[[str], bool] = lambda c: True) -> dict[str, Any]:
+        import numpy as np
+
+        from qgmem.evaluation.metrics import mean_metrics
+
         keep = [i for i, c in enumerate(self.categories) if where(c)]
         out: dict[str, Any] = mean_metrics([self.metrics[i] for i in keep], k)
         tokens = [self.tokens[i] for i in keep] if len(self.tokens) == len(self.categories) else []
@@ -82,6 +83,8 @@ class _Rows:
 
 
 def _depth_recalls(entries: list[list[str]], gold: set[str]) -> dict[int, float]:
+    from qgmem.evaluation.metrics import covered_recall
+
     return {depth: covered_recall(entries[:depth], gold) for depth in RECALL_DEPTHS}
 
 
@@ -89,6 +92,8 @@ def pool_recalls(activator: Activator, gold: set[str]) -> dict[str, float]:
     """Recall of the latest activation's candidates before reranking: each channel's top ``pool_size``
     list on its own, and the fused pool (``fused``). Low fused recall means fusion or the channels lose
     the evidence; high fused but low Recall@k means the reranker does."""
+    from qgmem.evaluation.metrics import covered_recall
+
     units = activator.store.units
     n = activator.config.pool_size
     out = {name: covered_recall([units[i].source_turn_ids for i, _ in hits[:n]], gold)
@@ -101,6 +106,8 @@ def question_record(case: Case, qa, activator: Activator, k: int, gold: set[str]
                     pools: dict[str, float], baselines: dict[str, list[list[str]]]) -> dict[str, Any]:
     """One line of ``--out``: gold turns, the activated units with their source turns, and where each
     gold turn ranks in the reranked pool and in each baseline's list (None: not retrieved)."""
+    from qgmem.evaluation.metrics import evidence_metrics, gold_ranks
+
     ranking = activator.last_ranking
     entries = [c.unit.source_turn_ids for c, _ in ranking]
     return {
@@ -126,6 +133,13 @@ def evaluate_cases(cases: Iterable[Case], build_store: Callable[[Case], MemorySt
     ``reranker`` is shared by all cases when given (model rerankers load once); ``out`` names a JSONL
     file that gets one :func:`question_record` per question.
     """
+    import numpy as np
+
+    from qgmem.activation.activator import Activator
+    from qgmem.activation.serialize import count_tokens
+    from qgmem.evaluation.baselines import BM25TurnBaseline, DenseTurnBaseline
+    from qgmem.evaluation.metrics import evidence_metrics, percentiles
+
     k = config.k
     depth = max(k, *RECALL_DEPTHS)
     ours = _Rows()
@@ -223,89 +237,70 @@ def evaluate_cases(cases: Iterable[Case], build_store: Callable[[Case], MemorySt
     return summary
 
 
-def first_cases(cases: list[Case], limit: int | None = None, per_category: int | None = None) -> list[Case]:
-    """The first ``per_category`` cases whose first question is of each category, then the first ``limit``."""
-    if per_category is not None:
-        taken: dict[str, int] = defaultdict(int)
-        kept = []
-        for case in cases:
-            category = case.qas[0].category if case.qas else ""
-            if taken[category] < per_category:
-                taken[category] += 1
-                kept.append(case)
-        cases = kept
-    return cases[:limit] if limit is not None else cases
+@dataclass
+class RetrievalEvalSettings:
+    """What ``qgmem eval-retrieval`` runs with; one field per flag (beside ``--strict``/``--lenient``, ``--max-turn-chars``)."""
+
+    dataset: Literal[DATASETS]  #: the data set's form
+    path: str  #: data file or folder
+    k: int = ActivationConfig.k  #: working-memory size and metric cutoff
+    reranker: Literal[RERANKERS] = ActivationConfig.reranker  #: what orders the fused pool (docs/activation.md)
+    reranker_path: str | None = None  #: cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)
+    #: model rerankers score only the top N of the embedding reranker's order (0: the whole pool)
+    rerank_depth: int = ActivationConfig.rerank_depth
+    #: a model reranker's share of the score beside the embedding reranker's: (1 - W) * embedding + W * model
+    model_weight: float = ActivationConfig.model_weight
+    #: comma-separated subset of lexical,semantic,attribute,source
+    channels: str = ",".join(ActivationConfig.channels)
+    #: embedding reranker: weight of the question's cosine with each unit's source turn
+    source_weight: float = ActivationConfig.source_weight
+    #: turn diversity: units whose source turns already have this many units above them move down (0: off)
+    max_units_per_turn: int = ActivationConfig.max_units_per_turn
+    #: what the dense query does with the dialogue's speaker names in a question: drop them, or keep them (the paper's activation)
+    dense_speaker_names: Literal[SPEAKER_NAME_MODES] = ActivationConfig.dense_speaker_names
+    #: ConvoMem in the LoCoMo form: name its two speakers (USER,ASSISTANT) and ask every question in the third person (docs/activation.md); applied before --swap-speakers
+    name_speakers: str | None = None
+    #: an adversarial probe: ask each question that names one of its dialogue's two speakers with the other's name, gold turns kept (docs/activation.md)
+    swap_speakers: bool = False
+    extractor: Literal[EXTRACTORS] = ConstructionConfig.extractor  #: memory construction extractor (parser: rules + spaCy parse, no LLM)
+    encoder: str | None = None  #: sentence encoder folder (default: embedded MiniLM)
+    tokenizer: str = EMBEDDED_LM  #: tokenizer that counts working-memory tokens ('none' to skip)
+    no_dense_baseline: bool = False  #: skip the dense-over-turns baseline (it embeds every turn of every case)
+    limit: int | None = None  #: evaluate only the first N cases
+    out: str | None = None  #: write one JSON line per question: gold turns, activated units, gold-turn ranks
+    threads: int | None = None  #: torch/FAISS CPU threads (1 avoids oversubscription on a busy machine)
+    json: bool = False  #: print one JSON object as the last line
+
+    def activation(self) -> ActivationConfig:
+        """The activation these settings ask for (the pool grows to ``k`` when ``k`` is larger)."""
+        return ActivationConfig(k=self.k, pool_size=max(ActivationConfig.pool_size, self.k), reranker=self.reranker,
+                                reranker_path=self.reranker_path, rerank_depth=self.rerank_depth,
+                                model_weight=self.model_weight, source_weight=self.source_weight,
+                                max_units_per_turn=self.max_units_per_turn,
+                                dense_speaker_names=self.dense_speaker_names,
+                                channels=tuple(c.strip() for c in self.channels.split(",") if c.strip()))
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-CONFIG_FILE = True
+TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=DATASETS)
-    parser.add_argument("--path", required=True, help="data file or folder")
+    add_settings_arguments(parser, RetrievalEvalSettings)
     add_load_arguments(parser)
-    defaults = ActivationConfig()
-    parser.add_argument("--k", type=int, default=defaults.k,
-                        help=f"working-memory size and metric cutoff (default {defaults.k})")
-    parser.add_argument("--pool-size", type=int, default=defaults.pool_size,
-                        help=f"fused candidate pool n (default {defaults.pool_size})")
-    parser.add_argument("--source-weight", type=float, default=defaults.source_weight,
-                        help="embedding reranker: weight of the question's cosine with each unit's source turn "
-                             f"(default {defaults.source_weight})")
-    parser.add_argument("--max-units-per-turn", type=int, default=defaults.max_units_per_turn,
-                        help="turn diversity: units whose source turns already have this many units above them move "
-                             f"down (default {defaults.max_units_per_turn}; 0 = off)")
-    parser.add_argument("--dense-speaker-names", choices=SPEAKER_NAME_MODES,
-                        default=defaults.dense_speaker_names,
-                        help="what the dense query does with the dialogue's speaker names in a question: drop them "
-                             f"or keep them (the paper's activation; default {defaults.dense_speaker_names})")
-    parser.add_argument("--name-speakers", default=None, metavar="USER,ASSISTANT",
-                        help="ConvoMem in the LoCoMo form: name its two speakers and ask every question in the "
-                             "third person (docs/activation.md); applied before --swap-speakers")
-    parser.add_argument("--swap-speakers", action="store_true",
-                        help="an adversarial probe: ask each question that names one of its dialogue's two "
-                             "speakers with the other's name, gold turns kept (docs/activation.md)")
-    parser.add_argument("--out", default=None,
-                        help="write one JSON line per question: gold turns, activated units, gold-turn ranks")
-    parser.add_argument("--no-dense-baseline", action="store_true",
-                        help="skip the dense-over-turns baseline (it embeds every turn of every case)")
-    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N cases")
-    parser.add_argument("--limit-per-category", type=int, default=None,
-                        help="evaluate only the first N cases of each question category")
-    parser.add_argument("--extractor", default=ConstructionConfig().extractor, choices=EXTRACTORS,
-                        help="memory construction extractor (default: ConstructionConfig's, the parser: rules + "
-                             "spaCy parse, no LLM)")
-    parser.add_argument("--reranker", default=defaults.reranker, choices=list(RERANKERS))
-    parser.add_argument("--rerank-depth", type=int, default=defaults.rerank_depth,
-                        help="model rerankers score only the top N of the embedding reranker's order "
-                             f"(default {defaults.rerank_depth}: the whole pool)")
-    parser.add_argument("--model-weight", type=float, default=defaults.model_weight,
-                        help="a model reranker's share of the score beside the embedding reranker's: "
-                             f"(1 - W) * embedding + W * model (default {defaults.model_weight}: the model alone)")
-    parser.add_argument("--reranker-path", default=None,
-                        help="cross-encoder folder, or causal LM for --reranker llm (default: embedded SmolLM2)")
-    parser.add_argument("--encoder", default=None, help="sentence encoder folder (default: embedded MiniLM)")
-    parser.add_argument("--tokenizer", default=EMBEDDED_LM,
-                        help="tokenizer that counts working-memory tokens ('none' to skip)")
-    parser.add_argument("--channels", default=",".join(defaults.channels),
-                        help=f"comma-separated subset of {','.join(CHANNELS)} (default {','.join(defaults.channels)})")
-    parser.add_argument("--device", default=None, help="device for model rerankers (cpu, cuda)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch/FAISS CPU threads (1 avoids oversubscription on a busy machine)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    add_retired_arguments(parser, RETRIEVAL_EVAL_FLAGS)
 
 
-def _construction(args: argparse.Namespace, encoder) -> Callable[[Case], MemoryStore]:
+def _construction(extractor: str, encoder) -> Callable[[Case], MemoryStore]:
     from qgmem.memory.builder import MemoryBuilder
 
-    if args.extractor == "llm":
+    if extractor == "llm":
         from qgmem.llm.backends import make_backend
         from qgmem.llm.base import LLMConfig
 
         builder = MemoryBuilder(ConstructionConfig(extractor="llm"), encoder, llm=make_backend(LLMConfig()))
     else:
-        builder = MemoryBuilder(ConstructionConfig(extractor=args.extractor), encoder)
+        builder = MemoryBuilder(ConstructionConfig(extractor=extractor), encoder)
     return lambda case: builder.build(case.dialogue)
 
 
@@ -342,29 +337,33 @@ def _print_table(summary: dict[str, Any], k: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from qgmem.activation.rerank import make_reranker
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
 
-    if args.threads:
+    settings = settings_from_args(RetrievalEvalSettings, args)
+    if settings.threads:
         import faiss
         import torch
 
-        torch.set_num_threads(args.threads)
-        faiss.omp_set_num_threads(args.threads)
-    loaded = load_cases(args.dataset, args.path, **load_arguments(args))
+        torch.set_num_threads(settings.threads)
+        faiss.omp_set_num_threads(settings.threads)
+    loaded = load_cases(settings.dataset, settings.path, **load_arguments(args))
     if loaded.report.get("skipped"):
         print(f"skipped {loaded.report['skipped']} bad records (--lenient): "
               + "; ".join(loaded.report["skip_reasons"][:3]), file=sys.stderr)
-    cases = first_cases(loaded.cases, args.limit, args.limit_per_category)
+    cases = loaded.cases[:settings.limit] if settings.limit is not None else loaded.cases
     named = None
-    if args.name_speakers is not None:
+    if settings.name_speakers is not None:
         from qgmem.evaluation.named_form import check_names, named_speaker_cases
 
         with as_user_error(ValueError, prefix="--name-speakers: "):
-            named = list(check_names(args.name_speakers.split(",")))
+            named = list(check_names(settings.name_speakers.split(",")))
             cases = named_speaker_cases(cases, named)
     swapped = None
-    if args.swap_speakers:
+    if settings.swap_speakers:
         from qgmem.evaluation.adversarial import swapped_speaker_cases
 
         cases, left_out = swapped_speaker_cases(cases)
@@ -372,32 +371,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"--swap-speakers: {swapped['questions']} questions asked with the other speaker's name; "
               f"{left_out} left out (they name neither of two speakers, or both)", file=sys.stderr)
     with as_user_error(ValueError, prefix="bad option: "):
-        config = ActivationConfig(k=args.k, pool_size=max(args.pool_size, args.k), reranker=args.reranker,
-                                  reranker_path=args.reranker_path,
-                                  dense_speaker_names=args.dense_speaker_names,
-                                  rerank_depth=args.rerank_depth, model_weight=args.model_weight,
-                                  source_weight=args.source_weight,
-                                  max_units_per_turn=args.max_units_per_turn,
-                                  channels=tuple(c.strip() for c in args.channels.split(",") if c.strip()))
-    encoder = SentenceEncoder(args.encoder)
+        config = settings.activation()
+    encoder = SentenceEncoder(settings.encoder)
     tokenizer = None
-    if args.tokenizer and args.tokenizer.lower() != "none":
+    if settings.tokenizer and settings.tokenizer.lower() != "none":
         from qgmem.lm import load_tokenizer
 
-        tokenizer = load_tokenizer(args.tokenizer)
+        tokenizer = load_tokenizer(settings.tokenizer)
     reranker = None
     if config.reranker != "embedding":  # model rerankers load once for all stores
         reranker = make_reranker(config.reranker, embeddings=np.zeros((0, encoder.dim), np.float32),
                                  path=config.reranker_path, batch_size=config.reranker_batch_size,
-                                 max_doc_tokens=config.reranker_max_doc_tokens, device=args.device)
-    summary = evaluate_cases(cases, _construction(args, encoder), encoder, config, tokenizer, reranker,
-                             progress=True, out=args.out, dense_baseline=not args.no_dense_baseline)
-    summary["dataset"] = args.dataset
+                                 max_doc_tokens=config.reranker_max_doc_tokens)
+    summary = evaluate_cases(cases, _construction(settings.extractor, encoder), encoder, config, tokenizer, reranker,
+                             progress=True, out=settings.out, dense_baseline=not settings.no_dense_baseline)
+    summary["dataset"] = settings.dataset
     summary["named_speakers"] = named
     summary["swapped_speakers"] = swapped
     summary["load_skipped"] = loaded.report.get("skipped", 0)
-    summary["tokenizer"] = args.tokenizer if tokenizer is not None else None
+    summary["tokenizer"] = settings.tokenizer if tokenizer is not None else None
     _print_table(summary, config.k)
-    if args.json:
+    if settings.json:
         print(json.dumps(summary))
     return 0

@@ -21,7 +21,8 @@ import time
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError, as_user_error
@@ -29,6 +30,7 @@ from qgmem.integrity import write_text_atomic
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import CONSOLIDATIONS, EXTRACTORS, MAX_FAILED_WINDOW_SHARE, ConstructionConfig
 from qgmem.memory.output import STORES_DIR, SUMMARY_FILE, build_lock, check_out, write_index
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 
 def dialogue_folder(dialogue_id: str) -> str:
@@ -37,52 +39,62 @@ def dialogue_folder(dialogue_id: str) -> str:
     return f"{slug}-{hashlib.sha1(dialogue_id.encode('utf-8')).hexdigest()[:8]}"
 
 
-#: flag dest -> the ``ConstructionConfig`` field it sets (the field's default is the flag's)
-CONSTRUCTION_FLAGS = {"extractor": "extractor", "window_size": "window_size", "window_overlap": "window_overlap",
-                      "consolidation": "consolidation"}
-#: flag dest -> the ``LLMConfig`` field it sets (the field's default is the flag's)
-LLM_FLAGS = {"llm_backend": "backend", "llm_model": "model", "llm_base_url": "base_url",
-             "llm_api_key_env": "api_key_env", "llm_concurrency": "max_concurrency", "llm_batch_size": "batch_size",
-             "llm_device": "device", "llm_timeout": "timeout_s", "llm_deadline": "deadline_s"}
+@dataclass
+class BuildMemorySettings:
+    """What ``qgmem build-memory`` runs with; one field per flag (beside ``--strict``/``--lenient``, ``--max-turn-chars``).
+
+    The construction and LLM fields default to ``ConstructionConfig``'s and ``LLMConfig``'s, their one home.
+    """
+
+    dataset: Literal[DATASETS]  #: the data set's form
+    path: str  #: data set file or folder
+    out: str  #: output folder for the stores
+    #: parser (rules + spaCy parse), heuristic (rules only) or llm
+    extractor: Literal[EXTRACTORS] = ConstructionConfig.extractor
+    window_size: int = ConstructionConfig.window_size  #: turns per construction window
+    window_overlap: int = ConstructionConfig.window_overlap  #: turns consecutive windows share
+    #: update vs supplement of traces: rule, llm, or auto (llm when the extractor is)
+    consolidation: Literal[CONSOLIDATIONS] = ConstructionConfig.consolidation
+    encoder: str | None = None  #: sentence-transformers folder (default: embedded MiniLM)
+    limit: int | None = None  #: build only the first N dialogues
+    no_resume: bool = False  #: rebuild stores that already exist
+    #: stop when more than this share of one dialogue's windows got no usable LLM reply (a dialogue whose windows all failed always stops)
+    max_failed_windows: float = MAX_FAILED_WINDOW_SHARE
+    #: LLM (for --extractor llm or --consolidation llm): transformers (local) or openai (an OpenAI-compatible server)
+    llm_backend: Literal["transformers", "openai"] = LLMConfig.backend
+    llm_model: str = LLMConfig.model  #: LLM: model folder, hub id or served name
+    llm_base_url: str = LLMConfig.base_url  #: LLM: the server's URL (openai backend)
+    #: LLM: NAME of the environment variable holding the API key (the key itself is never logged)
+    llm_api_key_env: str | None = LLMConfig.api_key_env
+    llm_concurrency: int = LLMConfig.max_concurrency  #: LLM: requests in flight at most
+    llm_batch_size: int = LLMConfig.batch_size  #: LLM: windows per local batch
+    llm_device: str | None = LLMConfig.device  #: LLM: device of a local model
+    llm_cache: str | None = None  #: LLM: SQLite response cache (default: OUT/llm_cache.sqlite)
+    #: LLM: drop these cached replies first so they are asked again: all, rejected (replies the parser rejected, kept at temperature 0), a hex key prefix, START..END (hex, end exclusive), model=NAME or since=UNIX_SECONDS
+    refresh_llm_cache: str | None = None
+    llm_timeout: float = LLMConfig.timeout_s  #: LLM: seconds per network read
+    llm_deadline: float = LLMConfig.deadline_s  #: LLM: seconds for a whole request, retries included
+    json: bool = False  #: print the summary as one JSON object (last line)
+
+    def construction(self) -> ConstructionConfig:
+        return ConstructionConfig(extractor=self.extractor, window_size=self.window_size,
+                                  window_overlap=self.window_overlap, consolidation=self.consolidation)
+
+    def llm(self, out: Path) -> LLMConfig:
+        """The LLM's settings; its response cache defaults to ``OUT/llm_cache.sqlite``."""
+        return LLMConfig(backend=self.llm_backend, model=self.llm_model, base_url=self.llm_base_url,
+                         api_key_env=self.llm_api_key_env, max_concurrency=self.llm_concurrency,
+                         batch_size=self.llm_batch_size, device=self.llm_device, timeout_s=self.llm_timeout,
+                         deadline_s=self.llm_deadline, cache_path=self.llm_cache or str(out / "llm_cache.sqlite"))
+
+
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    construction, llm_defaults = ConstructionConfig(), LLMConfig()
-    parser.add_argument("--dataset", required=True, choices=DATASETS)
-    parser.add_argument("--path", required=True, help="data set file or folder")
-    parser.add_argument("--out", required=True, help="output folder for the stores")
-    parser.add_argument("--extractor", default=construction.extractor, choices=EXTRACTORS,
-                        help=f"parser (rules + spaCy parse), heuristic (rules only) or llm "
-                             f"(default {construction.extractor})")
-    parser.add_argument("--limit", type=int, default=None, help="build only the first N dialogues")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object (last line)")
+    add_settings_arguments(parser, BuildMemorySettings)
     add_load_arguments(parser)
-    parser.add_argument("--encoder", default=None, help="sentence-transformers folder (default: embedded MiniLM)")
-    parser.add_argument("--window-size", type=int, default=construction.window_size)
-    parser.add_argument("--window-overlap", type=int, default=construction.window_overlap)
-    parser.add_argument("--consolidation", default=construction.consolidation, choices=CONSOLIDATIONS)
-    parser.add_argument("--no-resume", action="store_true", help="rebuild stores that already exist")
-    parser.add_argument("--max-failed-windows", type=float, default=MAX_FAILED_WINDOW_SHARE, metavar="SHARE",
-                        help="stop when more than this share of one dialogue's windows got no usable LLM reply "
-                             f"(default {MAX_FAILED_WINDOW_SHARE:g}; a dialogue whose windows all failed always stops)")
-    llm = parser.add_argument_group("LLM (for --extractor llm or --consolidation llm)")
-    llm.add_argument("--llm-backend", default=llm_defaults.backend, choices=("transformers", "openai"))
-    llm.add_argument("--llm-model", default=llm_defaults.model, help="model folder, hub id or served name")
-    llm.add_argument("--llm-base-url", default=llm_defaults.base_url)
-    llm.add_argument("--llm-api-key-env", default=llm_defaults.api_key_env,
-                     help="NAME of the environment variable holding the API key (the key itself is never logged)")
-    llm.add_argument("--llm-concurrency", type=int, default=llm_defaults.max_concurrency)
-    llm.add_argument("--llm-batch-size", type=int, default=llm_defaults.batch_size)
-    llm.add_argument("--llm-device", default=llm_defaults.device)
-    llm.add_argument("--llm-cache", default=None, help="SQLite response cache (default: OUT/llm_cache.sqlite)")
-    llm.add_argument("--refresh-llm-cache", default=None, metavar="KEYS",
-                     help="drop these cached replies first so they are asked again: all, rejected (replies the "
-                          "parser rejected, kept at temperature 0), a hex key prefix, "
-                          "START..END (hex, end exclusive), model=NAME or since=UNIX_SECONDS")
-    llm.add_argument("--llm-timeout", type=float, default=llm_defaults.timeout_s,
-                     help=f"seconds per network read (default {llm_defaults.timeout_s:g})")
-    llm.add_argument("--llm-deadline", type=float, default=llm_defaults.deadline_s,
-                     help=f"seconds for a whole request, retries included (default {llm_defaults.deadline_s:g})")
 
 
 def _sentences_line(sentences: dict[str, int]) -> str:
@@ -110,10 +122,11 @@ def _summary_line(stats: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     with ExitStack() as held:  # the OUT lock, taken once the data and the options are known to be good
-        return _build(args, held)
+        return _build(settings_from_args(BuildMemorySettings, args), args, held)
 
 
-def _build(args: argparse.Namespace, held: ExitStack) -> int:
+def _build(s: BuildMemorySettings, args: argparse.Namespace, held: ExitStack) -> int:
+    """Build with the settings ``s``; ``args`` holds the loading flags (``load_arguments``)."""
     from tqdm import tqdm
 
     from qgmem.data.loaders import load_cases
@@ -122,36 +135,35 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     from qgmem.memory.store import MemoryStore, StoreMismatchError, clean_stale_temp
 
     started = time.perf_counter()
-    out = check_out(args.out)  # a file of that name: one line, before any model or cache is opened
+    out = check_out(s.out)  # a file of that name: one line, before any model or cache is opened
     with as_user_error(ValueError, prefix="bad option: "):
-        config = ConstructionConfig(**{name: getattr(args, dest) for dest, name in CONSTRUCTION_FLAGS.items()})
-    loaded = load_cases(args.dataset, args.path, **load_arguments(args))
+        config = s.construction()
+    loaded = load_cases(s.dataset, s.path, **load_arguments(args))
     dialogues, seen = [], set()
     for case in loaded.cases:  # one store per dialogue, even when several cases share it
         if case.dialogue.id not in seen:
             seen.add(case.dialogue.id)
             dialogues.append(case.dialogue)
-    if args.limit is not None:
-        dialogues = dialogues[: args.limit]
+    if s.limit is not None:
+        dialogues = dialogues[: s.limit]
 
     llm = None
-    if args.refresh_llm_cache:
+    if s.refresh_llm_cache:
         from qgmem.llm.cache import KeyRange
 
-        KeyRange.parse(args.refresh_llm_cache)  # a bad value stops here, before anything is built
-    if args.llm_timeout <= 0 or args.llm_deadline <= 0:
+        KeyRange.parse(s.refresh_llm_cache)  # a bad value stops here, before anything is built
+    if s.llm_timeout <= 0 or s.llm_deadline <= 0:
         raise UserError("--llm-timeout and --llm-deadline must be > 0")
     if config.extractor == "llm" or config.consolidation == "llm":
         from qgmem.llm.backends import make_backend
 
-        llm = make_backend(LLMConfig(**{name: getattr(args, dest) for dest, name in LLM_FLAGS.items()},
-                                     cache_path=args.llm_cache or str(out / "llm_cache.sqlite")))
-        if args.refresh_llm_cache:
-            dropped = llm.drop(args.refresh_llm_cache)
-            print(f"dropped {dropped} cached LLM replies ({args.refresh_llm_cache})", file=sys.stderr)
+        llm = make_backend(s.llm(out))
+        if s.refresh_llm_cache:
+            dropped = llm.drop(s.refresh_llm_cache)
+            print(f"dropped {dropped} cached LLM replies ({s.refresh_llm_cache})", file=sys.stderr)
     with as_user_error(ValueError, prefix="bad option: --max-failed-windows: "):
-        builder = MemoryBuilder(config, SentenceEncoder(args.encoder), llm=llm,
-                                max_failed_share=args.max_failed_windows)
+        builder = MemoryBuilder(config, SentenceEncoder(s.encoder), llm=llm,
+                                max_failed_share=s.max_failed_windows)
     expected = builder.expected_meta()
     held.enter_context(build_lock(out))  # a second build of the same OUT stops here, naming the lock
     (out / STORES_DIR).mkdir(parents=True, exist_ok=True)
@@ -160,11 +172,11 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
         print(f"removed {len(stale)} half-written store folders of killed builds", file=sys.stderr)
     index, reused, rejected, retried, stopped = [], 0, [], 0, None
     bar = tqdm(dialogues, desc="build-memory", unit="dialogue", total=len(dialogues), file=sys.stderr,
-               disable=not sys.stderr.isatty() and args.json)
+               disable=not sys.stderr.isatty() and s.json)
     for dialogue in bar:
         folder = out / STORES_DIR / dialogue_folder(dialogue.id)
         store = None
-        if not args.no_resume and (folder / "meta.json").exists():
+        if not s.no_resume and (folder / "meta.json").exists():
             try:
                 store = MemoryStore.load(folder, expected_meta={**expected, "dialogue_id": dialogue.id})
                 if store.meta.get("counts", {}).get("skipped_windows", 0):  # ask its failed windows again
@@ -195,7 +207,7 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
     stats.update(dialogues=len(dialogues), reused_dialogues=reused, rebuilt_corrupt=len(rejected),
                  rebuilt_corrupt_examples=rejected[:10], retried_failed_windows_stores=retried,
                  stopped=str(stopped) if stopped else None, removed_temp=len(stale), seconds=round(time.perf_counter() - started, 3),
-                 dataset=args.dataset, extractor=config.extractor, out=str(out),
+                 dataset=s.dataset, extractor=config.extractor, out=str(out),
                  load_skipped=loaded.report.get("skipped", 0),
                  load_truncated_turns=loaded.report.get("truncated_turns", 0))
     if llm is not None:
@@ -217,6 +229,6 @@ def _build(args: argparse.Namespace, held: ExitStack) -> int:
         print(f"rebuilt {len(rejected)} stores that failed their integrity check: " + "; ".join(rejected[:3]))
     if stats["skipped_examples"]:
         print("skipped windows (first ones): " + "; ".join(stats["skipped_examples"][:5]))
-    if args.json:
+    if s.json:
         print(json.dumps(stats, ensure_ascii=False))
     return 0

@@ -8,10 +8,10 @@ first's), and a sample alone gets the empty graph. The evaluation protocol's der
 
 from __future__ import annotations
 
-from typing import Literal, Sequence, TypeVar, get_args
+from typing import TYPE_CHECKING, Literal, Sequence, TypeVar, get_args
 
-import torch
-from torch_geometric.data import Data
+if TYPE_CHECKING:
+    from torch_geometric.data import Data
 
 GraphMode = Literal["token", "none", "shuffled"]
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
@@ -35,6 +35,9 @@ def check_mode(mode: str) -> str:
 def empty_graph(feature_dim: int, edge_dim: int | None = None, facts: bool = False) -> Data:
     """The graph of an empty working memory: one all-zero node and no edges (the encoder pools over at
     least one node). The one home of that rule: the cache, the local graph, the export's encoder and the ablations use it."""
+    import torch
+    from torch_geometric.data import Data
+
     edge_dim = feature_dim if edge_dim is None else edge_dim
     extra = {"edge_fact": torch.zeros((0, edge_dim), dtype=torch.float32)} if facts else {}
     return Data(x=torch.zeros((1, feature_dim), dtype=torch.float32), edge_index=torch.zeros((2, 0), dtype=torch.long),

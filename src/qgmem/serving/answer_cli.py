@@ -15,7 +15,7 @@ from qgmem.serving.commands import add_export_arguments, load_pipeline
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-CONFIG_FILE = True
+TAKES_CONFIG = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_export_arguments(parser)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass, fields
-from typing import get_type_hints
+from dataclasses import dataclass
 
 from qgmem.errors import UserError
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 
 @dataclass
@@ -44,32 +44,17 @@ class ServeSettings:
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse, as LightningCLI)
-CONFIG_FILE = True
-
-
-def _field_help() -> dict[str, str]:
-    """The ``#:`` comments of :class:`ServeSettings`, as each flag's help."""
-    import inspect
-
-    helps = {}
-    for line in inspect.getsource(ServeSettings).splitlines():
-        name, sep, comment = line.strip().partition("#:")
-        if sep and ":" in name:
-            helps[name.split(":")[0].strip()] = comment.strip()
-    return helps
+TAKES_CONFIG = True
 
 
 def add_arguments(parser) -> None:
     """One typed flag per :class:`ServeSettings` field (its type hint, default and ``#:`` comment)."""
-    helps, hints = _field_help(), get_type_hints(ServeSettings)
-    for f in fields(ServeSettings):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, type=hints[f.name], default=f.default,
-                            help=helps.get(f.name, ""))
+    add_settings_arguments(parser, ServeSettings)
 
 
 def resolve(args: argparse.Namespace) -> ServeSettings:
     """The settings the parser resolved (defaults, then ``--config``, then the flags given), checked."""
-    settings = ServeSettings(**{f.name: getattr(args, f.name) for f in fields(ServeSettings)})
+    settings = settings_from_args(ServeSettings, args)
     check(settings)
     return settings
 
