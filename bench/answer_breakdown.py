@@ -69,7 +69,7 @@ def main() -> None:
         "imports_s": round(t1 - t0, 2), "graph_encoder_load_s": round(t2 - t1, 2),
         "sentence_encoder_load_s": round(t3 - t2, 2), "lm_load_s": round(t4 - t3, 2),
         "load_models_s": round(t5 - t4, 2), "construction_s": round(t6 - t5, 2),
-        "units": len(pipe.store), "turns": case.dialogue.num_turns(),
+        "units": len(pipe.memory), "turns": case.dialogue.num_turns(),
         "activation_s": round(s["activation"], 3), "graph_s": round(s["graph_features"] + s["graph_encoding"], 3),
         "generation_s": round(s["generation"], 3), "first_answer_total_s": round(t7 - t6, 3),
         "warm_answer_s": round(warm.seconds["total"], 3), "second_load_models_s": round(t8 - t7 - warm.seconds["total"], 3),

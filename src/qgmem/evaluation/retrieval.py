@@ -24,7 +24,7 @@ from qgmem.activation.activator import Activator
 from qgmem.evaluation.baselines import BM25TurnBaseline, DenseTurnBaseline
 from qgmem.activation.config import CHANNELS, RERANKERS, SPEAKER_NAME_MODES, ActivationConfig
 from qgmem.evaluation.metrics import covered_recall, evidence_metrics, gold_ranks, mean_metrics, percentiles
-from qgmem.activation.rerank import make_reranker
+from qgmem.activation.rerank import shared_reranker
 from qgmem.activation.serialize import count_tokens
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.data.records import Case
@@ -385,11 +385,7 @@ def run(args: argparse.Namespace) -> int:
         from qgmem.lm import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
-    reranker = None
-    if config.reranker != "embedding":  # model rerankers load once for all stores
-        reranker = make_reranker(config.reranker, embeddings=np.zeros((0, encoder.dim), np.float32),
-                                 path=config.reranker_path, batch_size=config.reranker_batch_size,
-                                 max_doc_tokens=config.reranker_max_doc_tokens, device=args.device)
+    reranker = shared_reranker(config, device=args.device)  # a model reranker loads once for all stores
     summary = evaluate_cases(cases, _construction(args, encoder), encoder, config, tokenizer, reranker,
                              progress=True, out=args.out, dense_baseline=not args.no_dense_baseline)
     summary["dataset"] = args.dataset

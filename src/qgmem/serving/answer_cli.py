@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         where = f"history {args.history}" + (f" (case {case.id})" if case.qas else "")
     answers = pipe.answer(args.question, graph=args.graph, question_times=[args.time] * len(args.question))
     if args.json:
-        print(json.dumps({"memory_units": len(store), "source": where, "construction_seconds": pipe.seconds,
+        print(json.dumps({"memory_units": len(store), "source": where, "construction_seconds": pipe.memory.seconds,
                           "answers": [a.to_dict() for a in answers]}, indent=1, ensure_ascii=False))
         return 0
     for a in answers:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if not a.memory:
             print("  (none)")
         stages = ", ".join(f"{k} {v:.2f}" for k, v in a.seconds.items())
-        construction = pipe.seconds.get("construction")
+        construction = pipe.memory.seconds.get("construction")
         print(f"graph: {len(a.graph['nodes'])} nodes, {len(a.graph['edges'])} edges; graph mode {a.graph_mode}")
         print(f"seconds: {stages}" + (f"; memory construction {construction:.2f} ({where})" if construction else
                                      f" ({where})"))

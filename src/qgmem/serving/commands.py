@@ -54,7 +54,7 @@ def load_models(export: str, *, device: str | None = None, max_new_tokens: int |
         loaded = _LOADED[key] = QGMemPipeline.from_pretrained(export, device=device, max_new_tokens=max_new_tokens,
                                                               api=api, lm_dtype=lm_dtype)
     pipe = copy.copy(loaded)
-    pipe.store, pipe._activator, pipe._trace_index, pipe.seconds = None, None, None, {}
+    pipe.memory = None
     return pipe
 
 
