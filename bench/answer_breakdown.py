@@ -2,7 +2,7 @@
 
 Runs the command once as a user would (a fresh process: its wall time), then repeats its steps in this
 process with a timer around each: imports, the graph encoder, the sentence encoder and the LM loaded
-(:func:`qgmem.serving.commands.load_models`, the path ``answer``, ``eval-qa`` and ``serve`` share),
+(:func:`qgmem.serving.export_models.load_models`, the path ``answer``, ``eval-qa`` and ``serve`` share),
 the memory built from the history, and the answer's own stages (activation, graph features + encoding,
 generation). A second question on the warm pipeline is what a long-running server pays.
 
@@ -40,7 +40,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     from qgmem.model.pretrained import GraphTokenEncoder
-    from qgmem.serving.commands import load_models
+    from qgmem.serving.export_models import load_models
     from qgmem.serving.history_file import load_history
     from qgmem.serving.pipeline import load_lm_for
     from qgmem.embed import SentenceEncoder

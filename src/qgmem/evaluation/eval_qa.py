@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem.errors import UserError
-from qgmem.serving.commands import add_export_arguments, api_config, load_pipeline
+from qgmem.serving.export_models import add_export_arguments, api_config, load_pipeline
 from qgmem.text import exact_match, token_f1
 from qgmem.llm.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
 

@@ -11,7 +11,7 @@ import json
 
 from qgmem.errors import UserError
 from qgmem.model.graph_modes import GRAPH_MODES
-from qgmem.serving.commands import add_export_arguments, load_pipeline
+from qgmem.serving.export_models import add_export_arguments, load_pipeline
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)

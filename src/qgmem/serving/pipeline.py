@@ -64,7 +64,7 @@ class QGMemPipeline:
         self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.llm = llm  # construction / query-parsing LLM, when the export's settings need one
-        self.backbone = backbone  # a text backbone (qgmem.serving.api) answering instead of the graph-token LM
+        self.backbone = backbone  # a text backbone (qgmem.serving.text_graph_backbone) answering instead of the graph-token LM
         self.memory: Memory | None = None  # what answer() and retrieve() read when given no memory
         self._builder = None  # one MemoryBuilder per pipeline: its parser memo and models are loaded once
         self._reranker = None  # a model reranker (cross-encoder, LLM) is loaded once, not once per memory
@@ -76,7 +76,7 @@ class QGMemPipeline:
                         api: Any = None, **hub: Any) -> QGMemPipeline:
         """Rebuild everything from the export. ``lm`` overrides the LM id (e.g. a local folder of the
         same model). ``api``: an LLM backend (or an ``LLMConfig``) that answers from the working memory
-        and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.api`); the LM is
+        and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.text_graph_backbone`); the LM is
         then not loaded. ``hub``: ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
         from qgmem.embed import SentenceEncoder
 
@@ -92,7 +92,7 @@ class QGMemPipeline:
             model, tokenizer = load_lm_for(encoder, lm, lm_dtype, device)
         else:
             from qgmem.llm.base import LLMConfig
-            from qgmem.serving.api import TextGraphBackbone
+            from qgmem.serving.text_graph_backbone import TextGraphBackbone
 
             if isinstance(api, LLMConfig):
                 from qgmem.llm.backends import make_backend

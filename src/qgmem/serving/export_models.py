@@ -1,5 +1,6 @@
-"""Flags shared by ``qgmem answer`` and ``qgmem eval-qa``: the export, the backbone, the device; and the
-one model-loading path of ``answer``, ``eval-qa`` and ``serve`` (:func:`load_models`)."""
+"""The export's models, loaded once per process: the one model-loading path of ``answer``, ``eval-qa``
+and ``serve`` (:func:`load_models`), and the flags that name what to load (the export, the backbone,
+the device), shared by ``qgmem answer`` and ``qgmem eval-qa``."""
 
 from __future__ import annotations
 
