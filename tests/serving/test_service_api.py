@@ -37,7 +37,7 @@ def server(pipeline, tmp_path):  # noqa: F811
 
 # --------------------------------------------------------------------------------------------- search
 def test_search_returns_the_working_memory_the_api_backbone_would_send_without_an_lm_call(server):
-    from qgmem.serving.api import TextGraphBackbone
+    from qgmem.serving.text_graph_backbone import TextGraphBackbone
 
     url, service = server
     batches, calls = service.batcher.batches, []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from qgmem.activation.memory import Memory
 from qgmem.errors import IntegrityError
 from qgmem.memory.builder import MemoryBuilder
 from qgmem.memory.config import ConstructionConfig
@@ -13,13 +14,19 @@ from .helpers import HashEncoder
 
 
 class _Models:
-    """What UserMemories needs of a pipeline: a builder (and an activator, not used here)."""
+    """What UserMemories needs of a pipeline: a builder, and memories built or opened with it."""
 
     def __init__(self):
         self._builder = MemoryBuilder(ConstructionConfig(extractor="heuristic"), HashEncoder(8))
 
     def builder(self):
         return self._builder
+
+    def build_memory(self, dialogue):
+        return Memory.build(self._builder, dialogue)
+
+    def open_memory(self, store):
+        return Memory(store, self._builder.encoder)
 
 
 TURNS = [[{"speaker": "User", "text": f"I planted {n} tulips and {n + 1} roses in the garden."}] for n in range(4)]

@@ -290,6 +290,17 @@ class LLMReranker:
         return out
 
 
+def shared_reranker(config, device: str | None = None) -> Reranker | None:
+    """The model reranker ``config`` (an :class:`~qgmem.activation.config.ActivationConfig`) names, loaded
+    once and handed to every activator of a run; ``None`` for ``embedding``, which each activator builds
+    over its own store's vectors."""
+    if config.reranker == "embedding":
+        return None
+    return make_reranker(config.reranker, embeddings=np.zeros((0, 0), np.float32), path=config.reranker_path,
+                         batch_size=config.reranker_batch_size, max_doc_tokens=config.reranker_max_doc_tokens,
+                         device=device)
+
+
 def make_reranker(kind: str, *, embeddings: np.ndarray, encoder=None, path: str | None = None,
                   batch_size: int = 16, max_doc_tokens: int = 256, weight: float = 0.7, lexical_weight: float = 0.0,
                   source_embeddings: np.ndarray | None = None, source_weight: float = 0.0,

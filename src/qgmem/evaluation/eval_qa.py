@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from qgmem.errors import UserError
-from qgmem.serving.commands import add_export_arguments, api_config, load_pipeline
+from qgmem.serving.export_models import add_export_arguments, api_config, load_pipeline
 from qgmem.text import exact_match, token_f1
 from qgmem.llm.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
 
@@ -133,15 +133,15 @@ def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judg
     counts = {"no_gold_evidence": 0, "no_evidence_unit_in_store": 0, "ablated_graph_unchanged": 0}
     bar = tqdm(total=total, desc="eval-qa: memory + activation", unit="qa", disable=not progress)
     for case, qas in plan:
-        pipe.remember(case.dialogue)
-        share = pipe.seconds.get("construction", 0.0) / len(qas)
+        memory = pipe.build_memory(case.dialogue)
+        share = memory.seconds.get("construction", 0.0) / len(qas)
         for r, qa in zip(pipe.retrieve([qa.question for qa in qas],
-                                       [qa.question_time or qa.meta.get("reference_time") for qa in qas]), qas):
+                                       [qa.question_time or qa.meta.get("reference_time") for qa in qas], memory), qas):
             r.seconds = {"construction": share, **r.seconds}
             retrieved.append(r)
             meta.append((case, qa))
         if "ablated" in modes:
-            ablated.extend(ablated_retrieved(pipe, qas, retrieved[-len(qas):], counts))
+            ablated.extend(ablated_retrieved(pipe, memory, qas, retrieved[-len(qas):], counts))
         bar.update(len(qas))
     bar.close()
     predictions = []
@@ -175,39 +175,37 @@ def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judg
             "ablation": {**counts, "ablated": sum(a is not None for a in ablated)} if "ablated" in modes else None}
 
 
-def ablated_retrieved(pipe, qas: list, own: list, counts: dict[str, int]) -> list:
+def ablated_retrieved(pipe, memory, qas: list, own: list, counts: dict[str, int]) -> list:
     """Per question: its own retrieval with the graph swapped for the evidence-ablated one, or ``None``.
 
-    The ablated graph is the same question activated over the store without the units grounded in its
-    gold evidence turns (traces rebuilt); the prompt text stays the question's own.
+    The ablated graph is the same question activated over ``memory``'s store without the units grounded
+    in its gold evidence turns (traces rebuilt); the prompt text stays the question's own.
     """
     from dataclasses import replace
 
     from qgmem.memory.ablate import evidence_unit_ids, without_units
     from qgmem.activation.graph import graph_signature
 
-    store = pipe.store
+    store = memory.store
     out = []
-    try:
-        for qa, mine in zip(qas, own):
-            if not qa.evidence_turn_ids:
-                counts["no_gold_evidence"] += 1
-                out.append(None)
-                continue
-            drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
-            if not drop:
-                counts["no_evidence_unit_in_store"] += 1
-                out.append(None)
-                continue
-            pipe.use_store(without_units(store, drop, pipe.sentence_encoder.encode, pipe.construction, llm=pipe.llm))
-            other = pipe.retrieve([qa.question], [mine.question_time])[0]
-            if graph_signature(other.graph) == graph_signature(mine.graph):
-                counts["ablated_graph_unchanged"] += 1
-                out.append(None)
-                continue
-            out.append(replace(mine, graph=other.graph))
-    finally:
-        pipe.use_store(store)
+    for qa, mine in zip(qas, own):
+        if not qa.evidence_turn_ids:
+            counts["no_gold_evidence"] += 1
+            out.append(None)
+            continue
+        drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
+        if not drop:
+            counts["no_evidence_unit_in_store"] += 1
+            out.append(None)
+            continue
+        ablated = pipe.open_memory(without_units(store, drop, pipe.sentence_encoder.encode, pipe.construction,
+                                                 llm=pipe.llm))
+        other = pipe.retrieve_one(ablated, qa.question, mine.question_time)
+        if graph_signature(other.graph) == graph_signature(mine.graph):
+            counts["ablated_graph_unchanged"] += 1
+            out.append(None)
+            continue
+        out.append(replace(mine, graph=other.graph))
     return out
 
 

@@ -337,9 +337,7 @@ def _print_table(summary: dict[str, Any], k: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from qgmem.activation.rerank import make_reranker
+    from qgmem.activation.rerank import shared_reranker
     from qgmem.data.loaders import load_cases
     from qgmem.embed import SentenceEncoder
 
@@ -378,11 +376,7 @@ def run(args: argparse.Namespace) -> int:
         from qgmem.lm import load_tokenizer
 
         tokenizer = load_tokenizer(settings.tokenizer)
-    reranker = None
-    if config.reranker != "embedding":  # model rerankers load once for all stores
-        reranker = make_reranker(config.reranker, embeddings=np.zeros((0, encoder.dim), np.float32),
-                                 path=config.reranker_path, batch_size=config.reranker_batch_size,
-                                 max_doc_tokens=config.reranker_max_doc_tokens)
+    reranker = shared_reranker(config)  # a model reranker loads once for all stores
     summary = evaluate_cases(cases, _construction(settings.extractor, encoder), encoder, config, tokenizer, reranker,
                              progress=True, out=settings.out, dense_baseline=not settings.no_dense_baseline)
     summary["dataset"] = settings.dataset

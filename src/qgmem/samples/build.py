@@ -200,6 +200,7 @@ class Replayer:
     """
 
     def __init__(self, spec: CacheSpec, encoder: Any = None, *, memo: bool = True):
+        from qgmem.activation.rerank import shared_reranker
         from qgmem.embed import SentenceEncoder
         from qgmem.memory.builder import MemoryBuilder
         from qgmem.samples.embedding_memo import EmbeddingMemo
@@ -220,16 +221,7 @@ class Replayer:
             self.llm = make_backend(spec.construction_llm)
         self.builder = MemoryBuilder(spec.construction, self.encoder, llm=self.llm)
         self.construction_counts: dict[str, dict[str, Any]] = {}  # case id -> its construction's counts
-        self.reranker = None
-        if spec.activation.reranker != "embedding":  # a model reranker loads once, not once per dialogue
-            import numpy as np
-
-            from qgmem.activation.rerank import make_reranker
-
-            a = spec.activation
-            self.reranker = make_reranker(a.reranker, embeddings=np.zeros((0, self.encoder.dim), np.float32),
-                                          path=a.reranker_path, batch_size=a.reranker_batch_size,
-                                          max_doc_tokens=a.reranker_max_doc_tokens)
+        self.reranker = shared_reranker(spec.activation)  # a model reranker loads once, not once per dialogue
 
     @property
     def cases_in_flight(self) -> int:
@@ -246,11 +238,12 @@ class Replayer:
 
     def rows(self, split: str, case: Any, extraction: Any = None) -> list[dict[str, Any]]:
         """The samples of ``case``; ``extraction`` is :meth:`extract`'s result when it was run ahead."""
-        from qgmem.activation.activator import Activator
-        from qgmem.activation.graph import graph_to_data
+        from qgmem.activation.memory import Memory
 
         spec = self.spec
-        store = self.builder.build(case.dialogue, extraction)
+        dialogue_memory = Memory.build(self.builder, case.dialogue, spec.activation, reranker=self.reranker,
+                                       extraction=extraction)
+        store = dialogue_memory.store
         counts = store.meta.get("counts") or {}
         if counts.get("unavailable_windows"):  # a case one outage short would be kept and reused by every resume
             from qgmem.memory.builder import ConstructionFailed
@@ -260,15 +253,13 @@ class Replayer:
                                      "is not stored", hint="check the server, then run again: finished cases are "
                                      "kept and the replies so far are cached")
         self.construction_counts[case.id] = {k: counts[k] for k in CONSTRUCTION_COUNTS if k in counts}
-        activator = Activator(store, self.encoder, spec.activation, reranker=self.reranker, llm=self.llm)
         group = group_of(case, spec.group_key)
         rows = []
         ablated_stores: dict[frozenset[str], Any] = {}
         for qa in case.qas:
             # LoCoMo questions carry no time of their own: the last session's date stands in for it
             when = qa.question_time or qa.meta.get("reference_time")
-            memory = activator.activate(qa.question, when)
-            data = graph_to_data(memory.graph, self.encoder, facts=[u.fact for u in memory.units])
+            memory, data, _ = dialogue_memory.recall(qa.question, when)
             ablated, ablated_text, ablation, _ = self.ablated(store, qa, when, memory, data, ablated_stores)
             sham, sham_text, sham_info = (self.sham(store, qa, when, memory) if ablated is not None
                                           else (None, [], None))
@@ -291,10 +282,9 @@ class Replayer:
         distinct evidence set of the case); the question is activated over it again. A graph equal to
         the own one is never stored as the ablated graph.
         """
-        from qgmem.activation.activator import Activator
-        from qgmem.activation.graph import graph_to_data
-        from qgmem.memory.ablate import evidence_only_nodes, evidence_unit_ids, without_units
         from qgmem.activation.graph import graph_signature
+        from qgmem.activation.memory import Memory
+        from qgmem.memory.ablate import evidence_only_nodes, evidence_unit_ids, without_units
 
         if not qa.evidence_turn_ids:
             return None, [], {"ablation_status": "no_gold_evidence"}, None
@@ -307,16 +297,8 @@ class Replayer:
         if key not in stores:
             llm = self.llm if self.builder.uses_llm_consolidation else None
             reduced = without_units(store, drop, self.encoder.encode, self.spec.construction, llm=llm)
-            stores[key] = Activator(reduced, self.encoder, self.spec.activation, reranker=self.reranker,
-                                    llm=self.llm) if len(reduced) else None
-        activator = stores[key]
-        if activator is None:
-            from qgmem.activation.records import WorkingMemory
-
-            other = WorkingMemory(question=qa.question)
-        else:
-            other = activator.activate(qa.question, when)
-        other_data = graph_to_data(other.graph, self.encoder, facts=[u.fact for u in other.units])
+            stores[key] = Memory(reduced, self.encoder, self.spec.activation, reranker=self.reranker, llm=self.llm)
+        other, other_data, _ = stores[key].recall(qa.question, when)
         if graph_signature(other_data) == graph_signature(data):
             return None, [], {**info, "ablation_status": "ablated_graph_unchanged"}, None
         evidence_nodes = evidence_only_nodes(memory.graph, memory.units, drop)
@@ -332,18 +314,15 @@ class Replayer:
         the question's id); the question is activated again over the rest. Built only beside an ablated
         graph, so the two contrasts score the same samples.
         """
-        from qgmem.activation.activator import Activator
-        from qgmem.activation.graph import graph_to_data
-        from qgmem.activation.records import WorkingMemory
+        from qgmem.activation.memory import Memory
         from qgmem.memory.ablate import evidence_unit_ids, sham_unit_ids, without_units
 
         drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
         remove, info = sham_unit_ids(store.units, memory.units, drop, seed=qa.id)
         llm = self.llm if self.builder.uses_llm_consolidation else None
         reduced = without_units(store, remove, self.encoder.encode, self.spec.construction, llm=llm)
-        other = (Activator(reduced, self.encoder, self.spec.activation, reranker=self.reranker, llm=self.llm)
-                 .activate(qa.question, when) if len(reduced) else WorkingMemory(question=qa.question))
-        data = graph_to_data(other.graph, self.encoder, facts=[u.fact for u in other.units])
+        other, data, _ = Memory(reduced, self.encoder, self.spec.activation, reranker=self.reranker,
+                                llm=self.llm).recall(qa.question, when)
         return data, list(getattr(data, "node_text", other.graph.node_text)), info
 
     def close(self) -> None:

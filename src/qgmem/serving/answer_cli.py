@@ -11,7 +11,7 @@ import json
 
 from qgmem.errors import UserError
 from qgmem.model.graph_modes import GRAPH_MODES
-from qgmem.serving.commands import add_export_arguments, load_pipeline
+from qgmem.serving.export_models import add_export_arguments, load_pipeline
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         where = f"history {args.history}" + (f" (case {case.id})" if case.qas else "")
     answers = pipe.answer(args.question, graph=args.graph, question_times=[args.time] * len(args.question))
     if args.json:
-        print(json.dumps({"memory_units": len(store), "source": where, "construction_seconds": pipe.seconds,
+        print(json.dumps({"memory_units": len(store), "source": where, "construction_seconds": pipe.memory.seconds,
                           "answers": [a.to_dict() for a in answers]}, indent=1, ensure_ascii=False))
         return 0
     for a in answers:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if not a.memory:
             print("  (none)")
         stages = ", ".join(f"{k} {v:.2f}" for k, v in a.seconds.items())
-        construction = pipe.seconds.get("construction")
+        construction = pipe.memory.seconds.get("construction")
         print(f"graph: {len(a.graph['nodes'])} nodes, {len(a.graph['edges'])} edges; graph mode {a.graph_mode}")
         print(f"seconds: {stages}" + (f"; memory construction {construction:.2f} ({where})" if construction else
                                      f" ({where})"))

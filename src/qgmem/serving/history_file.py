@@ -62,6 +62,16 @@ def sessions_to_dialogue(sessions: Any, dialogue_id: str = "history", source: st
     return dialogue
 
 
+def as_dialogue(history: Any) -> Dialogue:
+    """``history`` as a :class:`Dialogue`: a ``Dialogue`` or ``Case``, a plain list of sessions, or a path
+    to a history file (the first case of a data set file)."""
+    if isinstance(history, (str, Path)):
+        history = load_history(history)
+    if isinstance(history, Case):
+        history = history.dialogue
+    return history if isinstance(history, Dialogue) else sessions_to_dialogue(history)
+
+
 def _is_plain(data: Any) -> bool:
     return isinstance(data, list) and (not data or isinstance(data[0], list) or
                                        (isinstance(data[0], dict) and "turns" in data[0]))

@@ -2,7 +2,11 @@
 
 Everything is rebuilt from the export alone: the sentence encoder, the construction and activation
 settings, the graph encoder + projector and the frozen LM (with its LoRA adapters when the run had
-them). A question then goes through the same steps as in training: activation over the memory store,
+them). The pipeline is the engine: it holds the models and answers a question against a
+:class:`~qgmem.activation.memory.Memory` (a dialogue's store, trace index and activator), which it
+builds from a history but does not own: ``qgmem serve`` keeps one per user, ``eval-qa`` one per case.
+For a single dialogue, :meth:`QGMemPipeline.remember` keeps one as :attr:`QGMemPipeline.memory`.
+A question then goes through the same steps as in training: activation over the memory store,
 the local graph's features, the prompt contract (:mod:`qgmem.prompting`), the graph token(s) inserted
 at their slot, and the shared greedy generation helper. ``graph`` picks the ablation on the same
 weights: ``token`` (QGMem), ``none`` (text only) or ``shuffled`` (each question gets another
@@ -21,8 +25,8 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.activation.config import ActivationConfig
+from qgmem.activation.memory import Memory
 from qgmem.model.graph_modes import empty_graph
-from qgmem.activation.records import WorkingMemory
 from qgmem.errors import UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
@@ -37,7 +41,7 @@ NO_MEMORY_ANSWER = "I don't know: there is no information in the conversation hi
 
 
 class QGMemPipeline:
-    """Memory construction, activation and answering with an exported graph-token encoder."""
+    """The models of an export: memories built from histories, questions retrieved against a memory, answers."""
 
     def __init__(self, encoder: GraphTokenEncoder, lm: Any, tokenizer: Any, sentence_encoder: Any, *,
                  construction: ConstructionConfig | None = None, activation: ActivationConfig | None = None,
@@ -60,13 +64,10 @@ class QGMemPipeline:
         self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.llm = llm  # construction / query-parsing LLM, when the export's settings need one
-        self.backbone = backbone  # a text backbone (qgmem.serving.api) answering instead of the graph-token LM
-        self.store: MemoryStore | None = None
-        self._activator = None
+        self.backbone = backbone  # a text backbone (qgmem.serving.text_graph_backbone) answering instead of the graph-token LM
+        self.memory: Memory | None = None  # what answer() and retrieve() read when given no memory
         self._builder = None  # one MemoryBuilder per pipeline: its parser memo and models are loaded once
-        self._trace_index = None  # the store's trace neighbour lists, kept for appends
-        self._reranker = None  # a model reranker (cross-encoder, LLM) is loaded once, not once per store
-        self.seconds: dict[str, float] = {}  # construction time of the latest remember()
+        self._reranker = None  # a model reranker (cross-encoder, LLM) is loaded once, not once per memory
 
     # ------------------------------------------------------------------------------------- loading
     @classmethod
@@ -75,7 +76,7 @@ class QGMemPipeline:
                         api: Any = None, **hub: Any) -> QGMemPipeline:
         """Rebuild everything from the export. ``lm`` overrides the LM id (e.g. a local folder of the
         same model). ``api``: an LLM backend (or an ``LLMConfig``) that answers from the working memory
-        and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.api`); the LM is
+        and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.text_graph_backbone`); the LM is
         then not loaded. ``hub``: ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
         from qgmem.embed import SentenceEncoder
 
@@ -91,7 +92,7 @@ class QGMemPipeline:
             model, tokenizer = load_lm_for(encoder, lm, lm_dtype, device)
         else:
             from qgmem.llm.base import LLMConfig
-            from qgmem.serving.api import TextGraphBackbone
+            from qgmem.serving.text_graph_backbone import TextGraphBackbone
 
             if isinstance(api, LLMConfig):
                 from qgmem.llm.backends import make_backend
@@ -115,35 +116,34 @@ class QGMemPipeline:
                    prompt=prompt, llm=llm, max_new_tokens=gen)
 
     # -------------------------------------------------------------------------------------- memory
-    def remember(self, history: Any, *, append: bool = False) -> MemoryStore:
-        """Build the memory store of ``history``: a :class:`~qgmem.data.records.Dialogue` or ``Case``, a
-        plain list of sessions, or a path to a history file (see :mod:`qgmem.serving.history_file`).
+    def build_memory(self, history: Any) -> Memory:
+        """The :class:`~qgmem.activation.memory.Memory` of ``history``: a :class:`~qgmem.data.records.Dialogue`
+        or ``Case``, a plain list of sessions, or a path to a history file (see
+        :mod:`qgmem.serving.history_file`), built with the export's construction settings."""
+        from qgmem.serving.history_file import as_dialogue
 
-        ``append=True`` adds ``history``'s sessions to the current store instead (new units, traces
+        return Memory.build(self.builder(), as_dialogue(history), self.activation, reranker=self.shared_reranker())
+
+    def open_memory(self, store: MemoryStore) -> Memory:
+        """A :class:`~qgmem.activation.memory.Memory` over a store already built (loaded from disk, or
+        changed by the caller), read with the export's activation settings."""
+        return Memory(store, self.sentence_encoder, self.activation, reranker=self.shared_reranker(), llm=self.llm)
+
+    def remember(self, history: Any, *, append: bool = False) -> MemoryStore:
+        """Build the memory that :meth:`answer` and :meth:`retrieve` read when given none (:attr:`memory`)
+        from ``history`` (any form :meth:`build_memory` takes); returns its store.
+
+        ``append=True`` adds ``history``'s sessions to the current memory instead (new units, traces
         regrouped, indexes extended; the earlier history is not rebuilt): appending a history's sessions
         one call at a time gives the store of remembering it in one call.
         """
-        from qgmem.data.records import Case, Dialogue
-        from qgmem.serving.history_file import load_history, sessions_to_dialogue
+        from qgmem.serving.history_file import as_dialogue
 
-        if isinstance(history, (str, Path)):
-            history = load_history(history)
-        if isinstance(history, Case):
-            history = history.dialogue
-        if not isinstance(history, Dialogue):
-            history = sessions_to_dialogue(history)
-        builder = self.builder()
-        started = time.perf_counter()
-        previous = None
-        if append and self.store is not None:
-            store, self._trace_index = builder.append(self.store, history.sessions, self._trace_index)
-            previous = self._activator
+        if append and self.memory is not None:
+            self.memory = self.memory.appended(self.builder(), as_dialogue(history).sessions)
         else:
-            index: list = []
-            store = builder.build(history, index_out=index)
-            self._trace_index = index[0]
-        self.seconds = {"construction": time.perf_counter() - started}
-        return self.use_store(store, self._trace_index, previous)
+            self.memory = self.build_memory(history)
+        return self.memory.store
 
     def builder(self):
         """The pipeline's :class:`~qgmem.memory.builder.MemoryBuilder` (made once, on first use)."""
@@ -157,66 +157,49 @@ class QGMemPipeline:
             self._builder = MemoryBuilder(self.construction, self.sentence_encoder, llm=self.llm)
         return self._builder
 
+    def shared_reranker(self):
+        """The activation settings' model reranker, loaded once for every memory (``None``: the embedding one)."""
+        from qgmem.activation.rerank import shared_reranker
+
+        if self._reranker is None:
+            self._reranker = shared_reranker(self.activation)
+        return self._reranker
+
     def load_memory(self, folder: str | Path, dialogue_id: str | None = None) -> MemoryStore:
-        """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder):
-        chosen by its index (:func:`qgmem.memory.output.load_built_store`), never "the only one readable"."""
+        """Reuse a store written by ``qgmem build-memory`` (its ``--out`` folder, or one store folder) as
+        :attr:`memory`: chosen by its index (:func:`qgmem.memory.output.load_built_store`), never "the
+        only one readable"."""
         from qgmem.memory.output import load_built_store
 
-        return self.use_store(load_built_store(folder, dialogue_id))
-
-    def use_store(self, store: MemoryStore, trace_index: Any = None, previous: Any = None) -> MemoryStore:
-        self.store = store
-        self._trace_index = trace_index  # None: rebuilt from the store at the first append
-        self._activator = self.activator_for(store, previous)
-        return store
-
-    def activator_for(self, store: MemoryStore, previous: Any = None):
-        """An :class:`~qgmem.activation.activator.Activator` over ``store`` (None for an empty store),
-        sharing the pipeline's model reranker when the activation settings use one. ``previous``: the
-        activator of the store before an append, extended instead of rebuilt (then unusable)."""
-        from qgmem.activation.activator import Activator
-        from qgmem.activation.rerank import make_reranker
-
-        if not len(store):
-            return None
-        if self.activation.reranker != "embedding" and self._reranker is None:
-            a = self.activation
-            self._reranker = make_reranker(a.reranker, embeddings=store.embeddings, encoder=self.sentence_encoder,
-                                           path=a.reranker_path, batch_size=a.reranker_batch_size,
-                                           max_doc_tokens=a.reranker_max_doc_tokens)
-        if previous is not None:
-            return previous.extended(store, reranker=self._reranker)
-        return Activator(store, self.sentence_encoder, self.activation, reranker=self._reranker, llm=self.llm)
+        self.memory = self.open_memory(load_built_store(folder, dialogue_id))
+        return self.memory.store
 
     # ------------------------------------------------------------------------------------ answering
-    def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None) -> list[Retrieved]:
-        """Activation + graph features for each question (no LM yet)."""
-        if self.store is None:
+    def retrieve(self, questions: Sequence[str], question_times: Sequence[str | None] | None = None,
+                 memory: Memory | None = None) -> list[Retrieved]:
+        """Activation + graph features for each question over ``memory`` (default: :attr:`memory`; no LM yet)."""
+        memory = self.memory if memory is None else memory
+        if memory is None:
             raise UserError("no memory yet: call remember(history) or load_memory(folder) first")
         times = list(question_times) if question_times is not None else [None] * len(questions)
-        return [self.retrieve_one(self._activator, len(self.store), q, when) for q, when in zip(questions, times)]
+        return [self.retrieve_one(memory, q, when) for q, when in zip(questions, times)]
 
-    def retrieve_one(self, activator: Any, store_units: int, question: str, when: str | None = None) -> Retrieved:
-        """Activation (over ``activator``'s store; None: an empty memory) + graph features, one question."""
-        from qgmem.activation.graph import graph_to_data
+    def retrieve_one(self, memory: Memory, question: str, when: str | None = None) -> Retrieved:
+        """Activation over ``memory`` + graph features, one question."""
         from qgmem.model.alignment import node_word_ids
         from qgmem.model.features import needs_fact
 
-        t0 = time.perf_counter()
-        memory = WorkingMemory(question=question) if activator is None else activator.activate(question, when)
-        t1 = time.perf_counter()
-        facts = [u.fact for u in memory.units] if needs_fact(self.encoder.config.features) else None
-        graph = graph_to_data(memory.graph, self.sentence_encoder, facts=facts)
+        working, graph, seconds = memory.recall(question, when, facts=needs_fact(self.encoder.config.features))
         if needs_words(self.encoder.config.features) and self.backbone is None:  # an API backbone reads text
-            graph.node_word_ids = node_word_ids([memory.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
-        return Retrieved(question, memory, graph, {"activation": t1 - t0,
-                                                   "graph_features": time.perf_counter() - t1}, when, store_units)
+            graph.node_word_ids = node_word_ids([working.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
+        return Retrieved(question, working, graph, seconds, when, len(memory))
 
     def answer(self, questions: str | Sequence[str], graph: str = "token",
-               question_times: Sequence[str | None] | None = None) -> list[Answer]:
-        """Batched answers for ``questions`` over the current memory (``graph``: token | none | shuffled)."""
+               question_times: Sequence[str | None] | None = None, memory: Memory | None = None) -> list[Answer]:
+        """Batched answers for ``questions`` over ``memory`` (default: :attr:`memory`; ``graph``: token |
+        none | shuffled)."""
         questions = [questions] if isinstance(questions, str) else list(questions)
-        return self.generate(self.retrieve(questions, question_times), graph=graph)
+        return self.generate(self.retrieve(questions, question_times, memory), graph=graph)
 
     def generate(self, retrieved: Sequence[Retrieved], graph: str = "token", streamer: Any = None) -> list[Answer]:
         """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph

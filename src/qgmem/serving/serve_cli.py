@@ -92,7 +92,7 @@ def api_key(settings: ServeSettings) -> str | None:
 
 def build_service(settings: ServeSettings):
     """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store root."""
-    from qgmem.serving.commands import load_models
+    from qgmem.serving.export_models import load_models
     from qgmem.serving.server import Limits, MemoryService
 
     pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens,

@@ -115,8 +115,7 @@ class MemoryService:
 
     def retrieve(self, user_id: str, question: str, when: str | None, cap: int | None = None):
         with self.users.hold(user_id) as user:  # an append to this user waits; other users' questions do not
-            activator = self.users.activator(user)
-            retrieved = self.pipeline.retrieve_one(activator, len(user.store), question, when)
+            retrieved = self.pipeline.retrieve_one(user.memory, question, when)
         retrieved.max_new_tokens = cap
         if self.pipeline.prompts is not None:  # a question over the prompt budget fails here, not its batch
             self.pipeline.encode_prompts([retrieved])
@@ -124,15 +123,13 @@ class MemoryService:
 
     def search(self, user_id: str, question: str, when: str | None, limit: int | None = None) -> dict[str, Any]:
         """The activated working memory of ``question`` (no graph features, no LM)."""
-        from qgmem.activation.records import WorkingMemory
         from qgmem.activation.serialize import serialize_graph_triples
         from qgmem.prompting import memory_with_graph_text
         from qgmem.serving.records import graph_json, unit_json
 
         started = time.perf_counter()
         with self.users.hold(user_id) as user:
-            activator = self.users.activator(user)
-            memory = WorkingMemory(question=question) if activator is None else activator.activate(question, when)
+            memory = user.memory.activate(question, when)
             store = user.store
             units = len(store)
         seconds = time.perf_counter() - started

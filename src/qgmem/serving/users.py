@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qgmem.activation.memory import Memory
 from qgmem.data.records import Session, Turn
 from qgmem.errors import IntegrityError, UserError
 from qgmem.memory.store import MemoryStore, clean_stale_temp
@@ -87,19 +88,22 @@ def to_session(turns: list[dict[str, Any]], session_time: str | None = None) -> 
 
 @dataclass
 class UserMemory:
-    """One user's store with what serving keeps beside it (trace index, activator), behind one lock."""
+    """One user's :class:`~qgmem.activation.memory.Memory` (store, trace index, activator) with what the
+    journal keeps beside it, behind one lock."""
 
     user_id: str
     folder: Path
-    store: MemoryStore
+    memory: Memory
     sessions: int = 0  # journal lines applied
-    trace_index: Any = None
-    activator: Any = None  # built on the first question after a change
     lock: threading.RLock = field(default_factory=threading.RLock)
     snapshot_seq: int = 0
     keys: dict[str, dict[str, Any]] = field(default_factory=dict)  # idempotency key -> (digest, first result)
     last_used: float = field(default_factory=time.monotonic)
     gone: bool = False  # unloaded or deleted: a caller holding this object looks the user up again
+
+    @property
+    def store(self) -> MemoryStore:
+        return self.memory.store
 
 
 class UserMemories:
@@ -141,7 +145,7 @@ class UserMemories:
                 elif create:
                     folder.mkdir(parents=True, exist_ok=True)
                     _fsync_dir(self.users_dir)
-                    user = UserMemory(user_id, folder, self._empty_store(user_id))
+                    user = UserMemory(user_id, folder, self._empty_memory(user_id))
                 else:
                     raise UnknownUser(f"no memory for user {user_id!r}: append a session first "
                                       f"(POST /v1/users/{user_id}/sessions)")
@@ -249,9 +253,9 @@ class UserMemories:
                                               f"{user_id!r}; use a new key for a new session")
                 return {**first["result"], "replayed": True}
             t0 = time.perf_counter()
-            store, index = self.pipeline.builder().append(user.store, [to_session(turns, session_time)],
-                                                          user.trace_index)
+            memory = user.memory.appended(self.pipeline.builder(), [to_session(turns, session_time)])
             t1 = time.perf_counter()
+            store = memory.store
             added = len(store) - len(user.store)
             result = {"user": user_id, "session": user.sessions, "units_added": added, "units": len(store),
                       "traces": len(store.traces)}
@@ -270,7 +274,7 @@ class UserMemories:
             if new_file:
                 _fsync_dir(user.folder)
             t2 = time.perf_counter()
-            user.store, user.trace_index = store, index  # the activator follows at the next question
+            user.memory = memory  # its activator follows at the next question
             user.sessions += 1
             if user.sessions - user.snapshot_seq >= self.snapshot_every:
                 self._snapshot(user)
@@ -281,17 +285,6 @@ class UserMemories:
                 user.keys[key] = {"digest": session_digest(turns, session_time), "result": result}
             return result
 
-    def activator(self, user: UserMemory):
-        """The user's activator over their current store (caller holds the lock): after an append, the
-        previous one extended (its dense index gains the new rows), else built."""
-        if not len(user.store):
-            return None
-        if user.activator is None:
-            user.activator = self.pipeline.activator_for(user.store)
-        elif user.activator.store is not user.store:
-            user.activator = self.pipeline.activator_for(user.store, previous=user.activator)
-        return user.activator
-
     def snapshot_all(self) -> None:
         """Write a snapshot of every user with journal lines past their snapshot (on shutdown)."""
         for user in list(self._users.values()):
@@ -300,10 +293,10 @@ class UserMemories:
                     self._snapshot(user)
 
     # -------------------------------------------------------------------------------- internals
-    def _empty_store(self, user_id: str) -> MemoryStore:
+    def _empty_memory(self, user_id: str) -> Memory:
         from qgmem.data.records import Dialogue
 
-        return self.pipeline.builder().build(Dialogue(id=user_id))
+        return self.pipeline.build_memory(Dialogue(id=user_id))
 
     def _snapshot(self, user: UserMemory) -> None:
         user.store.meta["journal_seq"] = user.sessions
@@ -348,16 +341,15 @@ class UserMemories:
             if candidate.meta.get("journal_seq") == n and candidate.dialogue_id == user_id:
                 store, seq = candidate, n
                 break
-        user = UserMemory(user_id, folder, store if store is not None else self._empty_store(user_id),
-                          sessions=seq, snapshot_seq=seq if store is not None else 0)
+        user = UserMemory(user_id, folder, self.pipeline.open_memory(store) if store is not None
+                          else self._empty_memory(user_id), sessions=seq, snapshot_seq=seq if store is not None else 0)
         builder = self.pipeline.builder()
         for entry in entries:
             if isinstance(entry.get("key"), str) and isinstance(entry.get("result"), dict):
                 user.keys[entry["key"]] = {"digest": session_digest(entry["turns"], entry.get("time")),
                                            "result": entry["result"]}
         for entry in entries[seq:]:
-            user.store, user.trace_index = builder.append(user.store, [to_session(entry["turns"], entry.get("time"))],
-                                                          user.trace_index)
+            user.memory = user.memory.appended(builder, [to_session(entry["turns"], entry.get("time"))])
             user.sessions += 1
             self.replayed_sessions += 1
         if user.sessions > user.snapshot_seq:

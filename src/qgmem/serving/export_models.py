@@ -1,5 +1,6 @@
-"""Flags shared by ``qgmem answer`` and ``qgmem eval-qa``: the export, the backbone, the device; and the
-one model-loading path of ``answer``, ``eval-qa`` and ``serve`` (:func:`load_models`)."""
+"""The export's models, loaded once per process: the one model-loading path of ``answer``, ``eval-qa``
+and ``serve`` (:func:`load_models`), and the flags that name what to load (the export, the backbone,
+the device), shared by ``qgmem answer`` and ``qgmem eval-qa``."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def load_models(export: str, *, device: str | None = None, max_new_tokens: int |
         loaded = _LOADED[key] = QGMemPipeline.from_pretrained(export, device=device, max_new_tokens=max_new_tokens,
                                                               api=api, lm_dtype=lm_dtype)
     pipe = copy.copy(loaded)
-    pipe.store, pipe._activator, pipe._trace_index, pipe.seconds = None, None, None, {}
+    pipe.memory = None
     return pipe
 
 

@@ -1,4 +1,5 @@
-"""The API backbone (the paper's GPT-4o-mini setting): a hosted LLM reads the graph as text.
+"""The text-graph LM backbone (``--backbone api``, the paper's GPT-4o-mini setting): a hosted LLM reads
+the graph as text instead of the graph-token LM reading a graph token.
 
 A closed model cannot take a graph token, so the local graph goes into the prompt as
 ``(subject; relation; object) [Mi]`` triples after the textual working memory (the same system prompt

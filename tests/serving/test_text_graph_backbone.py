@@ -6,7 +6,7 @@ import pytest
 
 from qgmem.llm.backends import LLMConfig, make_backend
 from qgmem.serving import QGMemPipeline
-from qgmem.serving.api import TextGraphBackbone
+from qgmem.serving.text_graph_backbone import TextGraphBackbone
 
 from llm.helpers import StubServer, completion  # tests/llm/helpers.py
 
