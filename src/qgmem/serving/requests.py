@@ -17,12 +17,14 @@ reaches the models or the disk:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.timeexpr import parse_time
 
+_DIGITS = re.compile(r"[0-9]{1,12}")
 #: deepest JSON nesting a body may have (the deepest valid body is 4 levels: turns[i].text)
 MAX_DEPTH = 32
 
@@ -130,6 +132,30 @@ def integer(body: dict, key: str, low: int = 1, high: int | None = None) -> int 
     return value
 
 
+def query_params(items: list[tuple[str, str]], allowed: tuple[str, ...]) -> dict[str, str]:
+    """A query string's parameters: each one this endpoint takes, at most once (a repeated parameter
+    is a 400, never "the last one wins")."""
+    out: dict[str, str] = {}
+    for name, value in items:
+        if name not in allowed:
+            raise bad(f"unknown query parameter '{name[:40]}' (this endpoint takes {', '.join(allowed)})")
+        if name in out:
+            raise bad(f"query parameter '{name}' is given more than once")
+        out[name] = value
+    return out
+
+
+def query_integer(query: dict[str, str], name: str, low: int, high: int, default: int) -> int:
+    """A paging number: ASCII digits (not ``²``, ``٣`` or full-width ones) within ``low..high``."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not _DIGITS.fullmatch(raw) or not low <= int(raw) <= high:
+        raise bad(f"query parameter '{name}' must be an integer from {low} to {high} in ASCII digits, "
+                  f"got {raw[:20]!r}")
+    return int(raw)
+
+
 def boolean(body: dict, key: str) -> bool:
     value = body.get(key, False)
     if value is None:
@@ -184,18 +210,20 @@ def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[
 
 
 #: OpenAI chat-completions fields this server honours, or may ignore without changing the answer
-#: (sampling settings: answers are greedy, the export's contract)
+#: (sampling settings: answers are greedy, the export's contract; caching, storage, abuse-monitoring
+#: and routing hints: ``prompt_cache_key``, ``safety_identifier``, ``metadata``, ``store``, ``service_tier``)
 CHAT_FIELDS = frozenset({"model", "messages", "user", "stream", "stream_options", "max_tokens",
                          "max_completion_tokens", "temperature", "top_p", "seed", "presence_penalty",
                          "frequency_penalty", "metadata", "store", "service_tier", "parallel_tool_calls",
-                         "graph", "time"})
+                         "prompt_cache_key", "safety_identifier", "graph", "time"})
 #: OpenAI fields asking for what this model cannot do: refused by name (as OpenAI refuses them for a
 #: model without the feature) unless given their neutral value
 CHAT_UNSUPPORTED = {"n": (None, 1), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
                     "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
                     "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""),
                     "logit_bias": (None, {}), "audio": (None,), "modalities": (None, ["text"]),
-                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
+                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
+                    "verbosity": (None, "medium")}
 
 
 def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str, Any]:
@@ -231,8 +259,12 @@ def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str,
     temperature = body.get("temperature")
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
         raise bad("field 'temperature' must be a number")
-    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
-        raise bad("field 'stream_options' must be an object")
+    for name in ("stream_options", "metadata"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise bad(f"field '{name}' must be an object")
+    for name in ("prompt_cache_key", "safety_identifier"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise bad(f"field '{name}' must be a string")
     return {"user": user, "question": question, "time": when(body), "graph": graph(body),
             "stream": boolean(body, "stream"), "model": model, "max_tokens": max_tokens(body, server_max_tokens)}
 

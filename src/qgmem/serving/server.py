@@ -38,7 +38,8 @@ from typing import Any
 from qgmem.errors import IntegrityError, UserError
 from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.requests import (ANSWER_FIELDS, SEARCH_FIELDS, ApiError, Limits, bad, chat_request,  # noqa: F401
-                                    check_question, check_session, graph, integer, max_tokens, parse_body)
+                                    check_question, check_session, graph, integer, max_tokens, parse_body, query_integer,
+                                    query_params)
 from qgmem.serving.users import BadUserId, IdempotencyConflict, UnknownUser, UserMemories, check_user_id
 
 log = logging.getLogger("qgmem.serve")
@@ -47,8 +48,8 @@ STAGES = ("activation", "graph_features", "graph_encoding", "generation", "total
 _BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0)
 #: what an Idempotency-Key may be (it is stored in the user's journal)
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,200}")
-#: units per page of GET /v1/users/{id}/memories at most
-MAX_PAGE = 1000
+#: units per page of GET /v1/users/{id}/memories at most, and the largest offset
+MAX_PAGE, MAX_OFFSET = 1000, 1_000_000_000
 
 
 class NoQueryString(logging.Filter):
@@ -77,6 +78,8 @@ class Metrics:
                                  buckets=_BUCKETS, registry=self.registry)
         self.requests = Counter("qgmem_requests", "Requests by endpoint and status", ["endpoint", "status"],
                                 registry=self.registry)
+        self.refused = Counter("qgmem_unauthorized_requests", "Requests refused for a missing or wrong key",
+                               registry=self.registry)
         self.batch = Histogram("qgmem_batch_size", "Questions per LM batch", buckets=(1, 2, 4, 8, 16, 32),
                                registry=self.registry)
         self.queue = Gauge("qgmem_queue_depth", "Questions waiting for the LM", registry=self.registry)
@@ -167,7 +170,7 @@ class MemoryService:
 def create_app(service: MemoryService, api_key: str | None = None):
     """The FastAPI app over ``service``; ``api_key``: the bearer key every request but /healthz needs."""
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.concurrency import run_in_threadpool
 
@@ -201,15 +204,15 @@ def create_app(service: MemoryService, api_key: str | None = None):
     @app.middleware("http")
     async def guard(request: Request, call_next):
         started = time.perf_counter()
-        route = _endpoint(request.method, request.url.path)
         if key is not None and request.url.path != "/healthz" and not authorized(request.headers.get("authorization", "")):
-            metrics.requests.labels(route, "401").inc()
+            metrics.refused.inc()  # one series, whatever the path: a client without the key adds no label
             return error(401, "missing or wrong bearer key (header 'Authorization: Bearer <key>')")
         try:
             response = await call_next(request)
         except Exception:  # noqa: BLE001 - a bug: logged (no request content), the server lives on
-            log.exception("internal error on %s %s", request.method, route)
+            log.exception("internal error on %s %s", request.method, _route(request))
             response = error(500, "internal error")
+        route = _route(request)
         metrics.requests.labels(route, str(response.status_code)).inc()
         metrics.request.labels(route).observe(time.perf_counter() - started)
         return response
@@ -314,13 +317,9 @@ def create_app(service: MemoryService, api_key: str | None = None):
     @app.get("/v1/users/{user_id}/memories")
     async def memories(user_id: str, request: Request):
         _check_id(user_id)
-        query = dict(request.query_params)
-        for name in sorted(set(query) - {"offset", "limit"}):
-            raise bad(f"unknown query parameter '{name}' (this endpoint takes offset, limit)")
-        page = {}
-        for name, low, high, default in (("offset", 0, None, 0), ("limit", 1, MAX_PAGE, 100)):
-            raw = query.get(name)
-            page[name] = default if raw is None else integer({name: int(raw) if raw.isdigit() else raw}, name, low, high)
+        query = query_params(request.query_params.multi_items(), ("offset", "limit"))
+        page = {"offset": query_integer(query, "offset", 0, MAX_OFFSET, 0),
+                "limit": query_integer(query, "limit", 1, MAX_PAGE, 100)}
         return await run_in_threadpool(service.memories, user_id, page["offset"], page["limit"])
 
     @app.delete("/v1/users/{user_id}")
@@ -337,9 +336,13 @@ def create_app(service: MemoryService, api_key: str | None = None):
     def model_ids() -> list[str]:
         return list(dict.fromkeys(["qgmem", service.model_name]))
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models():
         return {"object": "list", "data": [model_card(m) for m in model_ids()]}
+
+    @app.options("/v1/models")
+    async def models_options():
+        return Response(status_code=204, headers={"Allow": "GET, HEAD, OPTIONS"})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
@@ -440,16 +443,10 @@ def _check_id(user_id: str) -> None:
         raise ApiError(400, str(exc)) from None
 
 
-def _endpoint(method: str, path: str) -> str:
-    """The route template (user ids are not metric labels)."""
-    if path.startswith("/v1/users/"):
-        depth = path.count("/")
-        if depth == 4:
-            return "/v1/users/{user_id}/" + path.rsplit("/", 1)[-1]
-        return "/v1/users/{user_id}" if depth == 3 and method == "DELETE" else "other"
-    if path.startswith("/v1/models"):
-        return "/v1/models" if path == "/v1/models" else "/v1/models/{id}"
-    return path if path in ("/v1/chat/completions", "/healthz", "/metrics") else "other"
+def _route(request) -> str:
+    """The matched route's template (``/v1/users/{user_id}/answer``): user ids and unknown paths are never
+    metric labels, so no client can add series (every unmatched path is ``unmatched``)."""
+    return getattr(request.scope.get("route"), "path", None) or "unmatched"
 
 
 def _usage(answer) -> dict[str, int]:

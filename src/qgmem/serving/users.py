@@ -31,6 +31,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -118,6 +119,8 @@ class UserMemories:
         self.root = Path(root)
         self.users_dir = self.root / "users"
         self.users_dir.mkdir(parents=True, exist_ok=True)
+        self.deleted_dir = self.root / "deleted"  # users being removed (a kill mid-removal leaves them here)
+        shutil.rmtree(self.deleted_dir, ignore_errors=True)
         self.pipeline = pipeline
         self.snapshot_every = snapshot_every
         self._users: dict[str, UserMemory] = {}
@@ -128,10 +131,10 @@ class UserMemories:
     # ---------------------------------------------------------------------------------- lookup
     def exists(self, user_id: str) -> bool:
         check_user_id(user_id)
-        return user_id in self._users or (self.users_dir / user_id / JOURNAL).is_file()
+        return user_id in self._users or _on_disk(self.users_dir / user_id)
 
     def user_ids(self) -> list[str]:
-        return sorted(p.name for p in self.users_dir.iterdir() if (p / JOURNAL).is_file())
+        return sorted(p.name for p in self.users_dir.iterdir() if _on_disk(p))
 
     def get(self, user_id: str, create: bool = False) -> UserMemory:
         """The user's memory, loaded from disk on first use; :class:`UnknownUser` unless ``create``."""
@@ -140,7 +143,7 @@ class UserMemories:
             user = self._users.get(user_id)
             if user is None:
                 folder = self.users_dir / user_id
-                if (folder / JOURNAL).is_file():
+                if _on_disk(folder):  # a snapshot without its journal is refused by the load, never emptied
                     user = self._load(user_id, folder)
                 elif create:
                     folder.mkdir(parents=True, exist_ok=True)
@@ -209,7 +212,11 @@ class UserMemories:
 
     def delete(self, user_id: str) -> bool:
         """Forget a user: unloaded and every file of theirs removed (journal, snapshots, lock files).
-        False when there was nothing to delete. (Lock order as everywhere: the user's, then the table's.)"""
+        False when there was nothing to delete. (Lock order as everywhere: the user's, then the table's.)
+
+        The folder is first renamed out of ``users/`` (one atomic rename into ``deleted/``), then
+        removed: a kill leaves either the whole user or nothing of them under ``users/``, never a
+        snapshot without its journal; what is left in ``deleted/`` goes at the next start."""
         check_user_id(user_id)
         folder = self.users_dir / user_id
         with self._lock:
@@ -223,8 +230,11 @@ class UserMemories:
                     loaded.gone = True
                 if not folder.exists():
                     return user is not None
-                shutil.rmtree(folder)
+                aside = self.deleted_dir / f"{user_id}.{uuid.uuid4().hex}"
+                self.deleted_dir.mkdir(exist_ok=True)
+                folder.rename(aside)
                 _fsync_dir(self.users_dir)
+                shutil.rmtree(aside)
                 return True
         finally:
             if user is not None:
@@ -276,6 +286,8 @@ class UserMemories:
             t2 = time.perf_counter()
             user.memory = memory  # its activator follows at the next question
             user.sessions += 1
+            if key is not None:  # the key counts from here, the line being durable: a failed snapshot
+                user.keys[key] = {"digest": session_digest(turns, session_time), "result": result}  # replays it
             if user.sessions - user.snapshot_seq >= self.snapshot_every:
                 self._snapshot(user)
             t3 = time.perf_counter()
@@ -315,8 +327,13 @@ class UserMemories:
 
     def _load(self, user_id: str, folder: Path) -> UserMemory:
         clean_stale_temp(folder)
-        entries = read_journal(folder / JOURNAL)
         snapshots = sorted((int(m.group(1)), p) for p in folder.iterdir() if (m := _SNAPSHOT.match(p.name)))
+        if not (folder / JOURNAL).is_file():
+            raise IntegrityError(f"{snapshots[-1][1]} is there but {folder / JOURNAL} is missing: the journal that "
+                                 "holds the user's acknowledged sessions was lost (removed by hand, or a kill inside "
+                                 "the delete of an older server); the user is not served until an operator restores "
+                                 "the journal or deletes the user")
+        entries = read_journal(folder / JOURNAL)
         whole = len(entries) - (1 if entries and entries[-1] is None else 0)
         ahead = [(n, p) for n, p in snapshots if n > whole]
         if ahead:  # the journal is synced before any snapshot: it lost acknowledged lines. Keep both as they are
@@ -355,6 +372,11 @@ class UserMemories:
         if user.sessions > user.snapshot_seq:
             self._snapshot(user)
         return user
+
+
+def _on_disk(folder: Path) -> bool:
+    """A user's folder holds their memory: a journal, or a snapshot (whose journal was lost: refused on load)."""
+    return (folder / JOURNAL).is_file() or (folder.is_dir() and any(_SNAPSHOT.match(p.name) for p in folder.iterdir()))
 
 
 def read_journal(path: Path) -> list[dict[str, Any] | None]:
