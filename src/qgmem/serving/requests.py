@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qgmem.model.graph_modes import GRAPH_MODES
+from qgmem.serving.filters import TIME_FIELDS, Filters
 from qgmem.timeexpr import parse_time
 
 _DIGITS = re.compile(r"[0-9]{1,12}")
@@ -34,6 +35,7 @@ class Limits:
     """What one request may hold (past these: 413)."""
 
     max_body_bytes: int = 1_000_000
+    max_import_bytes: int = 200_000_000  # an import's body: an export of a whole user
     max_turns: int = 500
     max_turn_chars: int = 8_000
     max_speaker_chars: int = 128
@@ -175,7 +177,14 @@ def object_body(body: Any, what: str) -> dict:
 SESSION_FIELDS = frozenset({"turns", "time"})
 TURN_FIELDS = frozenset({"speaker", "text", "time"})
 ANSWER_FIELDS = frozenset({"question", "time", "graph", "max_tokens"})
-SEARCH_FIELDS = frozenset({"question", "time", "limit"})
+FILTER_FIELDS = ("after", "before", "time_field", "sessions")
+SEARCH_FIELDS = frozenset({"question", "time", "limit", *FILTER_FIELDS})
+#: sessions one batch append may hold (each within ``Limits.max_turns``)
+MAX_BATCH_SESSIONS = 100
+#: what an export document says it is (``GET /v1/users/{id}/export``, ``POST /v1/users/{id}/import``)
+EXPORT_FORMAT, EXPORT_VERSION = "qgmem-user-export", 1
+#: what a memory unit id may be (``w0003.u1``); it is never a path
+UNIT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str | None]:
@@ -200,6 +209,81 @@ def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str 
             clean["time"] = turn_time
         out.append(clean)
     return out, session_time
+
+
+def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
+    """The filters of a search body or a memories query (``where``: ``field`` or ``query parameter``):
+    ``after`` / ``before`` ISO-8601 times, ``time_field`` (utterance | fact), ``sessions`` (ids)."""
+    bounds = {}
+    for name in ("after", "before"):
+        value = values.get(name)
+        if value is not None and (not isinstance(value, str) or parse_time(value) is None):
+            raise bad(f"{where} '{name}' must be an ISO-8601 date or date-time (e.g. 2024-05-01 or "
+                      f"2024-05-01T10:00:00), got {json.dumps(value)[:64]}")
+        bounds[name] = parse_time(value) if value is not None else None
+    if bounds["after"] is not None and bounds["before"] is not None and bounds["after"] >= bounds["before"]:
+        raise bad(f"{where} 'before' must be later than 'after'")
+    time_field = values.get("time_field", TIME_FIELDS[0])
+    if time_field not in TIME_FIELDS:
+        raise bad(f"{where} 'time_field' must be one of {', '.join(TIME_FIELDS)}, got {json.dumps(time_field)[:20]}")
+    sessions = values.get("sessions")
+    if sessions is not None:
+        if isinstance(sessions, str):  # a query parameter: comma-separated ids
+            sessions = sessions.split(",")
+        if not isinstance(sessions, list) or not sessions or len(sessions) > 10_000 or \
+                not all(isinstance(x, str) and 0 < len(x) <= 64 for x in sessions):
+            raise bad(f"{where} 'sessions' must be a non-empty list of session ids (as units show them: s0, s1, …)")
+        sessions = frozenset(sessions)
+    return Filters(bounds["after"], bounds["before"], time_field, sessions)
+
+
+def check_batch(body: Any, limits: Limits) -> list[tuple[list[dict[str, Any]], str | None]]:
+    """``{"sessions": [{"turns", "time"?}, …]}``: each session checked as one append's body."""
+    body = object_body(body, "field 'sessions'")
+    only(body, {"sessions"})
+    sessions = body.get("sessions")
+    if not isinstance(sessions, list) or not sessions:
+        raise bad("field 'sessions' must be a non-empty list of {\"turns\", \"time\"?}")
+    if len(sessions) > MAX_BATCH_SESSIONS:
+        raise ApiError(413, f"field 'sessions' holds {len(sessions)} sessions, over the limit of {MAX_BATCH_SESSIONS}")
+    return [_within(f"sessions[{i}]", check_session, session, limits) for i, session in enumerate(sessions)]
+
+
+def check_import(body: Any, limits: Limits) -> list[dict[str, Any]]:
+    """An export document: its format and version, then each entry, a session (checked as an append's
+    body) or ``{"forget": unit id}``; returns the entries in journal form."""
+    body = object_body(body, "fields 'format', 'version' and 'entries' (what GET /v1/users/{id}/export returns)")
+    only(body, {"format", "version", "user", "entries"})
+    if body.get("format") != EXPORT_FORMAT or body.get("version") != EXPORT_VERSION:
+        raise bad(f"fields 'format' and 'version' must be {EXPORT_FORMAT!r} and {EXPORT_VERSION} (an export of "
+                  f"this server), got {json.dumps(body.get('format'))[:40]} and {json.dumps(body.get('version'))[:10]}")
+    entries = body.get("entries")
+    if not isinstance(entries, list):
+        raise bad("field 'entries' must be a list of sessions {\"turns\", \"time\"} and forgets {\"forget\"}")
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and "forget" in entry:
+            only(entry, {"forget"}, f"entries[{i}]: ")
+            out.append({"forget": check_unit_id(entry["forget"], f"entries[{i}]: field 'forget'")})
+        else:
+            turns, when = _within(f"entries[{i}]", check_session, entry, limits)
+            out.append({"turns": turns, "time": when})
+    return out
+
+
+def check_unit_id(value: Any, what: str = "unit id") -> str:
+    if not isinstance(value, str) or not UNIT_ID.fullmatch(value):
+        raise bad(f"{what} must match [A-Za-z0-9_.:-]{{1,128}} (a unit id as memories and search show it), "
+                  f"got {json.dumps(value)[:40]}")
+    return value
+
+
+def _within(where: str, check, value: Any, *args):
+    """``check(value, *args)`` with ``where`` in front of its message (a part of a larger body)."""
+    try:
+        return check(value, *args)
+    except ApiError as exc:
+        raise ApiError(exc.status, f"{where}: {exc.message}", exc.headers) from None
 
 
 def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[dict, str, str | None]:

@@ -36,8 +36,9 @@ from typing import Any
 
 from qgmem.errors import IntegrityError, UserError
 from qgmem.serving.batcher import Batcher, QueueFull
+from qgmem.serving.filters import Filters
 from qgmem.serving.requests import ApiError, Limits
-from qgmem.serving.users import IdempotencyConflict, UnknownUser, UserMemories
+from qgmem.serving.users import IdempotencyConflict, UnknownUnit, UnknownUser, UserExists, UserMemories, session_count
 
 log = logging.getLogger("qgmem.serve")
 STAGES = ("activation", "graph_features", "graph_encoding", "generation", "total")  # "queue": the batcher's
@@ -117,35 +118,41 @@ class MemoryService:
             self.pipeline.encode_prompts([retrieved])
         return retrieved
 
-    def search(self, user_id: str, question: str, when: str | None, limit: int | None = None) -> dict[str, Any]:
-        """The activated working memory of ``question`` (no graph features, no LM)."""
+    def search(self, user_id: str, question: str, when: str | None, limit: int | None = None,
+               filters: Filters | None = None) -> dict[str, Any]:
+        """The activated working memory of ``question`` (no graph features, no LM). ``filters``: only the
+        units they keep are activated (a memory over those units, their traces regrouped among them), so
+        the filter applies before the top k is taken."""
         from qgmem.activation.serialize import serialize_graph_triples
         from qgmem.prompting import memory_with_graph_text
         from qgmem.serving.records import graph_json, unit_json
 
         started = time.perf_counter()
         with self.users.hold(user_id) as user:
-            memory = user.memory.activate(question, when)
-            store = user.store
-            units = len(store)
+            units = len(user.store)
+            source = self.users.filtered(user, filters) if filters else user.memory
+            memory, store = source.activate(question, when), source.store
         seconds = time.perf_counter() - started
         ranked = list(zip(memory.units, memory.scores or [0.0] * len(memory.units)))[:limit]
         triples = serialize_graph_triples(memory.graph)
         return {"user": user_id, "question": question, "time": when, "store_units": units,
+                **({"matching_units": len(store)} if filters else {}),
                 "units": [{"label": f"M{i + 1}", **unit_json(u, store.trace_of(u)),
                            "score": round(float(score), 4)} for i, (u, score) in enumerate(ranked)],
                 "graph": graph_json(memory.graph), "graph_text": triples,
                 "memory_text": memory_with_graph_text(memory.text, triples),
                 "seconds": {"activation": seconds}}
 
-    def memories(self, user_id: str, offset: int, limit: int) -> dict[str, Any]:
+    def memories(self, user_id: str, offset: int, limit: int, filters: Filters | None = None) -> dict[str, Any]:
+        """The user's units in store order, paged; ``filters`` pick them first (``total`` counts those)."""
         from qgmem.serving.records import unit_json
 
         with self.users.hold(user_id) as user:
             store = user.store
-            page = [unit_json(u, store.trace_of(u)) for u in store.units[offset:offset + limit]]
-            return {"user": user_id, "total": len(store), "offset": offset, "limit": limit, "units": page,
-                    "sessions": user.sessions}
+            units = [u for u in store.units if filters.keeps(u)] if filters else store.units
+            page = [unit_json(u, store.trace_of(u)) for u in units[offset:offset + limit]]
+            return {"user": user_id, "total": len(units), "offset": offset, "limit": limit, "units": page,
+                    "sessions": session_count(store)}
 
     def check_queue(self) -> None:
         """A 503 with Retry-After when the LM's queue is full (before the question is activated)."""
@@ -237,8 +244,8 @@ def create_app(service: MemoryService, api_key: str | None = None):
         if isinstance(exc, IntegrityError):  # the server's files, not the request: logged, the user not served
             log.error("user memory failed its check: %s", message)
             return error(500, f"this user's memory failed its integrity check: {message}")
-        return error(404 if isinstance(exc, UnknownUser) else 409 if isinstance(exc, IdempotencyConflict) else 400,
-                     message)
+        return error(404 if isinstance(exc, (UnknownUser, UnknownUnit)) else
+                     409 if isinstance(exc, (IdempotencyConflict, UserExists)) else 400, message)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc):
