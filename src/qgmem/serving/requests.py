@@ -213,7 +213,8 @@ def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str 
 
 def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
     """The filters of a search body or a memories query (``where``: ``field`` or ``query parameter``):
-    ``after`` / ``before`` ISO-8601 times, ``time_field`` (utterance | fact), ``sessions`` (ids)."""
+    ``after`` / ``before`` ISO-8601 times, ``time_field`` (utterance | fact), ``sessions`` (a list of ids;
+    in a query string they are comma-separated)."""
     bounds = {}
     for name in ("after", "before"):
         value = values.get(name)
@@ -228,8 +229,6 @@ def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
         raise bad(f"{where} 'time_field' must be one of {', '.join(TIME_FIELDS)}, got {json.dumps(time_field)[:20]}")
     sessions = values.get("sessions")
     if sessions is not None:
-        if isinstance(sessions, str):  # a query parameter: comma-separated ids
-            sessions = sessions.split(",")
         if not isinstance(sessions, list) or not sessions or len(sessions) > 10_000 or \
                 not all(isinstance(x, str) and 0 < len(x) <= 64 for x in sessions):
             raise bad(f"{where} 'sessions' must be a non-empty list of session ids (as units show them: s0, s1, …)")

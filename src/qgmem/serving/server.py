@@ -13,8 +13,14 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
 - ``POST /v1/users/{user_id}/search`` ``{"question", "time"?, "limit"?}``: the activated working memory
   for an agent that answers with its own LLM (ranked units with their times, trace states and scores,
   the local graph, and the graph as text the way ``--backbone api`` sends it); no LM call.
+- ``POST /v1/users/{user_id}/sessions/batch`` ``{"sessions": [{"turns", "time"?}, …]}``: several sessions,
+  one journal line each, acknowledged once all are durable (idempotent as a whole with the key).
 - ``GET /v1/users/{user_id}/memories?offset=&limit=``: the user's units, paged; ``DELETE
-  /v1/users/{user_id}``: the user forgotten, every file of theirs removed.
+  /v1/users/{user_id}``: the user forgotten, every file of theirs removed; ``DELETE
+  /v1/users/{user_id}/memories/{unit_id}``: one unit forgotten (journaled). ``search`` and ``memories``
+  take filters (``after``, ``before``, ``time_field``, ``sessions``: :mod:`qgmem.serving.filters`).
+- ``GET /v1/users/{user_id}/export`` (streamed) and ``POST /v1/users/{user_id}/import``: a user's
+  history as one JSON document, and a new user with the same memory from it.
 - ``POST /v1/chat/completions``: OpenAI-compatible; ``user`` names the memory, the last user message is
   the question, ``stream: true`` sends the answer's tokens as server-sent events; ``GET /v1/models``
   and ``/v1/models/{id}``.

@@ -315,8 +315,7 @@ class UserMemories:
         the first append's result is returned (``"replayed": true``); the same key with another
         session is an :class:`IdempotencyConflict`. Keys are kept in the journal, so this holds across
         restarts and unloading."""
-        result = self.append_batch(user_id, [(turns, session_time)], key, single=True)
-        return result
+        return self.append_batch(user_id, [(turns, session_time)], key, single=True)
 
     def append_batch(self, user_id: str, sessions: list[tuple[list[dict[str, Any]], str | None]],
                      key: str | None = None, *, single: bool = False) -> dict[str, Any]:

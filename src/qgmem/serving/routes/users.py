@@ -78,9 +78,10 @@ def router(service: Any):
     async def memories(user_id: str, request: Request):
         check_id(user_id)
         query = query_params(request.query_params.multi_items(), ("offset", "limit", *FILTER_FIELDS))
+        listed = {**query, **({"sessions": query["sessions"].split(",")} if "sessions" in query else {})}
         return await in_thread(service.memories, user_id, query_integer(query, "offset", 0, MAX_OFFSET, 0),
                                query_integer(query, "limit", 1, MAX_PAGE, 100),
-                               check_filters(query, "query parameter"))
+                               check_filters(listed, "query parameter"))
 
     @routes.delete("/memories/{unit_id}")
     async def forget(user_id: str, unit_id: str):
