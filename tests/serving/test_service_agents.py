@@ -60,6 +60,21 @@ def test_a_forgotten_memory_is_never_returned_again(alice, pipeline, tmp_path): 
     assert "lisbon" not in json.dumps(restarted.memories("alice", 0, 1000)).lower()
 
 
+def test_after_a_forget_and_an_append_the_search_is_that_of_a_fresh_load(alice, pipeline, tmp_path):  # noqa: F811
+    """The activator built before the forget must not be extended with the appended rows: its indexes
+    still hold the forgotten unit's row, so every row after it would name the wrong unit."""
+    url, _ = alice
+    ask = {"question": "Where do I live?"}
+    httpx.post(f"{url}/v1/users/alice/search", json=ask).raise_for_status()  # an activator over the full store
+    units = _units(url)
+    httpx.delete(f"{url}/v1/users/alice/memories/{units[0]['unit_id']}").raise_for_status()
+    httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": BOB[2:]}).raise_for_status()
+    assert len(_units(url)) >= len(units)  # as many rows as the activator's indexes hold
+    live = httpx.post(f"{url}/v1/users/alice/search", json=ask).json()
+    fresh = _service(pipeline, tmp_path).search("alice", ask["question"], None)
+    assert [(u["unit_id"], u["score"]) for u in live["units"]] == [(u["unit_id"], u["score"]) for u in fresh["units"]]
+
+
 # ----------------------------------------------------------------------------------------- filters
 def test_filters_pick_the_units_before_the_top_k(alice):
     url, _ = alice

@@ -374,7 +374,7 @@ class UserMemories:
                                   "forgotten already)")
             memory = apply_entry(self.pipeline, user.memory, {"forget": unit_id})
             self._write_lines(user, [{"forget": unit_id}])
-            user.memory, store = memory, memory.store
+            user.memory, store = memory, memory.store  # a new memory: nothing of the old activator is kept
             user.lines += 1
             self._maybe_snapshot(user)
             return {"user": user_id, "unit_id": unit_id, "forgotten": True, "units": len(store),
