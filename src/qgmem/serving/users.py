@@ -396,8 +396,8 @@ class UserMemories:
     def import_user(self, user_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
         """A new user from an export's entries (checked plain sessions and forgets): built in
         ``staging/`` (journal, then snapshot), then renamed into ``users/`` at once, so a kill leaves the
-        whole user or nothing. A user that exists is an :class:`IdempotencyConflict`-like 409
-        (:class:`UserExists`); a forget of a unit not there is a 400 naming the entry."""
+        whole user or nothing. A user that exists is a :class:`UserExists` (409); a forget of a unit not
+        there at that point of the history is a 400 naming the entry."""
         check_user_id(user_id)
         if self.exists(user_id):
             raise UserExists(f"user {user_id!r} exists: delete it first, or import under a new id")
