@@ -2,9 +2,8 @@
 
 A user's folder under the store root (``users/<user id>/``) holds::
 
-    journal.jsonl            one change per line, in order: an appended session {"seq", "turns", "time",
-                             "sha256"} or a forgotten unit {"seq", "forget", "sha256"}; the sessions of
-                             one batch append carry "batch": [i, n] (the last one its key and result)
+    journal.jsonl            one change per line, in order: an appended session or a forgotten unit
+                             (the format: qgmem.serving.journal)
     snapshot-<seq:08d>/      a MemoryStore (qgmem.memory.store, checksums in its meta.json) holding
                              the first <seq> lines of the journal applied
 
@@ -27,7 +26,6 @@ in a shared index.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -47,10 +45,11 @@ from qgmem.data.records import Session, Turn
 from qgmem.errors import IntegrityError, UserError
 from qgmem.memory.store import MemoryStore, clean_stale_temp
 from qgmem.serving.history_file import ASSISTANT_SPEAKERS
+from qgmem.serving.journal import (JOURNAL, batch_digest, exported_entries, line_digest, read_journal,
+                                   session_digest, truncate_lines, unfinished_batch)
 
 #: what a user id may be: it names a folder, so nothing else (and never "." or "..")
 USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-JOURNAL = "journal.jsonl"
 _SNAPSHOT = re.compile(r"snapshot-(\d{8})$")
 log = logging.getLogger("qgmem.serve")
 
@@ -79,27 +78,6 @@ def check_user_id(user_id: str) -> str:
     if not isinstance(user_id, str) or not USER_ID.fullmatch(user_id) or user_id in (".", ".."):
         raise BadUserId(f"user id {str(user_id)[:40]!r} must match [A-Za-z0-9_.-]{{1,128}} (and not be '.' or '..')")
     return user_id
-
-
-def _sha256(content: Any) -> str:
-    return hashlib.sha256(json.dumps(content, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
-def session_digest(turns: list[dict[str, Any]], session_time: str | None) -> str:
-    """What an idempotency key of one appended session stands for: the session's content."""
-    return _sha256({"turns": turns, "time": session_time})
-
-
-def batch_digest(sessions: list[tuple[list[dict[str, Any]], str | None]]) -> str:
-    """What an idempotency key of a batch append stands for: its sessions, in order."""
-    return _sha256({"batch": [{"turns": turns, "time": when} for turns, when in sessions]})
-
-
-def line_digest(entry: dict[str, Any]) -> str:
-    """The checksum of one journal line: everything but its ``seq`` and the checksum itself (a session
-    line's digest is the one it always had: its turns and time, plus its key and first result if any)."""
-    return _sha256({k: v for k, v in entry.items() if k not in ("seq", "sha256") and v is not None
-                    or k == "time"})
 
 
 def to_session(turns: list[dict[str, Any]], session_time: str | None = None) -> Session:
@@ -135,7 +113,7 @@ def forget_units(builder: Any, store: MemoryStore, unit_ids: set[str]) -> Memory
     return kept
 
 
-def apply_entry(pipeline: Any, memory: Memory, entry: dict[str, Any]) -> Memory:
+def applyparse_line(pipeline: Any, memory: Memory, entry: dict[str, Any]) -> Memory:
     """One journal line (or export entry) applied to ``memory``: a session appended, or a unit forgotten
     (a new memory over the store without it: its trace index is rebuilt at the next append, its
     activator at the next question, since extending the old one would keep the unit's rows). Load,
@@ -336,7 +314,7 @@ class UserMemories:
             memory, added = user.memory, []
             for turns, when in sessions:
                 entry = {"turns": turns, "time": when}
-                grown = apply_entry(self.pipeline, memory, entry)
+                grown = applyparse_line(self.pipeline, memory, entry)
                 added.append({"session": session_count(memory.store), "units_added": len(grown) - len(memory)})
                 memory = grown
             store = memory.store
@@ -372,7 +350,7 @@ class UserMemories:
             if unit_id not in {u.id for u in user.store.units}:
                 raise UnknownUnit(f"user {user_id!r} has no memory unit {unit_id[:100]!r} (never stored, or "
                                   "forgotten already)")
-            memory = apply_entry(self.pipeline, user.memory, {"forget": unit_id})
+            memory = applyparse_line(self.pipeline, user.memory, {"forget": unit_id})
             self._write_lines(user, [{"forget": unit_id}])
             user.memory, store = memory, memory.store  # a new memory: nothing of the old activator is kept
             user.lines += 1
@@ -391,7 +369,7 @@ class UserMemories:
                 return iter(())
             handle = open(path, "rb")  # stays readable through a delete that follows
             size = path.stat().st_size
-        return _exported(handle, size, path)
+        return exported_entries(handle, size, path)
 
     def import_user(self, user_id: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
         """A new user from an export's entries (checked plain sessions and forgets): built in
@@ -410,7 +388,7 @@ class UserMemories:
                 if "forget" in entry and entry["forget"] not in {u.id for u in user.store.units}:
                     raise UserError(f"entries[{i}]: field 'forget': no memory unit {entry['forget'][:100]!r} at "
                                     "that point of the history")
-                user.memory = apply_entry(self.pipeline, user.memory, entry)
+                user.memory = applyparse_line(self.pipeline, user.memory, entry)
             self._write_lines(user, entries)
             user.lines = len(entries)
             if user.lines:
@@ -507,14 +485,14 @@ class UserMemories:
                                  "restores it")
         if entries and entries[-1] is None:  # a torn last line: never acknowledged, dropped
             entries.pop()
-            _truncate_lines(folder / JOURNAL, len(entries))
+            truncate_lines(folder / JOURNAL, len(entries))
             self.dropped_torn_lines += 1
             log.warning("user %s: dropped the incomplete last journal line (a write cut by a kill, never "
                         "acknowledged)", user_id)
-        unfinished = _unfinished_batch(entries, folder / JOURNAL)
+        unfinished = unfinished_batch(entries, folder / JOURNAL)
         if unfinished:  # the first lines of a batch whose write was cut: never acknowledged, dropped
             del entries[-unfinished:]
-            _truncate_lines(folder / JOURNAL, len(entries))
+            truncate_lines(folder / JOURNAL, len(entries))
             self.dropped_torn_lines += unfinished
             log.warning("user %s: dropped %d journal lines of a batch append cut by a kill (never acknowledged)",
                         user_id, unfinished)
@@ -537,7 +515,7 @@ class UserMemories:
                 digest = entry.get("request_sha256") or session_digest(entry["turns"], entry.get("time"))
                 user.keys[entry["key"]] = {"digest": digest, "result": entry["result"]}
         for entry in entries[seq:]:
-            user.memory = apply_entry(self.pipeline, user.memory, entry)
+            user.memory = applyparse_line(self.pipeline, user.memory, entry)
             user.lines += 1
             self.replayed_sessions += 1
         if user.lines > user.snapshot_seq:
@@ -548,90 +526,6 @@ class UserMemories:
 def _on_disk(folder: Path) -> bool:
     """A user's folder holds their memory: a journal, or a snapshot (whose journal was lost: refused on load)."""
     return (folder / JOURNAL).is_file() or (folder.is_dir() and any(_SNAPSHOT.match(p.name) for p in folder.iterdir()))
-
-
-def read_journal(path: Path) -> list[dict[str, Any] | None]:
-    """The journal's lines (sessions and forgets) in order; the last entry is ``None`` when the file ends in a torn line.
-
-    A line is written with one ``write(line + "\\n")`` (JSON escapes newlines in the text), so a kill
-    can only leave an incomplete last line without its newline: that one is dropped. A complete line
-    that fails its checksum (wherever it is, the last included) was damaged or edited after it was
-    acknowledged: an :class:`~qgmem.errors.IntegrityError` naming the line, never a silent cut.
-    """
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
-    complete, tail = lines[:-1], lines[-1]
-    out: list[dict[str, Any] | None] = []
-    for number, line in enumerate(complete, start=1):
-        entry = _entry(line)
-        if entry is None or entry["seq"] != len(out):
-            raise IntegrityError(f"{path}, line {number}: not a whole journal entry (seq {len(out)} expected); "
-                                 "the journal was damaged or edited after the session was acknowledged")
-        out.append(entry)
-    if tail:  # no newline: the write was cut by a kill before it was acknowledged
-        out.append(None)
-    return out
-
-
-def _entry(line: bytes) -> dict[str, Any] | None:
-    try:
-        entry = json.loads(line.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    if not isinstance(entry, dict) or not isinstance(entry.get("seq"), int):
-        return None
-    if not isinstance(entry.get("turns"), list) and not isinstance(entry.get("forget"), str):
-        return None
-    if entry.get("sha256") != line_digest(entry):
-        return None
-    return entry
-
-
-def _unfinished_batch(entries: list[dict[str, Any]], path: Path) -> int:
-    """How many lines at the journal's end belong to a batch whose last line is missing (0: none). A batch
-    broken anywhere else was acknowledged and then damaged: an :class:`~qgmem.errors.IntegrityError`."""
-    under_way = None  # (next position, size) of the batch being read
-    for number, entry in enumerate(entries, start=1):
-        position = entry.get("batch")
-        if under_way is None and position is None:
-            continue
-        if under_way is None:
-            fits = (isinstance(position, list) and len(position) == 2 and position[0] == 0
-                    and isinstance(position[1], int) and position[1] >= 1)
-        else:
-            fits = position == list(under_way)
-        if not fits:
-            raise IntegrityError(f"{path}, line {number}: batch position {position} does not follow the lines before "
-                                 "it; the journal was damaged or edited after the batch was acknowledged")
-        under_way = None if position[0] == position[1] - 1 else (position[0] + 1, position[1])
-    return 0 if under_way is None else under_way[0]
-
-
-def _exported(handle, size: int, path: Path) -> Iterator[dict[str, Any]]:
-    """The export entries of the journal's first ``size`` bytes, read from ``handle`` line by line."""
-    with handle:
-        read = 0
-        for number, line in enumerate(handle, start=1):
-            read += len(line)
-            if read > size:
-                break
-            entry = _entry(line.rstrip(b"\n"))
-            if entry is None:
-                raise IntegrityError(f"{path}, line {number}: not a whole journal entry; the journal was damaged "
-                                     "or edited after it was acknowledged")
-            yield {"forget": entry["forget"]} if "forget" in entry else {"turns": entry["turns"], "time": entry.get("time")}
-
-
-def _truncate_lines(path: Path, keep: int) -> None:
-    """Cut the journal after its first ``keep`` lines (what a kill left past them was never acknowledged)."""
-    raw = path.read_bytes()
-    cut = 0
-    for _ in range(keep):
-        cut = raw.index(b"\n", cut) + 1
-    with open(path, "r+b") as f:
-        f.truncate(cut)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _remove_lock_file(store_dir: Path) -> None:
