@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -62,3 +63,67 @@ def start_cli(export: Path, store_root: Path, *extra: str, env: dict | None = No
             time.sleep(0.2)
     proc.kill()
     raise RuntimeError("qgmem serve did not answer /healthz within 120 s")
+
+
+#: the calls that make a write durable or visible: a kill just before any of them (or before a file is
+#: opened for writing) is a point to test
+DURABLE_CALLS = ("fsync", "rename", "replace")
+
+_ZYGOTE = """
+import builtins, io, json, os, signal, sys, traceback
+exec(sys.argv[1])
+print("ready", flush=True)
+for request in sys.stdin:
+    job = json.loads(request)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            exec(job["setup"])
+            calls = [0]
+            def counted(real, writes_only=False):
+                def call(*args, **kwargs):
+                    mode = kwargs.get("mode", args[1] if len(args) > 1 else "r")
+                    if not writes_only or any(c in str(mode) for c in "wax+"):
+                        calls[0] += 1
+                        if calls[0] == job["step"]:
+                            os.kill(os.getpid(), signal.SIGKILL)
+                    return real(*args, **kwargs)
+                return call
+            for name in %r:
+                setattr(os, name, counted(getattr(os, name)))
+            builtins.open = io.open = counted(io.open, writes_only=True)
+            exec(job["operation"])
+        except BaseException:
+            traceback.print_exc()
+            os._exit(3)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("killed" if os.WIFSIGNALED(status) else "finished" if os.WEXITSTATUS(status) == 0 else "failed", flush=True)
+""" % (DURABLE_CALLS,)
+
+
+class KillRig:
+    """Runs an operation killed (SIGKILL) just before its n-th durable call (:data:`DURABLE_CALLS`, or a file
+    opened for writing), in a child forked from a process that has only imported (``imports``, Python
+    source): the children start in milliseconds, and no thread pool of a test run is forked."""
+
+    def __init__(self, imports: str):
+        tests = Path(__file__).resolve().parents[1]
+        env = {**os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join([str(tests.parent / "src"), str(tests), os.environ.get("PYTHONPATH", "")])}
+        self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE, imports], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, text=True)
+        assert self.proc.stdout.readline().strip() == "ready"
+
+    def run(self, step: int, setup: str, operation: str) -> bool:
+        """``setup`` then ``operation``, killed before the ``step``-th durable call of ``operation``; True
+        when it ran to its end (it made fewer calls)."""
+        self.proc.stdin.write(json.dumps({"step": step, "setup": setup, "operation": operation}) + "\n")
+        self.proc.stdin.flush()
+        outcome = self.proc.stdout.readline().strip()
+        assert outcome in ("killed", "finished"), f"the operation failed (not killed) at step {step}"
+        return outcome == "finished"
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)

@@ -17,12 +17,15 @@ reaches the models or the disk:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from qgmem.model.graph_modes import GRAPH_MODES
+from qgmem.serving.filters import TIME_FIELDS, Filters
 from qgmem.timeexpr import parse_time
 
+_DIGITS = re.compile(r"[0-9]{1,12}")
 #: deepest JSON nesting a body may have (the deepest valid body is 4 levels: turns[i].text)
 MAX_DEPTH = 32
 
@@ -32,6 +35,7 @@ class Limits:
     """What one request may hold (past these: 413)."""
 
     max_body_bytes: int = 1_000_000
+    max_import_bytes: int = 200_000_000  # an import's body: an export of a whole user
     max_turns: int = 500
     max_turn_chars: int = 8_000
     max_speaker_chars: int = 128
@@ -130,6 +134,30 @@ def integer(body: dict, key: str, low: int = 1, high: int | None = None) -> int 
     return value
 
 
+def query_params(items: list[tuple[str, str]], allowed: tuple[str, ...]) -> dict[str, str]:
+    """A query string's parameters: each one this endpoint takes, at most once (a repeated parameter
+    is a 400, never "the last one wins")."""
+    out: dict[str, str] = {}
+    for name, value in items:
+        if name not in allowed:
+            raise bad(f"unknown query parameter '{name[:40]}' (this endpoint takes {', '.join(allowed)})")
+        if name in out:
+            raise bad(f"query parameter '{name}' is given more than once")
+        out[name] = value
+    return out
+
+
+def query_integer(query: dict[str, str], name: str, low: int, high: int, default: int) -> int:
+    """A paging number: ASCII digits (not ``²``, ``٣`` or full-width ones) within ``low..high``."""
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not _DIGITS.fullmatch(raw) or not low <= int(raw) <= high:
+        raise bad(f"query parameter '{name}' must be an integer from {low} to {high} in ASCII digits, "
+                  f"got {raw[:20]!r}")
+    return int(raw)
+
+
 def boolean(body: dict, key: str) -> bool:
     value = body.get(key, False)
     if value is None:
@@ -149,7 +177,14 @@ def object_body(body: Any, what: str) -> dict:
 SESSION_FIELDS = frozenset({"turns", "time"})
 TURN_FIELDS = frozenset({"speaker", "text", "time"})
 ANSWER_FIELDS = frozenset({"question", "time", "graph", "max_tokens"})
-SEARCH_FIELDS = frozenset({"question", "time", "limit"})
+FILTER_FIELDS = ("after", "before", "time_field", "sessions")
+SEARCH_FIELDS = frozenset({"question", "time", "limit", *FILTER_FIELDS})
+#: sessions one batch append may hold (each within ``Limits.max_turns``)
+MAX_BATCH_SESSIONS = 100
+#: what an export document says it is (``GET /v1/users/{id}/export``, ``POST /v1/users/{id}/import``)
+EXPORT_FORMAT, EXPORT_VERSION = "qgmem-user-export", 1
+#: what a memory unit id may be (``w0003.u1``); it is never a path
+UNIT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
 def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str | None]:
@@ -176,6 +211,80 @@ def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str 
     return out, session_time
 
 
+def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
+    """The filters of a search body or a memories query (``where``: ``field`` or ``query parameter``):
+    ``after`` / ``before`` ISO-8601 times, ``time_field`` (utterance | fact), ``sessions`` (a list of ids;
+    in a query string they are comma-separated)."""
+    bounds = {}
+    for name in ("after", "before"):
+        value = values.get(name)
+        if value is not None and (not isinstance(value, str) or parse_time(value) is None):
+            raise bad(f"{where} '{name}' must be an ISO-8601 date or date-time (e.g. 2024-05-01 or "
+                      f"2024-05-01T10:00:00), got {json.dumps(value)[:64]}")
+        bounds[name] = parse_time(value) if value is not None else None
+    if bounds["after"] is not None and bounds["before"] is not None and bounds["after"] >= bounds["before"]:
+        raise bad(f"{where} 'before' must be later than 'after'")
+    time_field = values.get("time_field", TIME_FIELDS[0])
+    if time_field not in TIME_FIELDS:
+        raise bad(f"{where} 'time_field' must be one of {', '.join(TIME_FIELDS)}, got {json.dumps(time_field)[:20]}")
+    sessions = values.get("sessions")
+    if sessions is not None:
+        if not isinstance(sessions, list) or not sessions or len(sessions) > 10_000 or \
+                not all(isinstance(x, str) and 0 < len(x) <= 64 for x in sessions):
+            raise bad(f"{where} 'sessions' must be a non-empty list of session ids (as units show them: s0, s1, …)")
+        sessions = frozenset(sessions)
+    return Filters(bounds["after"], bounds["before"], time_field, sessions)
+
+
+def check_batch(body: Any, limits: Limits) -> list[tuple[list[dict[str, Any]], str | None]]:
+    """``{"sessions": [{"turns", "time"?}, …]}``: each session checked as one append's body."""
+    body = object_body(body, "field 'sessions'")
+    only(body, {"sessions"})
+    sessions = body.get("sessions")
+    if not isinstance(sessions, list) or not sessions:
+        raise bad("field 'sessions' must be a non-empty list of {\"turns\", \"time\"?}")
+    if len(sessions) > MAX_BATCH_SESSIONS:
+        raise ApiError(413, f"field 'sessions' holds {len(sessions)} sessions, over the limit of {MAX_BATCH_SESSIONS}")
+    return [_within(f"sessions[{i}]", check_session, session, limits) for i, session in enumerate(sessions)]
+
+
+def check_import(body: Any, limits: Limits) -> list[dict[str, Any]]:
+    """An export document: its format and version, then each entry, a session (checked as an append's
+    body) or ``{"forget": unit id}``; returns the entries in journal form."""
+    body = object_body(body, "fields 'format', 'version' and 'entries' (what GET /v1/users/{id}/export returns)")
+    only(body, {"format", "version", "user", "entries"})
+    if body.get("format") != EXPORT_FORMAT or body.get("version") != EXPORT_VERSION:
+        raise bad(f"fields 'format' and 'version' must be {EXPORT_FORMAT!r} and {EXPORT_VERSION} (an export of "
+                  f"this server), got {json.dumps(body.get('format'))[:40]} and {json.dumps(body.get('version'))[:10]}")
+    entries = body.get("entries")
+    if not isinstance(entries, list):
+        raise bad("field 'entries' must be a list of sessions {\"turns\", \"time\"} and forgets {\"forget\"}")
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict) and "forget" in entry:
+            only(entry, {"forget"}, f"entries[{i}]: ")
+            out.append({"forget": check_unit_id(entry["forget"], f"entries[{i}]: field 'forget'")})
+        else:
+            turns, when = _within(f"entries[{i}]", check_session, entry, limits)
+            out.append({"turns": turns, "time": when})
+    return out
+
+
+def check_unit_id(value: Any, what: str = "unit id") -> str:
+    if not isinstance(value, str) or not UNIT_ID.fullmatch(value):
+        raise bad(f"{what} must match [A-Za-z0-9_.:-]{{1,128}} (a unit id as memories and search show it), "
+                  f"got {json.dumps(value)[:40]}")
+    return value
+
+
+def _within(where: str, check, value: Any, *args):
+    """``check(value, *args)`` with ``where`` in front of its message (a part of a larger body)."""
+    try:
+        return check(value, *args)
+    except ApiError as exc:
+        raise ApiError(exc.status, f"{where}: {exc.message}", exc.headers) from None
+
+
 def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[dict, str, str | None]:
     """``(body, question, time)`` of ``/answer`` or ``/search``."""
     body = object_body(body, "field 'question'")
@@ -184,18 +293,20 @@ def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[
 
 
 #: OpenAI chat-completions fields this server honours, or may ignore without changing the answer
-#: (sampling settings: answers are greedy, the export's contract)
+#: (sampling settings: answers are greedy, the export's contract; caching, storage, abuse-monitoring
+#: and routing hints: ``prompt_cache_key``, ``safety_identifier``, ``metadata``, ``store``, ``service_tier``)
 CHAT_FIELDS = frozenset({"model", "messages", "user", "stream", "stream_options", "max_tokens",
                          "max_completion_tokens", "temperature", "top_p", "seed", "presence_penalty",
                          "frequency_penalty", "metadata", "store", "service_tier", "parallel_tool_calls",
-                         "graph", "time"})
+                         "prompt_cache_key", "safety_identifier", "graph", "time"})
 #: OpenAI fields asking for what this model cannot do: refused by name (as OpenAI refuses them for a
 #: model without the feature) unless given their neutral value
 CHAT_UNSUPPORTED = {"n": (None, 1), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
                     "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
                     "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""),
                     "logit_bias": (None, {}), "audio": (None,), "modalities": (None, ["text"]),
-                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,)}
+                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
+                    "verbosity": (None, "medium")}
 
 
 def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str, Any]:
@@ -231,8 +342,12 @@ def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str,
     temperature = body.get("temperature")
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
         raise bad("field 'temperature' must be a number")
-    if body.get("stream_options") is not None and not isinstance(body["stream_options"], dict):
-        raise bad("field 'stream_options' must be an object")
+    for name in ("stream_options", "metadata"):
+        if body.get(name) is not None and not isinstance(body[name], dict):
+            raise bad(f"field '{name}' must be an object")
+    for name in ("prompt_cache_key", "safety_identifier"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise bad(f"field '{name}' must be a string")
     return {"user": user, "question": question, "time": when(body), "graph": graph(body),
             "stream": boolean(body, "stream"), "model": model, "max_tokens": max_tokens(body, server_max_tokens)}
 

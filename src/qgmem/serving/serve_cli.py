@@ -34,6 +34,7 @@ class ServeSettings:
     max_queue: int = 64  #: questions that may wait for the LM; past this a request gets 503 + Retry-After
     snapshot_every: int = 1  #: write a store snapshot every N appended sessions (the journal is always synced)
     max_body_bytes: int = 1_000_000  #: larger bodies get 413
+    max_import_bytes: int = 200_000_000  #: the body of POST /v1/users/{id}/import (an export of a whole user) at most; larger gets 413
     max_turns: int = 500  #: turns per appended session (past: 413)
     max_turn_chars: int = 8_000  #: characters per turn (past: 413)
     body_timeout_s: float = 30.0  #: a request body not received within this many seconds gets 408 and the connection is closed
@@ -62,7 +63,8 @@ def resolve(args: argparse.Namespace) -> ServeSettings:
 def check(s: ServeSettings) -> None:
     if not s.export:
         raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
-    for name in ("max_batch", "max_queue", "snapshot_every", "max_body_bytes", "max_turns", "max_turn_chars"):
+    for name in ("max_batch", "max_queue", "snapshot_every", "max_body_bytes", "max_import_bytes", "max_turns",
+                 "max_turn_chars"):
         if getattr(s, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
     if not 0 < s.port < 65536:
@@ -97,7 +99,8 @@ def build_service(settings: ServeSettings):
 
     pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens,
                            lm_dtype=settings.lm_dtype)
-    limits = Limits(max_body_bytes=settings.max_body_bytes, max_turns=settings.max_turns,
+    limits = Limits(max_body_bytes=settings.max_body_bytes, max_import_bytes=settings.max_import_bytes,
+                    max_turns=settings.max_turns,
                     max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s)
     return MemoryService(pipeline, settings.store_root, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                          max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits,

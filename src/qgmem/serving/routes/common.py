@@ -1,0 +1,69 @@
+"""What the routers share: the error body, the bounded and timed body read, the user-id check, and a
+question's way through activation (in a worker thread) to the batcher."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from qgmem.serving.requests import ApiError, Limits, parse_body
+from qgmem.serving.users import BadUserId, check_user_id
+
+#: the OpenAI error ``type`` of each status
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+               408: "timeout_error", 409: "conflict_error", 413: "request_too_large", 503: "overloaded_error"}
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None):
+    """``{"error": {"message", "type", "code"}}`` with ``status``."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse({"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"),
+                                   "code": status}}, status_code=status, headers=headers)
+
+
+def check_id(user_id: str) -> str:
+    try:
+        return check_user_id(user_id)
+    except BadUserId as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+async def read_body(request: Any, limits: Limits, max_bytes: int | None = None) -> bytes:
+    """The body, at most ``max_bytes`` (default: ``limits.max_body_bytes``; past it: 413), received
+    within ``limits.body_timeout_s`` (else 408 and the connection closed)."""
+    limit = max_bytes or limits.max_body_bytes
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise ApiError(413, f"the body is {length} bytes, over the limit of {limit}")
+    body = bytearray()
+
+    async def receive() -> None:
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                raise ApiError(413, f"the body is over the limit of {limit} bytes")
+
+    try:
+        await asyncio.wait_for(receive(), timeout=limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the body was not received within {limits.body_timeout_s:g} s ({len(body)} "
+                            "bytes arrived)", {"Connection": "close"}) from None
+    return bytes(body)
+
+
+async def read_json(request: Any, limits: Limits, max_bytes: int | None = None) -> Any:
+    return parse_body(await read_body(request, limits, max_bytes))
+
+
+async def in_thread(function, *args):
+    """``function(*args)`` in a worker thread (disk, construction and activation never block the loop)."""
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(function, *args)
+
+
+async def activate(service: Any, user_id: str, question: str, when: str | None, cap: int | None):
+    """The question's :class:`~qgmem.serving.records.Retrieved` (a full queue is refused first: 503)."""
+    service.check_queue()
+    return await in_thread(service.retrieve, user_id, question, when, cap)
