@@ -121,11 +121,14 @@ def make_handler(engine: EngineDouble):
 
         def reply(self, status: int, payload: dict) -> None:
             data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (a time-out test)
+                pass
 
         def error(self, status: int, message: str) -> None:
             self.reply(status, {"object": "error", "message": message, "type": "BadRequestError", "code": status})
@@ -203,10 +206,10 @@ class RunningEngine:
 
 
 def main() -> None:
-    from qgmem.lm import load_causal_lm, load_tokenizer
+    from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--lm", required=True, help="the frozen LM (a folder, hub id or embedded:SmolLM2-135M-Instruct)")
+    parser.add_argument("--lm", required=True, help=f"the frozen LM (a folder, hub id or {EMBEDDED_LM})")
     parser.add_argument("--served-model-name", default=None, help="the model name requests carry (default: --lm)")
     parser.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16 | auto")
     parser.add_argument("--port", type=int, default=8100)

@@ -19,7 +19,8 @@ Endpoints (JSON in and out; errors are ``{"error": {"message", "type", "code"}}`
 - ``GET /healthz``; ``GET /metrics``: Prometheus latency histograms per stage and per endpoint.
 
 Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` holds
-every body check); a full queue is a 503 with ``Retry-After``; a body not received within
+every body check); a full queue is a 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that
+fails is a 502 with its error, or a 504 when it ran out of time; a body not received within
 ``Limits.body_timeout_s`` a 408. Nothing of a request body is logged, the access log holds no query
 string, and a 500 names a user's file relative to the store root.
 """
@@ -36,6 +37,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from qgmem.errors import IntegrityError, UserError
+from qgmem.llm.prompt_embeds import EngineError
 from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.requests import (ANSWER_FIELDS, SEARCH_FIELDS, ApiError, Limits, bad, chat_request,  # noqa: F401
                                     check_question, check_session, graph, integer, max_tokens, parse_body)
@@ -190,7 +192,7 @@ def create_app(service: MemoryService, api_key: str | None = None):
     def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 408: "timeout_error", 409: "conflict_error", 413: "request_too_large",
-                503: "overloaded_error"}.get(status, "server_error")
+                502: "engine_error", 503: "overloaded_error", 504: "engine_timeout"}.get(status, "server_error")
         return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status,
                             headers=headers)
 
@@ -221,6 +223,9 @@ def create_app(service: MemoryService, api_key: str | None = None):
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError):
         message = service.private(str(exc))
+        if isinstance(exc, EngineError):  # the LM engine behind --lm-url failed or ran out of time
+            log.error("%s", message)
+            return error(exc.status, message)
         if isinstance(exc, IntegrityError):  # the server's files, not the request: logged, the user not served
             log.error("user memory failed its check: %s", message)
             return error(500, f"this user's memory failed its integrity check: {message}")
