@@ -1,9 +1,10 @@
 """``--lm-url`` against the in-process LM: the same greedy answers, and the serving process's memory.
 
-1. **Answers.** ``--questions`` real ConvoMem questions (cases in file order, each history remembered
-   once) answered at float32 in process and through ``--lm-url`` against the engine double (the
+1. **Answers.** ``--questions`` real ConvoMem questions (one per case, the cases spread evenly over
+   the sample, so every category; each history remembered once) answered at float32 in process and through ``--lm-url`` against the engine double (the
    embedded SmolLM2 behind vLLM's prompt-embeddings wire format, ``tests/serving/engine_double.py``),
    over the same memory; reports how many answers, finish reasons and token counts are equal.
+   ``--engine-url`` compares against a running engine instead (the GPU rehearsal's ``vllm serve``).
 2. **Memory** (``--rss``). Two ``qgmem serve`` processes side by side, one with the LM in process and
    one with ``--lm-url`` (the double in a third process); each gets the same ConvoMem session and
    answers the same question; their resident set sizes (VmRSS) are read after that answer.
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import httpx
@@ -31,30 +33,28 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def convomem_questions(n: int):
-    """``(case, [questions])`` in file order until ``n`` questions."""
+    """``(case, [question])`` for ``n`` cases spread evenly over the sample's file order (every category)."""
     from qgmem.data.loaders import load_cases
 
-    picked, total = [], 0
-    for case in load_cases("convomem", REPO / "data" / "convomem").cases:
-        if total >= n:
-            break
-        questions = [qa.question for qa in case.qas][: n - total]
-        if questions:
-            picked.append((case, questions))
-            total += len(questions)
-    return picked
+    cases = [c for c in load_cases("convomem", REPO / "data" / "convomem").cases if c.qas]
+    return [(cases[i * len(cases) // n], [cases[i * len(cases) // n].qas[0].question]) for i in range(min(n, len(cases)))]
 
 
-def compare_answers(export: str, n: int) -> dict:
+def compare_answers(export: str, n: int, engine_url: str | None = None) -> dict:
     from qgmem.lm import EMBEDDED_LM, EMBEDDED_LM_HUB_ID, load_causal_lm, load_tokenizer
     from qgmem.serving.export_models import load_models
     from qgmem.serving.remote_lm import engine_config
     from tests.serving.engine_double import EngineDouble, RunningEngine
 
     here = load_models(export, device="cpu", lm_dtype="float32")
-    double = EngineDouble(load_causal_lm(EMBEDDED_LM, dtype="float32"), load_tokenizer(EMBEDDED_LM), EMBEDDED_LM_HUB_ID)
     rows, seconds = [], {"in_process": 0.0, "lm_url": 0.0}
-    with RunningEngine(double) as url:
+    if engine_url is None:
+        double = EngineDouble(load_causal_lm(EMBEDDED_LM, dtype="float32"), load_tokenizer(EMBEDDED_LM),
+                              EMBEDDED_LM_HUB_ID)
+        running = RunningEngine(double)
+    else:
+        running = nullcontext(engine_url)
+    with running as url:
         there = load_models(export, device="cpu", lm_dtype="float32", engine=engine_config(url, None, None))
         for case, questions in convomem_questions(n):
             here.remember(case)
@@ -134,17 +134,20 @@ def main() -> None:
     parser.add_argument("--untrained-export", action="store_true",
                         help="write --export (once) as an untrained export of the default preset's shape")
     parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--engine-url", default=None,
+                        help="compare against this engine (e.g. vllm serve … --enable-prompt-embeds, serving the "
+                             "embedded SmolLM2 under its hub id) instead of the engine double")
     parser.add_argument("--rss", action="store_true", help="also measure the two servers' RSS side by side")
     args = parser.parse_args()
     if args.untrained_export:
         untrained_export(Path(args.export))
     result = {"export": args.export}
     if args.questions:
-        result["answers"] = compare_answers(args.export, args.questions)
+        result["answers"] = compare_answers(args.export, args.questions, args.engine_url)
         a = result["answers"]
         print(f"{a['same_answers']}/{a['questions']} answers equal through --lm-url; finish reason and tokens equal "
               f"for {a['same_finish_and_tokens']}; seconds in process {a['seconds']['in_process']}, "
-              f"through the engine double {a['seconds']['lm_url']}")
+              f"through {args.engine_url or 'the engine double'} {a['seconds']['lm_url']}")
     if args.rss:
         result["rss"] = compare_rss(args.export)
         r = result["rss"]

@@ -1,6 +1,6 @@
 """Acceptance: real ConvoMem questions answered through ``--lm-url`` (the engine double over the embedded
-SmolLM2) and in process give the same greedy answers at float32. Three questions here; the twenty-question
-run is ``bench/lm_url.py`` (its figure in docs/BENCHMARKS.md)."""
+SmolLM2) and in process give the same greedy answers at float32. Three questions over one real history
+here; twenty questions, each over its own case's history, in ``bench/lm_url.py`` (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ def test_three_convomem_questions_get_the_same_answers_through_the_engine(tmp_pa
     from qgmem.data.loaders import load_cases
 
     export = str(default_shaped_export(tmp_path / "export"))
-    case = next(c for c in load_cases("convomem", convomem_path).cases if len(c.qas) >= 1)
-    questions = [qa.question for qa in case.qas][:3]
+    # the shortest history (its construction dominates the run) and its question, then two other cases' questions
+    cases = sorted(load_cases("convomem", convomem_path).cases, key=lambda c: len(list(c.dialogue.turns())))
+    case, questions = cases[0], [c.qas[0].question for c in cases[:3]]
+    assert len(set(questions)) == 3
     here = load_models(export, device="cpu", lm_dtype="float32")
     here.remember(case)
     local = here.answer(questions)
