@@ -1,6 +1,6 @@
 """Acceptance: real ConvoMem questions answered through ``--lm-url`` (the engine double over the embedded
 SmolLM2) and in process give the same greedy answers at float32. Three questions over one real history
-here; twenty questions, each over its own case's history, in ``bench/lm_url.py`` (docs/BENCHMARKS.md)."""
+here; twenty questions, each over its own case's history, in ``bench/serving/lm_url.py`` (docs/BENCHMARKS.md)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@
    one with ``--lm-url`` (the double in a third process); each gets the same ConvoMem session and
    answers the same question; their resident set sizes (VmRSS) are read after that answer.
 
-    python -m bench.lm_url --export checkpoints/export --questions 20 --rss
+    python -m bench.serving.lm_url --export checkpoints/export --questions 20 --rss
 """
 
 from __future__ import annotations
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.serve_load import free_port, histories, rss_mb, untrained_export
-
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import REPO, free_port, rss_mb
+from bench.serving.serve_load import histories, untrained_export
 
 
 def convomem_questions(n: int):
