@@ -79,7 +79,8 @@ class QGMemPipeline:
         same model). ``api``: an LLM backend (or an ``LLMConfig``) that answers from the working memory
         and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.text_graph_backbone`); the LM is
         then not loaded. ``engine``: the ``LLMConfig`` of a serving engine that runs the LM
-        (:mod:`qgmem.serving.remote_lm`); only its input embedding table is loaded here. ``hub``: ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
+        (:mod:`qgmem.serving.remote_lm`); only its input embedding table is loaded here. ``hub``:
+        ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
         from qgmem.embed import SentenceEncoder
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
