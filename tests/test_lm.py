@@ -48,3 +48,38 @@ def test_the_scan_finds_a_literal_and_passes_prose(tmp_path):  # positive and ne
     (tmp_path / "a.py").write_text(f'"""Uses {EMBEDDED_LM_NAME}."""\nLM = "embedded:{EMBEDDED_LM_NAME}"\n'
                                    f'def f():\n    """{EMBEDDED_LM_NAME} again."""\n    # {EMBEDDED_LM_NAME}\n')
     assert literal_ids(tmp_path) == ["a.py:2"]
+
+
+def test_the_input_embedding_table_alone_equals_the_loaded_lms(tiny_lm_path, monkeypatch):
+    import safetensors
+    import torch
+
+    from qgmem.lm import load_causal_lm, load_input_embeddings
+
+    read = []
+    original = safetensors.safe_open
+
+    class Spy:
+        def __init__(self, *args, **kwargs):
+            self.inner = original(*args, **kwargs)
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def keys(self):
+            return self.inner.keys()
+
+        def get_tensor(self, key):
+            read.append(key)
+            return self.inner.get_tensor(key)
+
+    monkeypatch.setattr(safetensors, "safe_open", Spy)
+    table = load_input_embeddings(tiny_lm_path, dtype="float32")
+    full = load_causal_lm(tiny_lm_path, dtype="float32").get_input_embeddings()
+    assert read == ["model.embed_tokens.weight"] and [n for n, _ in table.named_parameters()] == ["weight"]
+    assert torch.equal(table.weight, full.weight) and not table.weight.requires_grad
+    assert load_input_embeddings(tiny_lm_path, dtype="bfloat16").weight.dtype == torch.bfloat16

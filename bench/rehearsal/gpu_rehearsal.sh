@@ -10,6 +10,10 @@
 # measured in the same run, with and without gradient checkpointing, as one JSON line (also in OUT_DIR).
 # Sized for well under 8 minutes of one H100 (model init about a minute, 2 x (1 + STEPS) steps), no network.
 #
+# Then, when vLLM installs on the machine, `vllm serve --enable-prompt-embeds` over the embedded SmolLM2
+# and `--lm-url`'s answers against the in-process ones (the last step below; it adds vLLM's install and
+# start, a few minutes, to the budget above; LM_URL=0 skips it).
+#
 #     bash bench/rehearsal/gpu_rehearsal.sh [OUT_DIR]              # one GPU
 #     DEVICE=cpu SHAPE=small bash bench/rehearsal/gpu_rehearsal.sh  # the same code on a CPU at a small shape (a check)
 set -euo pipefail
@@ -101,3 +105,36 @@ result = {"device": torch.cuda.get_device_name() if cuda else "cpu", "shape": sh
 print(json.dumps(result))
 PY
 tail -n 1 "$out/gpu_rehearsal.txt" > "$out/gpu_rehearsal.json"
+
+# --lm-url against the real engine: `vllm serve --enable-prompt-embeds` over the embedded SmolLM2 on this GPU,
+# in a venv of its own (vLLM pins its own torch), when vLLM installs here (pip needs the package index or a
+# wheel cache: the lent machine may have neither, and then the step says so and is skipped). bench/serving/lm_url.py
+# answers LM_URL_QUESTIONS real ConvoMem questions in process (CPU, float32) and through the engine, and counts
+# the equal answers. VLLM_DTYPE (default float32, the in-process dtype) is what vLLM runs the LM at; LM_URL=0
+# skips the step (it needs a GPU, so DEVICE=cpu skips it too).
+[ "${LM_URL:-1}" = 1 ] && [ "$DEVICE" = cuda ] || exit 0
+vllm_bin="$out/vllm-venv/bin/vllm"
+if [ ! -x "$vllm_bin" ]; then
+  python -m venv "$out/vllm-venv" && "$out/vllm-venv/bin/pip" install -q --retries 0 --timeout 20 vllm \
+    >"$out/vllm_install.txt" 2>&1 || true
+fi
+if [ -x "$vllm_bin" ]; then
+  lm_dir="$(python -c 'from qgmem.lm import EMBEDDED_LM, resolve_lm_path; print(resolve_lm_path(EMBEDDED_LM))')"
+  lm_name="$(python -c 'from qgmem.lm import EMBEDDED_LM_HUB_ID; print(EMBEDDED_LM_HUB_ID)')"
+  "$vllm_bin" serve "$lm_dir" --served-model-name "$lm_name" --enable-prompt-embeds --dtype "${VLLM_DTYPE:-float32}" \
+    --max-model-len 2048 --port 8100 >"$out/vllm_serve.txt" 2>&1 &
+  vllm_pid=$!
+  for _ in $(seq 1 150); do
+    python -c 'import httpx; httpx.get("http://127.0.0.1:8100/v1/models", timeout=2).raise_for_status()' \
+      >/dev/null 2>&1 && break
+    kill -0 "$vllm_pid" 2>/dev/null || break
+    sleep 2
+  done
+  python -m bench.serving.lm_url --export "$out/untrained-export" --untrained-export --questions "${LM_URL_QUESTIONS:-20}" \
+    --engine-url http://127.0.0.1:8100/v1 2>&1 | tee "$out/lm_url_vllm.txt" || true
+  kill "$vllm_pid" 2>/dev/null || true
+  wait "$vllm_pid" 2>/dev/null || true
+else
+  echo "vLLM did not install here (see $out/vllm_install.txt); the --lm-url engine step is skipped" \
+    | tee "$out/lm_url_vllm.txt"
+fi

@@ -106,3 +106,58 @@ def load_causal_lm(name_or_path: str, dtype: str = "auto", device: str | None = 
     if device is not None:
         model.to(device)
     return model
+
+
+def load_input_embeddings(name_or_path: str, dtype: str = "auto", device: str | None = None):
+    """The LM's input embedding table alone, read from its safetensors without the transformer's weights.
+
+    The LM's module tree is built on the ``meta`` device (no memory) only to learn which weight is its
+    input embedding; that one tensor is then read from the (possibly sharded) safetensors with
+    ``safe_open``. A process that sends prompt embeddings to a serving engine needs nothing more.
+    """
+    import json
+
+    import torch
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from qgmem.errors import UserError
+
+    path = resolve_lm_path(name_or_path)
+    local = Path(path).exists()
+    config = AutoConfig.from_pretrained(path, local_files_only=local)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    table = skeleton.get_input_embeddings()
+    if type(table) is not torch.nn.Embedding:
+        raise UserError(f"LM {name_or_path!r}: its input embeddings are a {type(table).__name__}, not a plain "
+                        "lookup table; serve it in process")
+    key = next(name for name, p in skeleton.named_parameters() if p is table.weight)
+
+    def fetch(filename: str) -> Path | None:
+        if local:
+            found = Path(path) / filename
+            return found if found.exists() else None
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            return Path(hf_hub_download(path, filename))
+        except EntryNotFoundError:
+            return None
+
+    index = fetch("model.safetensors.index.json")
+    filename = json.loads(index.read_text())["weight_map"].get(key) if index else "model.safetensors"
+    weights = fetch(filename) if filename else None
+    if weights is None:
+        raise UserError(f"LM {name_or_path!r}: no safetensors file holds {key!r}")
+    with safe_open(str(weights), framework="pt", device="cpu") as f:
+        if key not in f.keys():
+            raise UserError(f"LM {name_or_path!r}: {weights.name} has no tensor {key!r}")
+        weight = f.get_tensor(key)
+    torch_dtype = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    if torch_dtype is None:
+        stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        torch_dtype = getattr(torch, stored) if isinstance(stored, str) else stored or weight.dtype
+    embedding = torch.nn.Embedding.from_pretrained(weight.to(torch_dtype), freeze=True)
+    return embedding.to(device) if device is not None else embedding

@@ -100,3 +100,20 @@ def test_rows_are_cut_after_the_first_stop_token(smollm2_tokenizer):
 ])
 def test_final_answer(text, first_line, expected):
     assert final_answer(text, first_line) == expected
+
+
+def test_a_row_ended_by_its_line_break_counts_no_padding_after_it(smollm2_tokenizer):
+    """In a batch, a row the line-break criterion ended is padded while others decode on; when the pad is a
+    stop token (SmolLM2: ``<|im_end|>``), it is not a generated token: the row counts as it would alone."""
+    tok = smollm2_tokenizer
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    short = tok("Green.\n", add_special_tokens=False)["input_ids"]
+    long = tok("Blue sky over the sea", add_special_tokens=False)["input_ids"]
+    width = max(len(short), len(long)) + 1
+    rows = [short + [eot] * (width - len(short)), long + [tok("!", add_special_tokens=False)["input_ids"][0]]]
+    rows[1] = rows[1] + [eot] * (width - len(rows[1]))
+    lm = ScriptedLM(rows)
+    out = generate(lm, tok, torch.ones(2, 1, dtype=torch.long), inputs_embeds=torch.zeros(2, 1, 4), max_new_tokens=width,
+                   stop_ids=[eot], pad_id=eot, stop_at_newline=True)
+    assert out.ids[0] == short and out.texts[0] == "Green.\n"
+    assert out.ids[1] == long + rows[1][len(long):len(long) + 2]  # a real end of turn is a generated token

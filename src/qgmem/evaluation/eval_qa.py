@@ -213,11 +213,13 @@ def reference_nll(pipe, retrieved: list, qas: list, mode: str) -> list[float | N
     """The reference answer's NLL (mean over its tokens) per question under ``mode``'s graph.
 
     ``None`` for rubric references (a grading text, not an answer) and where no LM is at hand (an
-    API backbone scores no likelihood).
+    API backbone, or an engine behind ``--lm-url``, scores no likelihood).
     """
     import torch
 
-    if getattr(pipe, "backbone", None) is not None or not retrieved:
+    from qgmem.serving.remote_lm import RemoteLM
+
+    if getattr(pipe, "backbone", None) is not None or isinstance(pipe.lm, RemoteLM) or not retrieved:
         return [None] * len(retrieved)
     graphs = pipe._graphs_for(retrieved, mode)
     with torch.no_grad():

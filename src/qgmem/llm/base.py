@@ -53,6 +53,10 @@ class ChatResult:
     #: no reply at all: the server could not be reached, or kept failing until the retries or the deadline were
     #: spent (an outage, not an answer about this request; a refused request, e.g. HTTP 400, is not this)
     unavailable: bool = False
+    #: the request ran out of time (a read timeout on the last attempt, or the overall deadline)
+    timed_out: bool = False
+    #: why the reply ended, as the server says (``stop`` | ``length``), when it says
+    finish_reason: str | None = None
 
     @property
     def ok(self) -> bool:

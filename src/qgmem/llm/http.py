@@ -19,6 +19,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -111,53 +112,74 @@ class OpenAIChatBackend(LLMBackend):
     def _request(self, messages: Conversation, max_new_tokens: int, temperature: float) -> ChatResult:
         body = {"model": self.config.model, "messages": messages, "max_tokens": int(max_new_tokens),
                 "temperature": float(temperature), **self.config.extra_body}
+        return self.send("/chat/completions", body, self._parse)
+
+    def send(self, path: str, body: dict, parse: Callable[[bytes, tuple[str, ...]], ChatResult], *,
+             problem: Callable[[str], str | None] | None = reply_problem,
+             sink: Callable[[], Callable[[bytes], None]] | None = None,
+             may_retry: Callable[[], bool] = lambda: True) -> ChatResult:
+        """POST ``body`` to ``path`` with the retries and the deadline of the module docstring.
+
+        ``parse(raw, secrets)`` reads an HTTP 200 body; ``problem(text)`` names why a parsed reply is
+        unusable (retried like a 5xx; ``None``: any text is a reply). ``sink()`` makes, for each attempt, a
+        function given each chunk of an HTTP 200 body as it arrives (a streamed reply); ``may_retry()`` says whether a failed attempt
+        may be sent again (not once a stream has handed part of its reply on).
+        """
         deadline = time.monotonic() + self.config.deadline_s
         error = "no attempt made"
         replied = False  # the last attempt got an HTTP 200 (an empty or unusable reply is the model's answer)
+        timed_out = False  # the last attempt ran out of time (a read timeout)
         for attempt in range(self.config.max_retries + 1):
             retry_after = None
             try:
-                status, raw, retry_after = self._post(body, deadline)
+                status, raw, retry_after = self._post(path, body, deadline, sink() if sink else None)
             except DeadlineExceeded as e:
                 return ChatResult("", 0, 0, error=f"deadline of {self.config.deadline_s:g}s exceeded "
-                                                  f"(attempt {attempt + 1}: {e})", unavailable=True)
+                                                  f"(attempt {attempt + 1}: {e})", unavailable=True, timed_out=True)
             except httpx.TimeoutException:
-                error, replied = f"timeout after {self.config.timeout_s:g}s", False
+                error, replied, timed_out = f"timeout after {self.config.timeout_s:g}s", False, True
             except httpx.TransportError as e:
-                error, replied = f"connection error: {type(e).__name__}", False
+                error, replied, timed_out = f"connection error: {type(e).__name__}", False, False
             else:
-                replied = status == 200
+                replied, timed_out = status == 200, False
                 if status == 200:
-                    result = self._parse(raw, self._secrets)
-                    problem = reply_problem(result.text) if result.error is None else None
-                    if problem is not None:
-                        error = f"{problem}: HTTP 200 with no usable content"
+                    result = parse(raw, self._secrets)
+                    found = problem(result.text) if result.error is None and problem is not None else None
+                    if found is not None:
+                        error = f"{found}: HTTP 200 with no usable content"
                     else:
                         return result
                 else:
                     error = f"HTTP {status}: {_excerpt(raw, self._secrets)}"
                     if status not in RETRY_STATUS:
                         return ChatResult("", 0, 0, error=error)
-            if attempt < self.config.max_retries:
+            if attempt < self.config.max_retries and may_retry():
                 wait = self._backoff(attempt, retry_after)
                 if time.monotonic() + wait >= deadline:
                     return ChatResult("", 0, 0, error=f"deadline of {self.config.deadline_s:g}s exceeded after "
-                                                      f"{attempt + 1} attempts: {error}", unavailable=not replied)
+                                                      f"{attempt + 1} attempts: {error}", unavailable=not replied,
+                                      timed_out=True)
                 with self._lock:
                     self.usage.retries += 1
                 self._sleep(wait)
+            elif not may_retry():
+                return ChatResult("", 0, 0, error=f"failed after part of a streamed reply: {error}",
+                                  unavailable=not replied, timed_out=timed_out)
         return ChatResult("", 0, 0, error=f"gave up after {self.config.max_retries + 1} attempts: {error}",
-                          unavailable=not replied)
+                          unavailable=not replied, timed_out=timed_out)
 
-    def _post(self, body: dict, deadline: float) -> tuple[int, bytes, str | None]:
+    def _post(self, path: str, body: dict, deadline: float,
+              on_bytes: Callable[[bytes], None] | None = None) -> tuple[int, bytes, str | None]:
         """POST and read the body in chunks, giving up once ``deadline`` (monotonic seconds) passes."""
         if time.monotonic() >= deadline:
             raise DeadlineExceeded("no time left before sending")
-        with self._client.stream("POST", "/chat/completions", json=body) as response:
+        with self._client.stream("POST", path, json=body) as response:
             chunks, size = [], 0
             for chunk in response.iter_bytes():
                 chunks.append(chunk)
                 size += len(chunk)
+                if on_bytes is not None and response.status_code == 200:
+                    on_bytes(chunk)
                 if time.monotonic() >= deadline:
                     raise DeadlineExceeded(f"{size} bytes of the reply read")
                 if size > MAX_BODY_BYTES:

@@ -20,7 +20,8 @@ from qgmem.text import strip_thinking
 
 @dataclass
 class Generation:
-    """New token ids per row, cut after the first stop token, and their decoded text."""
+    """New token ids per row, cut after the first stop token (or after the line break that ended the
+    row, without the batch's padding), and their decoded text."""
 
     ids: list[list[int]]
     texts: list[str]
@@ -68,7 +69,10 @@ def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Te
     rows = []
     for row in out.tolist():
         end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
-        rows.append(row[:end])
+        row = row[:end]
+        if stop_at_newline and end > 1 and row[-1] == pad_id and "\n" in tokenizer.decode(row[-2:-1]):
+            row = row[:-1]  # a line break ended the row a step earlier: the stop token after it is padding
+        rows.append(row)
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True) if rows else []
     return Generation(rows, texts)
 

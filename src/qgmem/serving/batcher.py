@@ -47,6 +47,7 @@ class RowStreamer:
         self.caps = caps or [None] * len(callbacks)  # a row's answer cap: nothing past it is sent
         self.ids: list[list[int]] = [[] for _ in callbacks]
         self.sent = [""] * len(callbacks)
+        self.texts = [""] * len(callbacks)  # text given by add_text
         self.done = [cb is None for cb in callbacks]
 
     def put(self, value) -> None:
@@ -61,19 +62,27 @@ class RowStreamer:
             self.ids[row].append(token)
             if self.caps[row] is not None and len(self.ids[row]) >= self.caps[row]:
                 self.done[row] = True  # this token is the row's last (the batch may decode on for others)
-            text = self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
-            if self.first_line:
-                stripped = text.lstrip("\n")
-                if "\n" in stripped:
-                    text = text[: len(text) - len(stripped)] + stripped.split("\n", 1)[0]
-                    self.done[row] = True
-            text = text.lstrip()
-            if text.startswith(self.sent[row]) and len(text) > len(self.sent[row]):
-                piece, self.sent[row] = text[len(self.sent[row]):], text
-                if "\ufffd" not in piece:  # half a multi-byte character: wait for the rest
-                    self.callbacks[row](piece)
-                else:
-                    self.sent[row] = text[: len(text) - len(piece)]
+            self.show(row, self.tokenizer.decode(self.ids[row], skip_special_tokens=True))
+
+    def add_text(self, row: int, piece: str) -> None:
+        """A new piece of ``row``'s text decoded elsewhere (an engine behind ``--lm-url``)."""
+        self.texts[row] += piece
+        self.show(row, self.texts[row])
+
+    def show(self, row: int, text: str) -> None:
+        """Send what ``row``'s answer text so far adds to what was sent: up to its first line break."""
+        if self.first_line:
+            stripped = text.lstrip("\n")
+            if "\n" in stripped:
+                text = text[: len(text) - len(stripped)] + stripped.split("\n", 1)[0]
+                self.done[row] = True
+        text = text.lstrip()
+        if text.startswith(self.sent[row]) and len(text) > len(self.sent[row]):
+            piece, self.sent[row] = text[len(self.sent[row]):], text
+            if "\ufffd" not in piece:  # half a multi-byte character: wait for the rest
+                self.callbacks[row](piece)
+            else:
+                self.sent[row] = text[: len(text) - len(piece)]
 
     def end(self) -> None:
         pass

@@ -35,6 +35,7 @@ from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
 from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
+from qgmem.serving.remote_lm import RemoteLM
 
 #: the answer when the history holds nothing at all (no memory unit was built): no LM call is made
 NO_MEMORY_ANSWER = "I don't know: there is no information in the conversation history yet."
@@ -73,11 +74,13 @@ class QGMemPipeline:
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | Path, *, device: str | None = None, lm: str | None = None,
                         lm_dtype: str | None = None, llm: Any = None, max_new_tokens: int | None = None,
-                        api: Any = None, **hub: Any) -> QGMemPipeline:
+                        api: Any = None, engine: Any = None, **hub: Any) -> QGMemPipeline:
         """Rebuild everything from the export. ``lm`` overrides the LM id (e.g. a local folder of the
         same model). ``api``: an LLM backend (or an ``LLMConfig``) that answers from the working memory
         and the text-serialized graph instead of the graph-token LM (:mod:`qgmem.serving.text_graph_backbone`); the LM is
-        then not loaded. ``hub``: ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
+        then not loaded. ``engine``: the ``LLMConfig`` of a serving engine that runs the LM
+        (:mod:`qgmem.serving.remote_lm`); only its input embedding table is loaded here. ``hub``:
+        ``revision``, ``cache_dir``, ``local_files_only``, ``token``."""
         from qgmem.embed import SentenceEncoder
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -89,7 +92,7 @@ class QGMemPipeline:
         prompt = PromptSettings.from_dict(cfg.get("prompt"))
         backbone = model = tokenizer = None
         if api is None:
-            model, tokenizer = load_lm_for(encoder, lm, lm_dtype, device)
+            model, tokenizer = load_lm_for(encoder, lm, lm_dtype, device, engine)
         else:
             from qgmem.llm.base import LLMConfig
             from qgmem.serving.text_graph_backbone import TextGraphBackbone
@@ -257,19 +260,21 @@ class QGMemPipeline:
         settings = self.prompt_settings
         caps = [self.answer_cap(r) for r in batch]
         newline = settings.first_line and not settings.enable_thinking
-        if any(has_memory):
+        if any(has_memory) and isinstance(self.lm, RemoteLM):
+            texts, counts, finish = self.lm.answer(embeds, mask, caps, self.prompts.stop_ids, newline, streamer)
+        elif any(has_memory):
             out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=max(caps),
                            stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
                            stop_at_newline=newline, streamer=streamer)
             out, finish = self._cut(out, caps, newline)
+            texts, counts = out.texts, out.num_tokens
         else:  # nothing was remembered: the honest answer needs no LM call
-            out, finish = Generation([[] for _ in batch], ["" for _ in batch]), ["stop"] * len(batch)
+            texts, counts, finish = [""] * len(batch), [0] * len(batch), ["stop"] * len(batch)
         t2 = time.perf_counter()
         n = len(batch)
         graph_slots = 0 if token is None else (token.size(1) if token.dim() == 3 else 1)
         answers = []
-        for r, p, text, n_new, memory_present, reason in zip(batch, encoded, out.texts, out.num_tokens, has_memory,
-                                                             finish):
+        for r, p, text, n_new, memory_present, reason in zip(batch, encoded, texts, counts, has_memory, finish):
             answer = final_answer(text, settings.first_line) if memory_present else NO_MEMORY_ANSWER
             seconds = {**r.seconds, "graph_encoding": (t1 - t0) / n, "generation": (t2 - t1) / n}
             seconds["total"] = sum(seconds.values())
@@ -303,8 +308,12 @@ class QGMemPipeline:
         return Generation(rows, texts), finish
 
 
-def load_lm_for(encoder: GraphTokenEncoder, lm: str | None, lm_dtype: str | None, device: str):
-    """The frozen LM the export was trained against (its LoRA adapters applied), and its tokenizer."""
+def load_lm_for(encoder: GraphTokenEncoder, lm: str | None, lm_dtype: str | None, device: str, engine: Any = None):
+    """The frozen LM the export was trained against (its LoRA adapters applied), and its tokenizer.
+
+    ``engine`` (an ``LLMConfig``): the LM runs in a serving engine; a :class:`RemoteLM` holding the input
+    embedding table alone stands in for it.
+    """
     from qgmem.lm import load_causal_lm, load_tokenizer
 
     cfg = encoder.export_config
@@ -312,7 +321,15 @@ def load_lm_for(encoder: GraphTokenEncoder, lm: str | None, lm_dtype: str | None
     lm_id = lm or lm_cfg.get("id")
     if not lm_id:
         raise ExportFormatError("the export's config has no field 'lm.id': the LM it was trained against is unknown")
-    model = load_causal_lm(lm_id, dtype=lm_dtype or lm_cfg.get("load_dtype") or "auto", device=device)
+    dtype = lm_dtype or lm_cfg.get("load_dtype") or "auto"
+    if engine is not None:
+        if cfg.get("lora"):
+            raise ExportFormatError(f"{encoder.source}: the export adapts the LM with LoRA (field 'lora'), and an "
+                                    "engine behind --lm-url runs the LM without the adapters; serve this export "
+                                    "in process (without --lm-url)")
+        model = RemoteLM.load(lm_id, engine, dtype=dtype, device=device)
+    else:
+        model = load_causal_lm(lm_id, dtype=dtype, device=device)
     hidden = model.get_input_embeddings().embedding_dim
     if hidden != encoder.config.lm_hidden:
         raise HiddenSizeMismatch(f"field 'graph_token.lm_hidden' is {encoder.config.lm_hidden} (trained for "

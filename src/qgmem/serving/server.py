@@ -27,7 +27,8 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
 - ``GET /healthz``; ``GET /metrics``: Prometheus latency histograms per stage and per endpoint.
 
 Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` holds
-every body check); a full queue is a 503 with ``Retry-After``; a body not received within
+every body check); a full queue is a 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that
+fails is a 502 with its error, or a 504 when it ran out of time; a body not received within
 ``Limits.body_timeout_s`` a 408. Nothing of a request body is logged, the access log holds no query
 string, and a 500 names a user's file relative to the store root.
 """
@@ -41,6 +42,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from qgmem.errors import IntegrityError, UserError
+from qgmem.llm.prompt_embeds import EngineError
 from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.filters import Filters
 from qgmem.serving.requests import ApiError, Limits
@@ -247,6 +249,9 @@ def create_app(service: MemoryService, api_key: str | None = None):
     @app.exception_handler(UserError)
     async def user_error(request: Request, exc: UserError):
         message = service.private(str(exc))
+        if isinstance(exc, EngineError):  # the LM engine behind --lm-url failed or ran out of time
+            log.error("%s", message)
+            return error(exc.status, message)
         if isinstance(exc, IntegrityError):  # the server's files, not the request: logged, the user not served
             log.error("user memory failed its check: %s", message)
             return error(500, f"this user's memory failed its integrity check: {message}")

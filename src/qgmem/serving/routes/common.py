@@ -11,7 +11,8 @@ from qgmem.serving.users import BadUserId, check_user_id
 
 #: the OpenAI error ``type`` of each status
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               408: "timeout_error", 409: "conflict_error", 413: "request_too_large", 503: "overloaded_error"}
+               408: "timeout_error", 409: "conflict_error", 413: "request_too_large",
+               502: "engine_error", 503: "overloaded_error", 504: "engine_timeout"}
 
 
 def error(status: int, message: str, headers: dict[str, str] | None = None):
