@@ -24,7 +24,7 @@ import copy
 import random
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -206,32 +206,39 @@ def answer_contrasts(runs: Sequence[Any], a: str = "own", b: str = "none", *, ca
     return out
 
 
-def same_size_removals(items: Sequence[dict[str, Any]]) -> list[str]:
-    """``qa_id`` of the items whose ablated and sham graphs have the same number of nodes and of edges.
+def same_size_removals(items: Sequence[dict[str, Any]], counterfactuals: Mapping[str, dict[str, Any]]) -> list[str]:
+    """``qa_id`` of the items whose ablated and sham graphs (``counterfactuals[qa_id]``) have the same number
+    of nodes and of edges.
 
     The sham removes as many units as the ablation, but the evidence units carry more relations than the
     units that replace them, so the ablated graph is a little smaller on average. On this subset the two
     removals left graphs of equal size, so ``sham − ablated`` there is not a difference of size (a
     matching by selection: the graphs are not trimmed or padded).
     """
-    return [it["qa_id"] for it in items
-            if it.get("ablated_graph") is not None and it.get("sham_graph") is not None
-            and it["ablated_graph"].num_nodes == it["sham_graph"].num_nodes
-            and it["ablated_graph"].edge_index.shape[1] == it["sham_graph"].edge_index.shape[1]]
+    out = []
+    for it in items:
+        c = counterfactuals.get(it["qa_id"], {})
+        if c.get("ablated_graph") is not None and c.get("sham_graph") is not None \
+                and c["ablated_graph"].num_nodes == c["sham_graph"].num_nodes \
+                and c["ablated_graph"].edge_index.shape[1] == c["sham_graph"].edge_index.shape[1]:
+            out.append(it["qa_id"])
+    return out
 
 
-def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def graph_sizes(items: Sequence[dict[str, Any]], counterfactuals: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """Nodes and edges of the own, ablated and sham graphs over the items that have all three, paired."""
-    have = [it for it in items if it.get("ablated_graph") is not None and it.get("sham_graph") is not None]
+    have = [(it, counterfactuals[it["qa_id"]]) for it in items
+            if counterfactuals.get(it["qa_id"], {}).get("ablated_graph") is not None
+            and counterfactuals[it["qa_id"]].get("sham_graph") is not None]
 
     def size(graph: Any, what: str) -> float:
         return float(graph.num_nodes if what == "nodes" else graph.edge_index.shape[1])
 
     out: dict[str, Any] = {"n": len(have)}
     for what in ("nodes", "edges"):
-        own = np.asarray([size(it["graph"], what) for it in have])
-        abl = np.asarray([size(it["ablated_graph"], what) for it in have])
-        sham = np.asarray([size(it["sham_graph"], what) for it in have])
+        own = np.asarray([size(it["graph"], what) for it, _ in have])
+        abl = np.asarray([size(c["ablated_graph"], what) for _, c in have])
+        sham = np.asarray([size(c["sham_graph"], what) for _, c in have])
         out[what] = {"own": float(own.mean()) if len(have) else None,
                      "ablated": float(abl.mean()) if len(have) else None,
                      "sham": float(sham.mean()) if len(have) else None,
