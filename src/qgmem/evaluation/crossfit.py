@@ -14,7 +14,7 @@ folds, so every usable question gets a held-out prediction. Two things keep a fo
 Seeds: every fold is trained once per seed; seed ``s`` of all folds together forms one row of the
 ``[seeds, questions]`` matrix, so the crossed bootstrap resamples seed rows and question groups.
 
-Text dropout (:class:`~qgmem.training.text_dropout.TextDropout`, the data module's ``text_dropout``) is
+Text dropout (:class:`~qgmem.evaluation.text_dropout.TextDropout`, the study data module's ``text_dropout``) is
 the training option aimed at evidence that the study compares with the product's training.
 """
 
