@@ -30,12 +30,11 @@ import numpy as np
 
 from qgmem.evaluation.bootstrap import hierarchical_bootstrap, paired_bootstrap
 
-#: a repeated conversation inside one history is named ``id~2``; its conversation is ``id``
-_REPEAT = "~"
-
-
 def conversation_of(session_id: str) -> str:
-    return session_id.split(_REPEAT, 1)[0]
+    """The conversation of a history's session (a repeat, ``id~2``, is conversation ``id``)."""
+    from qgmem.data.convomem_history import REPEAT
+
+    return session_id.split(REPEAT, 1)[0]
 
 
 def evidence_conversations(case: Any) -> set[str]:
@@ -101,7 +100,7 @@ def with_distractors(cases: Sequence[Any], folds: dict[str, int], n: int, seed: 
     a case in no fold draws from the cases in no fold only. Draws and positions are seeded per case, as
     the loader's own are; evidence sessions keep their ids, so the gold turn ids stay valid.
     """
-    from qgmem.data.convomem_history import case_rng
+    from qgmem.data.convomem_history import case_rng, interleave, session_id
     from qgmem.data.records import Dialogue
 
     sessions_of = {c.id: [s for s in c.dialogue.sessions] for c in cases}
@@ -121,15 +120,12 @@ def with_distractors(cases: Sequence[Any], folds: dict[str, int], n: int, seed: 
         distractors = [copy.deepcopy(s) for _, s in drawn]
         for s, (cid, _) in zip(distractors, drawn):
             s.meta = {**s.meta, "origin": "distractor", "source_item": cid}
-        total = len(evidence) + len(distractors)
-        slots = set(sorted(rng.sample(range(total), len(evidence))))
-        ev, dis = iter(evidence), iter(distractors)
-        mixed = [next(ev) if i in slots else next(dis) for i in range(total)]
+        mixed, slots = interleave(evidence, distractors, rng)  # the loader's own mixing
         seen: dict[str, int] = defaultdict(int)
-        for s in mixed:  # a conversation twice in one history: the second copy is id~2, as the loader does
+        for s in mixed:  # a conversation twice in one history is named as the loader names it
             seen[s.id] += 1
             if seen[s.id] > 1:
-                s.id = f"{s.id}{_REPEAT}{seen[s.id]}"
+                s.id = session_id(s.id, seen[s.id])
                 for t in s.turns:
                     t.session_id = s.id
                     t.id = f"{s.id}:{t.id.rsplit(':', 1)[-1]}"
