@@ -24,8 +24,7 @@ import tempfile
 import time
 from collections import Counter
 
-FLOAT_COLUMNS = ("x", "edge_attr", "edge_fact", "ablated_x", "ablated_edge_attr", "ablated_edge_fact",
-                 "sham_x", "sham_edge_attr", "sham_edge_fact")
+FLOAT_COLUMNS = ("x", "edge_attr", "edge_fact")
 
 
 def build(config: str, processes: int, folder: str) -> dict:

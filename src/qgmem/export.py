@@ -36,8 +36,6 @@ def __getattr__(name: str) -> Any:
 
     return getattr(pretrained, name)
 
-NET_PREFIX = "net."
-
 EDGE_FEATURE_SPEC = {
     "node_features": "frozen sentence-encoder embedding (L2-normalized) of the node text: a subject or object "
                      "of an activated unit's triple, de-duplicated by normalized text",
@@ -54,6 +52,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """A Lightning checkpoint of ``QGMemModule`` as plain tensors and dicts (``weights_only`` load)."""
     import torch
 
+    from qgmem.model import checkpoint_keys as CK
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -61,8 +61,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     for key in ("state_dict", "hyper_parameters"):
         if key not in ckpt:
             raise ValueError(f"{path}: not a QGMem training checkpoint (no {key!r})")
-    if not any(k.startswith(NET_PREFIX) for k in ckpt["state_dict"]):
-        raise ValueError(f"{path}: the checkpoint holds no graph-token weights ('{NET_PREFIX}*')")
+    if not any(k.startswith(CK.NET_PREFIX) for k in ckpt["state_dict"]):
+        raise ValueError(f"{path}: the checkpoint holds no graph-token weights ('{CK.NET_PREFIX}*')")
     return ckpt
 
 
@@ -95,22 +95,23 @@ def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
 
 def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:
     """``config.json`` of the export of ``ckpt`` (without the weights)."""
+    from qgmem.model import checkpoint_keys as CK
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import FORMAT, FORMAT_VERSION
 
     hp = ckpt["hyper_parameters"]
-    info = dict(ckpt.get("qgmem_data_info") or {})
-    lm_info = dict(ckpt.get("qgmem_lm") or {})
-    graph_token = dict(ckpt.get("qgmem_graph_token") or {})
+    info = dict(ckpt.get(CK.DATA_INFO) or {})
+    lm_info = dict(ckpt.get(CK.LM) or {})
+    graph_token = dict(ckpt.get(CK.GRAPH_TOKEN) or {})
     if not graph_token:
-        raise ValueError(f"{ckpt_path}: the checkpoint has no graph-token config ('qgmem_graph_token')")
+        raise ValueError(f"{ckpt_path}: the checkpoint has no graph-token config ({CK.GRAPH_TOKEN!r})")
     graph_token = GraphTokenConfig.from_dict(graph_token).to_dict()  # older checkpoints' field names read too
-    has_adapter = any(k.startswith("lm.") for k in ckpt["state_dict"])
+    has_adapter = any(k.startswith(CK.LM_PREFIX) for k in ckpt["state_dict"])
     activation = info.get("activation") or {}
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
         # the code that trained the weights (the checkpoint's), else the code exporting them
-        "git_commit": (ckpt.get("qgmem_provenance") or {}).get("git_commit", git_commit()),
+        "git_commit": (ckpt.get(CK.PROVENANCE) or {}).get("git_commit", git_commit()),
         "graph_token": graph_token,
         "graph_mode": hp.get("graph", "token"),
         "readout": {"kind": graph_token["readout"], "num_graph_tokens": graph_token["num_graph_tokens"]},
@@ -158,14 +159,15 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     ``metrics`` default to the checkpoint's own run's (:func:`find_metrics`); none found, the card says so.
     """
     from qgmem.finite import nonfinite_names
+    from qgmem.model import checkpoint_keys as CK
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import GraphTokenEncoder, peft_adapter_state
 
     ckpt_path, out = Path(ckpt_path), Path(out_dir)
     ckpt = load_checkpoint(ckpt_path)
     state = ckpt["state_dict"]
-    weights = {k[len(NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(NET_PREFIX)}
-    adapter = {k: v.contiguous() for k, v in state.items() if k.startswith("lm.")}
+    weights = {k[len(CK.NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(CK.NET_PREFIX)}
+    adapter = {k: v.contiguous() for k, v in state.items() if k.startswith(CK.LM_PREFIX)}
     bad = nonfinite_names({**weights, **adapter})
     if bad:  # a NaN model must never ship: refuse before anything is written
         raise ValueError(f"{ckpt_path}: {len(bad)} of {len(weights) + len(adapter)} weight tensors hold NaN or inf "

@@ -195,3 +195,16 @@ def test_bad_options_rejected(tiny_convomem):
         load_cases("convomem", tiny_convomem, form="both")
     with pytest.raises(ValueError, match="distractor_conversations"):
         load_cases("convomem", tiny_convomem, distractor_conversations=-1)
+
+
+def test_session_id_names_repeats_and_interleave_mixes_any_items():
+    import random
+
+    from qgmem.data.convomem_history import REPEAT, interleave, session_id
+
+    assert (session_id("c-1", 1), session_id("c-1", 2), session_id("c-1", 3)) == ("c-1", "c-1~2", "c-1~3")
+    assert REPEAT == "~"
+    mixed, positions = interleave(["e1", "e2"], ["d1", "d2", "d3"], random.Random(0))
+    assert sorted(mixed) == ["d1", "d2", "d3", "e1", "e2"] and len(positions) == 2
+    assert [mixed[p] for p in positions] == ["e1", "e2"]  # the evidence keeps its order
+    assert [x for x in mixed if x.startswith("d")] == ["d1", "d2", "d3"]

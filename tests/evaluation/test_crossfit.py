@@ -9,7 +9,7 @@ import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 from qgmem.evaluation.crossfit import (answer_scores, validation_choice, assign_folds, evidence_conversations,
-                                       fold_parts, leaks, same_size_removals, with_distractors)
+                                       fold_parts, graph_sizes, leaks, same_size_removals, with_distractors)
 
 CATEGORIES = ["user_evidence", "changing_evidence", "preference_evidence"]
 
@@ -97,12 +97,25 @@ def _graph(nodes: int, edges: int):
 
 
 def test_same_size_removals_keeps_only_equal_ablated_and_sham_graphs():
-    items = [{"qa_id": "equal", "ablated_graph": _graph(5, 4), "sham_graph": _graph(5, 4)},
-             {"qa_id": "fewer_edges", "ablated_graph": _graph(5, 3), "sham_graph": _graph(5, 4)},  # negative control
-             {"qa_id": "fewer_nodes", "ablated_graph": _graph(4, 4), "sham_graph": _graph(5, 4)},
-             {"qa_id": "no_sham", "ablated_graph": _graph(5, 4), "sham_graph": None},
-             {"qa_id": "no_ablation", "ablated_graph": None, "sham_graph": None}]
-    assert same_size_removals(items) == ["equal"]
+    counterfactuals = {"equal": {"ablated_graph": _graph(5, 4), "sham_graph": _graph(5, 4)},
+                       "fewer_edges": {"ablated_graph": _graph(5, 3), "sham_graph": _graph(5, 4)},  # negative control
+                       "fewer_nodes": {"ablated_graph": _graph(4, 4), "sham_graph": _graph(5, 4)},
+                       "no_sham": {"ablated_graph": _graph(5, 4)},
+                       "no_ablation": {}}
+    items = [{"qa_id": q} for q in [*counterfactuals, "not_in_the_table"]]
+    assert same_size_removals(items, counterfactuals) == ["equal"]
+
+
+def test_graph_sizes_pair_the_own_graph_with_the_table_of_the_same_question():
+    counterfactuals = {"a": {"ablated_graph": _graph(3, 1), "sham_graph": _graph(4, 2)},
+                       "b": {"ablated_graph": _graph(5, 3), "sham_graph": _graph(6, 3)},
+                       "c": {"ablated_graph": _graph(5, 3)}}  # no sham: left out
+    items = [{"qa_id": "a", "graph": _graph(4, 2)}, {"qa_id": "b", "graph": _graph(6, 4)},
+             {"qa_id": "c", "graph": _graph(9, 9)}, {"qa_id": "d", "graph": _graph(9, 9)}]
+    out = graph_sizes(items, counterfactuals)
+    assert out["n"] == 2
+    assert (out["nodes"]["own"], out["nodes"]["ablated"], out["nodes"]["sham"]) == (5.0, 4.0, 5.0)
+    assert (out["edges"]["own"], out["edges"]["ablated"], out["edges"]["sham"]) == (3.0, 2.0, 2.5)
 
 
 def _units(values):

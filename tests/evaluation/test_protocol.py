@@ -14,7 +14,7 @@ from qgmem.training.datamodule import synthetic_items
 from qgmem.training.module import QGMemModule
 from qgmem.evaluation.protocol import (SampleScores, derangement, graph_signature, hierarchical_bootstrap,
                                      paired_bootstrap, score_conditions, summarize, tie_report)
-from qgmem.training.synthetic import control_items
+from qgmem.evaluation.controls import control_items
 
 
 @pytest.mark.parametrize("sizes", [[1] * 7, [3, 1, 1, 1], [2, 2, 2], [4, 4], [5, 2, 2, 1]])
@@ -241,24 +241,27 @@ def test_ablated_condition_scores_the_ablated_graph_with_its_own_node_words(tmp_
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
                          max_new_tokens=3, features="node_words", readout="nodes", num_graph_tokens=4)
-    items = control_items(5, 8, kind="positive")
-    items[4] = {k: v for k, v in items[4].items() if not k.startswith("ablated")}  # one sample without
+    items, counterfactuals = control_items(5, 8, kind="positive")
+    del counterfactuals[items[4]["qa_id"]]  # one sample without
     collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,
                                  include_memory_text=False)
-    scores, pairing = score_conditions(module, items, collator, batch_size=2, conditions=["own", "ablated"])
+    scores, pairing = score_conditions(module, items, collator, batch_size=2, conditions=["own", "ablated"],
+                                       counterfactuals=counterfactuals)
     assert pairing["with_ablated_graph"] == 4 and scores.nll["ablated"][4] is None
     assert all(a is not None and abs(a - o) > 1e-6 for a, o in zip(scores.nll["ablated"][:4], scores.nll["own"][:4]))
 
 
 def test_control_items_differ_only_in_the_answer_node():
     for kind in ("positive", "negative"):
-        items = control_items(8, 8, kind=kind, seed=1)
+        items, counterfactuals = control_items(8, 8, kind=kind, seed=1)
+        assert list(counterfactuals) == [it["qa_id"] for it in items]
         for it in items:
-            own, ablated = it["graph"], it["ablated_graph"]
+            c = counterfactuals[it["qa_id"]]
+            own, ablated = it["graph"], c["ablated_graph"]
             assert graph_signature(own) != graph_signature(ablated)
             assert torch.equal(own.x[1:], ablated.x[1:]) and torch.equal(own.edge_index, ablated.edge_index)
-            assert it["node_text"][1:] == it["ablated_node_text"][1:]
-            assert it["ablated_node_text"][0] != it["answer"]
+            assert it["node_text"][1:] == c["ablated_node_text"][1:]
+            assert c["ablated_node_text"][0] != it["answer"]
             assert (it["node_text"][0] == it["answer"]) == (kind == "positive")
 
 
@@ -276,11 +279,12 @@ def _aligned_control_scores(kind: str, seeds=(0, 1)):
                                      system_prompt=None)
         from qgmem.training.alignment import align_node_tokens
 
-        train = control_items(48, 8, kind=kind, seed=100 + seed)
+        train, _ = control_items(48, 8, kind=kind, seed=100 + seed)
         align_node_tokens(module.net, train, collator, module.lm.get_input_embeddings().weight, steps=150,
                           batch_size=16, lr=3e-3, seed=seed)
-        scores, _ = score_conditions(module, control_items(16, 8, kind=kind, seed=7), collator, batch_size=8,
-                                     conditions=["own", "ablated"])
+        test, counterfactuals = control_items(16, 8, kind=kind, seed=7)
+        scores, _ = score_conditions(module, test, collator, batch_size=8, conditions=["own", "ablated"],
+                                     counterfactuals=counterfactuals)
         runs.append(scores)
     return summarize(runs, n_boot=2000)["own_vs_ablated"]
 

@@ -249,13 +249,25 @@ def test_a_cache_stage_that_draws_does_not_change_the_run(lm_path, tmp_path):
     assert runs[0]["val"] == runs[1]["val"] and runs[0]["test"] == runs[1]["test"]
 
 
-def test_train_script_refuses_a_text_dropout_outside_0_1_naming_it(capsys):
-    """A real run of the default preset: the data module refuses the rate before any cache is built."""
+STUDY_SETTINGS = ("graph_only", "order_seed", "text_dropout", "text_dropout_units")
+
+
+def test_the_studies_settings_are_not_the_products(capsys):
+    """``python train.py`` neither prints nor takes the settings only a study sets (qgmem.evaluation.study_data)."""
     from qgmem import job as training_cli
 
-    assert training_cli.script_main(["--data.text_dropout", "1.5"]) == 2
+    with pytest.raises(SystemExit):
+        main(["--print_config"])
+    printed = capsys.readouterr().out
+    assert "memory_units" in printed and not [s for s in STUDY_SETTINGS if f"{s}:" in printed]
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    usage = capsys.readouterr().out
+    assert "--data.memory_units" in usage and not [s for s in STUDY_SETTINGS if f"--data.{s}" in usage]
+    with pytest.raises(SystemExit) as refused:
+        training_cli.script_main(["--data.text_dropout", "0.5"])
     err = capsys.readouterr().err
-    assert "data.text_dropout must be a probability in [0, 1], got 1.5" in err and "Traceback" not in err
+    assert refused.value.code == 2 and "text_dropout" in err and "Traceback" not in err
 
 
 def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsys):

@@ -142,6 +142,7 @@ def samples_folder(spec, args) -> Path:
 
 def build_samples(cases, spec, folder: Path, deadline: float) -> bool:
     """Replay every case not yet saved; ``False`` when the deadline stopped it first."""
+    from qgmem.evaluation.counterfactuals import Counterfactuals
     from qgmem.samples.build import Replayer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -150,15 +151,16 @@ def build_samples(cases, spec, folder: Path, deadline: float) -> bool:
         return True
     print(f"[samples] {len(cases) - len(todo)} of {len(cases)} cases saved; replaying {len(todo)}", flush=True)
     replayer = Replayer(spec)
+    counterfactuals = Counterfactuals(replayer)
     started = time.perf_counter()
     try:
         for n, case in enumerate(todo, 1):
             if time.time() > deadline:
                 print(f"[samples] stopped at the time limit, {len(todo) - n + 1} cases left", flush=True)
                 return False
-            rows = replayer.rows("crossfit", case)
+            rows = replayer.rows("crossfit", case, on_question=counterfactuals)
             tmp = case_file(folder, case.id).with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps(rows))
+            tmp.write_bytes(pickle.dumps({"rows": rows, "counterfactuals": counterfactuals.take()}))
             tmp.replace(case_file(folder, case.id))
             if n % 5 == 0 or n == len(todo):
                 if replayer.memo is not None:  # what is encoded so far survives a cut-off run
@@ -174,14 +176,18 @@ def case_file(folder: Path, case_id: str) -> Path:
     return folder / (hashlib.sha256(case_id.encode()).hexdigest()[:16] + ".pkl")
 
 
-def load_items(cases, folder: Path) -> dict[str, list[dict[str, Any]]]:
+def load_items(cases, folder: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """``case id -> its items`` and ``qa_id -> its ablated and sham graphs`` of the saved cases."""
+    from qgmem.evaluation.counterfactuals import to_item
     from qgmem.samples import cache as C
 
-    out = {}
+    items, counterfactuals = {}, {}
     for case in cases:
-        rows = pickle.loads(case_file(folder, case.id).read_bytes())
-        out[case.id] = [{**C.row_to_item({**r, "answer": r["reference"]}), "group": r["dialogue_id"]} for r in rows]
-    return out
+        saved = pickle.loads(case_file(folder, case.id).read_bytes())
+        items[case.id] = [{**C.row_to_item({**r, "answer": r["reference"]}), "group": r["dialogue_id"]}
+                          for r in saved["rows"]]
+        counterfactuals.update({r["qa_id"]: to_item(r) for r in saved["counterfactuals"]})
+    return items, counterfactuals
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,7 +267,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     from lightning.pytorch import Trainer, seed_everything
 
     from qgmem.evaluation.protocol import SampleScores, score_conditions
-    from qgmem.training.datamodule import InMemoryDataModule
+    from qgmem.evaluation.study_data import InMemoryStudyDataModule
     from qgmem.training.module import QGMemModule
 
     clock = clock if clock is not None else {"deadline": float("inf")}
@@ -277,7 +283,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     pick = {name: [it for cid in ids for it in items[cid]] for name, ids in parts.items()}
     scored = {name: [it for it in v if it["qa_id"] in args.scored_qa] for name, v in pick.items()}
     seed_everything(seed, verbose=False)
-    dm = InMemoryDataModule(pick["train"], scored["val"], scored["test"], batch_size=int(data.get("batch_size", 4)),
+    dm = InMemoryStudyDataModule(pick["train"], scored["val"], scored["test"], batch_size=int(data.get("batch_size", 4)),
                             eval_batch_size=int(data.get("eval_batch_size", 8)),
                             max_prompt_tokens=int(data["max_prompt_tokens"]),
                             max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
@@ -328,7 +334,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
         scores, pairing = score_conditions(module, test, dm.collator, groups=[it["group"] for it in test],
                                            batch_size=dm.eval_batch_size, seed=seed,
                                            generate=[condition] if condition in GENERATE else [],
-                                           conditions=[condition])
+                                           conditions=[condition], counterfactuals=args.counterfactuals)
         clock[kind] = time.perf_counter() - t
         pieces[condition] = {"scores": scores.to_dict(), "pairing": pairing, "score_s": round(clock[kind], 1)}
         if path is not None:
@@ -349,7 +355,8 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
 # stage 3: summary
 
 
-def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa, n_boot: int) -> dict[str, Any] | None:
+def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa, counterfactuals,
+            n_boot: int) -> dict[str, Any] | None:
     from qgmem.evaluation.crossfit import answer_contrasts, graph_sizes, same_size_removals
     from qgmem.evaluation.protocol import ABSTENTION, SampleScores, summarize
 
@@ -375,8 +382,9 @@ def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa,
     out["answers_own_vs_none"] = answer_contrasts(rows, "own", "none", n_boot=n_boot)
     out["answers_own_vs_none_without_abstention"] = answer_contrasts(rows, "own", "none", categories_out=[ABSTENTION],
                                                                      n_boot=n_boot)
-    out["graph_sizes"] = graph_sizes([items_by_qa[q] for q in rows[0].qa_id])
-    same = same_size_removals([items_by_qa[q] for q in rows[0].qa_id])
+    scored = [items_by_qa[q] for q in rows[0].qa_id]
+    out["graph_sizes"] = graph_sizes(scored, counterfactuals)
+    same = same_size_removals(scored, counterfactuals)
     if same:  # the removals' contrasts on the questions whose ablated and sham graphs have equal sizes
         matched = summarize([r.only(same) for r in rows], n_boot=n_boot)
         out["same_size_removals"] = {"n": len(same), **{k: matched[k] for k in ("own_vs_ablated", "own_vs_sham",
@@ -455,9 +463,12 @@ def report_graph_sizes(items, scored, args) -> int:
     from qgmem.evaluation.crossfit import graph_sizes
 
     chosen = [it for cid in sorted(scored) if cid in items for it in items[cid]]
-    out = {"all": graph_sizes(chosen), "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in chosen),
-           "with_sham_graph": sum(it.get("sham_graph") is not None for it in chosen), "questions": len(chosen),
-           "per_category": {c: graph_sizes([it for it in chosen if it["category"] == c])
+    cf = args.counterfactuals
+    out = {"all": graph_sizes(chosen, cf),
+           "with_ablated_graph": sum(cf.get(it["qa_id"], {}).get("ablated_graph") is not None for it in chosen),
+           "with_sham_graph": sum(cf.get(it["qa_id"], {}).get("sham_graph") is not None for it in chosen),
+           "questions": len(chosen),
+           "per_category": {c: graph_sizes([it for it in chosen if it["category"] == c], cf)
                             for c in sorted({it["category"] for it in chosen})}}
 
     print(f"| questions | graphs | own | ablated | sham | ablated − own | sham − own | sham − ablated |\n"
@@ -507,7 +518,7 @@ def main(argv=None) -> int:
         return 0
     if args.samples_only:
         return 0
-    items = load_items([c for c in cases if case_file(folder, c.id).exists()], folder)
+    items, args.counterfactuals = load_items([c for c in cases if case_file(folder, c.id).exists()], folder)
     by_qa = {it["qa_id"]: it for v in items.values() for it in v}
     args.scored_qa = {q for cid in scored if cid in items for q in (it["qa_id"] for it in items[cid])}
     if args.measure:
@@ -548,7 +559,7 @@ def main(argv=None) -> int:
                       flush=True)
     summaries = {}
     for variant in variants:
-        s = summary(Path(args.root), variant["name"], args.seeds, args.folds, by_qa, args.n_boot)
+        s = summary(Path(args.root), variant["name"], args.seeds, args.folds, by_qa, args.counterfactuals, args.n_boot)
         if s is not None:
             summaries[variant["name"]] = s
             print_table(s)

@@ -147,12 +147,15 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
 
 def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]) -> dict[str, Any]:
     data_cfg, model_cfg, trainer_cfg, steps, conditions, spec = build_run(args, cfg, name, overrides)
-    from qgmem.training.datamodule import QGMemDataModule
+    from qgmem.evaluation import counterfactuals as CF
+    from qgmem.evaluation.study_data import StudyDataModule
 
     t0 = time.perf_counter()
-    dm = QGMemDataModule(**data_cfg)
+    dm = StudyDataModule(**data_cfg)
     dm.prepare_data()
     dm.setup()
+    table = {r["qa_id"]: r for r in CF.build(dm.cache_spec).load()}  # the ablated and sham graphs, by question
+    counterfactuals = {q: CF.to_item(r) for q, r in table.items()}
     spec["cache_key"] = dm.cache_key
     spec_key = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:12]
     out = Path(args.root) / name / spec_key
@@ -173,7 +176,7 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
             print(f"[{name}] seed {seed}: reused {path}", flush=True)
         else:
             result = train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, conditions, args,
-                                     root=out / f"seed-{seed}")
+                                     root=out / f"seed-{seed}", counterfactuals=counterfactuals)
             path.write_text(json.dumps(result, default=str) + "\n")
             print(f"[{name}] seed {seed}: train {result['train_s']:.0f} s, score {result['score_s']:.0f} s, "
                   f"load {result['load_start']:.1f}->{result['load_end']:.1f}; mean NLL "
@@ -192,14 +195,14 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
                    readout=model_cfg.get("readout", module_default("readout")),
                    num_graph_tokens=model_cfg.get("num_graph_tokens", module_default("num_graph_tokens")),
                    memory_units=overrides.get("memory_units"), seed_list=list(args.seeds), seed_runs=seeds_info,
-                   data_s=round(data_s, 1), ablation=ablation_counts(dm.split(args.split)), **tokens)
+                   data_s=round(data_s, 1), ablation=ablation_counts(dm.split(args.split), table), **tokens)
     summary["_scores"] = [s.to_dict() for s in scores]
     if args.probe and model_cfg["graph"] != "none":
         probe_path = out / "probe.json"
         if probe_path.exists():
             summary["probe"] = json.loads(probe_path.read_text())
         else:
-            summary["probe"] = run_probe(dm, items, groups, conditions, args)
+            summary["probe"] = run_probe(dm, items, groups, conditions, args, counterfactuals)
             probe_path.write_text(json.dumps(summary["probe"]) + "\n")
     (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "_scores"}, indent=2) + "\n")
     return summary
@@ -230,16 +233,17 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
             "prompt_graph_tokens": k, "entries_whole": sum(whole) / n}
 
 
-def ablation_counts(split) -> dict[str, int]:
-    """What the evidence ablation did on the usable samples of ``split`` (the cache's per-row record)."""
+def ablation_counts(split, table: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """What the evidence ablation did on the usable samples of ``split`` (``table``: the counterfactual
+    table's rows by question id, :mod:`qgmem.evaluation.counterfactuals`)."""
     from qgmem.samples.answer_filter import RUBRIC_CATEGORIES
 
     counts = {"ablated": 0, "no_gold_evidence": 0, "no_evidence_unit_in_store": 0, "ablated_graph_unchanged": 0,
               "own_graph_without_evidence_unit": 0, "lose_all_evidence_nodes": 0, "keep_some_through_other_units": 0}
     for i in range(len(split)):
-        row = split.row(i)
-        if row["category"] in RUBRIC_CATEGORIES:
+        if split.row(i)["category"] in RUBRIC_CATEGORIES:
             continue
+        row = table[split.row(i)["qa_id"]]
         if not row.get("ablated"):
             counts[row.get("ablation_status") or "no_gold_evidence"] += 1
             continue
@@ -303,7 +307,7 @@ def progress_callback(every: int, label: str):
 
 
 def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, conditions, args,
-                    root: Path) -> dict[str, Any]:
+                    root: Path, counterfactuals: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """One seed: initialisation, dropout, data order and alignment order all follow ``seed``.
 
     ``root``: the seed's folder (the alignment stage saves its weights there, not in the working folder).
@@ -337,20 +341,21 @@ def train_and_score(dm, model_cfg, trainer_cfg, steps, seed, items, groups, cond
     t = time.perf_counter()
     scores, pairing = score_conditions(module, items, dm.collator, groups=groups, batch_size=dm.eval_batch_size,
                                        seed=seed, generate=[g for g in args.generate if g in conditions],
-                                       conditions=conditions)
+                                       conditions=conditions, counterfactuals=counterfactuals)
     return {"seed": seed, "scores": scores.to_dict(), "pairing": pairing, "train_s": round(train_s, 1),
             "score_s": round(time.perf_counter() - t, 1), "final_train_nll": None if final is None else float(final),
             "load_start": load_start, "load_end": os.getloadavg()[0]}
 
 
-def run_probe(dm, items, groups, conditions, args) -> dict[str, Any]:
+def run_probe(dm, items, groups, conditions, args, counterfactuals) -> dict[str, Any]:
     """The untrained node-word probe on the same items, prompt and conditions (one deterministic run)."""
     from qgmem.evaluation.protocol import summarize
 
     from bench.studies.graph_token.node_word_probe import probe_scores
 
     t = time.perf_counter()
-    scores = probe_scores(dm, items, groups, conditions=[c for c in conditions if c != "norel"])
+    scores = probe_scores(dm, items, groups, conditions=[c for c in conditions if c != "norel"],
+                          counterfactuals=counterfactuals)
     s = summarize([scores], n_boot=args.n_boot)
     return {"nll": s["nll"], **{k: {"mean": s[k]["mean"], "ci95": s[k]["ci95"]} for k in CONTRAST_KEYS if k in s},
             "wall_s": round(time.perf_counter() - t, 1)}

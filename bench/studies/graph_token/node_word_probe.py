@@ -12,12 +12,13 @@ from __future__ import annotations
 
 
 def probe_scores(dm, items, groups, *, conditions=("own", "ablated", "shuffled", "none"), k: int = 16, lm=None,
-                 batch_size: int = 8):
+                 batch_size: int = 8, counterfactuals=None):
     """Answer NLL per condition with the first ``k`` node texts' LM word embeddings as soft tokens.
 
     The prompt is ``dm``'s (text+graph, graph-only or a memory budget); ``shuffled`` takes the
-    protocol's derangement partner's node texts, ``ablated`` the evidence-ablated graph's (items
-    without one score ``None``). Returns :class:`qgmem.evaluation.protocol.SampleScores`.
+    protocol's derangement partner's node texts, ``ablated`` and ``sham`` those of the item's graphs in
+    ``counterfactuals`` (``qa_id`` -> :func:`qgmem.evaluation.counterfactuals.to_item`; items without one
+    score ``None``). Returns :class:`qgmem.evaluation.protocol.SampleScores`.
     """
     import torch
 
@@ -37,11 +38,14 @@ def probe_scores(dm, items, groups, *, conditions=("own", "ablated", "shuffled",
         return torch.cat([vecs, vecs.new_zeros(k - vecs.size(0), vecs.size(1))])
 
     partner = derangement([graph_signature(it["graph"]) for it in items], 0)
+    extra = [(counterfactuals or {}).get(str(it.get("qa_id")), {}) for it in items]
+
+    def counterfactual(name):
+        return lambda i: extra[i].get(f"{name}_node_text") if extra[i].get(f"{name}_graph") is not None else None
+
     source = {"own": lambda i: items[i].get("node_text"),
               "shuffled": lambda i: items[partner[i]].get("node_text"),
-              "ablated": lambda i: items[i].get("ablated_node_text") if items[i].get("ablated_graph") is not None
-              else None,
-              "sham": lambda i: items[i].get("sham_node_text") if items[i].get("sham_graph") is not None else None,
+              "ablated": counterfactual("ablated"), "sham": counterfactual("sham"),
               "none": lambda i: []}
     scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)], group=[str(g) for g in groups],
                           category=[str(it.get("category", "")) for it in items], answer=[str(it["answer"]) for it in items])

@@ -42,6 +42,15 @@ class Conversation:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+#: a conversation twice in one history: its second session is ``id~2`` (its turns ``id~2:<i>``)
+REPEAT = "~"
+
+
+def session_id(base: str, count: int) -> str:
+    """The id of the ``count``-th session of conversation ``base`` in one history (the first keeps ``base``)."""
+    return base if count == 1 else f"{base}{REPEAT}{count}"
+
+
 def case_rng(seed: int, case_id: str) -> random.Random:
     """A generator that depends only on the seed and the case (string seeds hash deterministically)."""
     return random.Random(f"{seed}|{case_id}")
@@ -56,8 +65,8 @@ def draw_distractors(pool: Sequence[Conversation], owner: str, exclude_ids: set[
     return rng.sample(candidates, min(n, len(candidates)))
 
 
-def interleave(evidence: Sequence[Conversation], distractors: Sequence[Conversation],
-               rng: random.Random) -> tuple[list[Conversation], list[int]]:
+def interleave(evidence: Sequence[Any], distractors: Sequence[Any],
+               rng: random.Random) -> tuple[list[Any], list[int]]:
     """Mix evidence among distractors at random positions, keeping the evidence order.
 
     Evidence order matters (a changed fact must come after the original); returns the mixed list and
@@ -82,7 +91,7 @@ def to_dialogue(dialogue_id: str, conversations: Sequence[Conversation],
     for pos, conv in enumerate(conversations):
         base = conv.id or f"c{pos}"
         seen[base] = seen.get(base, 0) + 1
-        sid = base if seen[base] == 1 else f"{base}~{seen[base]}"
+        sid = session_id(base, seen[base])
         turns = [Turn(id=f"{sid}:{i}", session_id=sid, speaker=m.speaker, role=m.role, text=m.text)
                  for i, m in enumerate(conv.messages)]
         extra = dict(session_meta[pos]) if session_meta is not None else {}

@@ -14,7 +14,7 @@ folds, so every usable question gets a held-out prediction. Two things keep a fo
 Seeds: every fold is trained once per seed; seed ``s`` of all folds together forms one row of the
 ``[seeds, questions]`` matrix, so the crossed bootstrap resamples seed rows and question groups.
 
-Text dropout (:class:`~qgmem.training.text_dropout.TextDropout`, the data module's ``text_dropout``) is
+Text dropout (:class:`~qgmem.evaluation.text_dropout.TextDropout`, the study data module's ``text_dropout``) is
 the training option aimed at evidence that the study compares with the product's training.
 """
 
@@ -24,18 +24,17 @@ import copy
 import random
 from collections import defaultdict
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from qgmem.evaluation.bootstrap import hierarchical_bootstrap, paired_bootstrap
 
-#: a repeated conversation inside one history is named ``id~2``; its conversation is ``id``
-_REPEAT = "~"
-
-
 def conversation_of(session_id: str) -> str:
-    return session_id.split(_REPEAT, 1)[0]
+    """The conversation of a history's session (a repeat, ``id~2``, is conversation ``id``)."""
+    from qgmem.data.convomem_history import REPEAT
+
+    return session_id.split(REPEAT, 1)[0]
 
 
 def evidence_conversations(case: Any) -> set[str]:
@@ -101,7 +100,7 @@ def with_distractors(cases: Sequence[Any], folds: dict[str, int], n: int, seed: 
     a case in no fold draws from the cases in no fold only. Draws and positions are seeded per case, as
     the loader's own are; evidence sessions keep their ids, so the gold turn ids stay valid.
     """
-    from qgmem.data.convomem_history import case_rng
+    from qgmem.data.convomem_history import case_rng, interleave, session_id
     from qgmem.data.records import Dialogue
 
     sessions_of = {c.id: [s for s in c.dialogue.sessions] for c in cases}
@@ -121,15 +120,12 @@ def with_distractors(cases: Sequence[Any], folds: dict[str, int], n: int, seed: 
         distractors = [copy.deepcopy(s) for _, s in drawn]
         for s, (cid, _) in zip(distractors, drawn):
             s.meta = {**s.meta, "origin": "distractor", "source_item": cid}
-        total = len(evidence) + len(distractors)
-        slots = set(sorted(rng.sample(range(total), len(evidence))))
-        ev, dis = iter(evidence), iter(distractors)
-        mixed = [next(ev) if i in slots else next(dis) for i in range(total)]
+        mixed, slots = interleave(evidence, distractors, rng)  # the loader's own mixing
         seen: dict[str, int] = defaultdict(int)
-        for s in mixed:  # a conversation twice in one history: the second copy is id~2, as the loader does
+        for s in mixed:  # a conversation twice in one history is named as the loader names it
             seen[s.id] += 1
             if seen[s.id] > 1:
-                s.id = f"{s.id}{_REPEAT}{seen[s.id]}"
+                s.id = session_id(s.id, seen[s.id])
                 for t in s.turns:
                     t.session_id = s.id
                     t.id = f"{s.id}:{t.id.rsplit(':', 1)[-1]}"
@@ -206,32 +202,39 @@ def answer_contrasts(runs: Sequence[Any], a: str = "own", b: str = "none", *, ca
     return out
 
 
-def same_size_removals(items: Sequence[dict[str, Any]]) -> list[str]:
-    """``qa_id`` of the items whose ablated and sham graphs have the same number of nodes and of edges.
+def same_size_removals(items: Sequence[dict[str, Any]], counterfactuals: Mapping[str, dict[str, Any]]) -> list[str]:
+    """``qa_id`` of the items whose ablated and sham graphs (``counterfactuals[qa_id]``) have the same number
+    of nodes and of edges.
 
     The sham removes as many units as the ablation, but the evidence units carry more relations than the
     units that replace them, so the ablated graph is a little smaller on average. On this subset the two
     removals left graphs of equal size, so ``sham − ablated`` there is not a difference of size (a
     matching by selection: the graphs are not trimmed or padded).
     """
-    return [it["qa_id"] for it in items
-            if it.get("ablated_graph") is not None and it.get("sham_graph") is not None
-            and it["ablated_graph"].num_nodes == it["sham_graph"].num_nodes
-            and it["ablated_graph"].edge_index.shape[1] == it["sham_graph"].edge_index.shape[1]]
+    out = []
+    for it in items:
+        c = counterfactuals.get(it["qa_id"], {})
+        if c.get("ablated_graph") is not None and c.get("sham_graph") is not None \
+                and c["ablated_graph"].num_nodes == c["sham_graph"].num_nodes \
+                and c["ablated_graph"].edge_index.shape[1] == c["sham_graph"].edge_index.shape[1]:
+            out.append(it["qa_id"])
+    return out
 
 
-def graph_sizes(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def graph_sizes(items: Sequence[dict[str, Any]], counterfactuals: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """Nodes and edges of the own, ablated and sham graphs over the items that have all three, paired."""
-    have = [it for it in items if it.get("ablated_graph") is not None and it.get("sham_graph") is not None]
+    have = [(it, counterfactuals[it["qa_id"]]) for it in items
+            if counterfactuals.get(it["qa_id"], {}).get("ablated_graph") is not None
+            and counterfactuals[it["qa_id"]].get("sham_graph") is not None]
 
     def size(graph: Any, what: str) -> float:
         return float(graph.num_nodes if what == "nodes" else graph.edge_index.shape[1])
 
     out: dict[str, Any] = {"n": len(have)}
     for what in ("nodes", "edges"):
-        own = np.asarray([size(it["graph"], what) for it in have])
-        abl = np.asarray([size(it["ablated_graph"], what) for it in have])
-        sham = np.asarray([size(it["sham_graph"], what) for it in have])
+        own = np.asarray([size(it["graph"], what) for it, _ in have])
+        abl = np.asarray([size(c["ablated_graph"], what) for _, c in have])
+        sham = np.asarray([size(c["sham_graph"], what) for _, c in have])
         out[what] = {"own": float(own.mean()) if len(have) else None,
                      "ablated": float(abl.mean()) if len(have) else None,
                      "sham": float(sham.mean()) if len(have) else None,

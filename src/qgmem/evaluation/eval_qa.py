@@ -127,10 +127,12 @@ def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judg
     """Predictions (one per question and mode, with the reference's NLL) and the per-category table."""
     from tqdm.auto import tqdm
 
+    from qgmem.evaluation.counterfactuals import STATUSES
+
     plan = select_questions(cases, limit)
     total = sum(len(qas) for _, qas in plan)
     retrieved, ablated, meta = [], [], []
-    counts = {"no_gold_evidence": 0, "no_evidence_unit_in_store": 0, "ablated_graph_unchanged": 0}
+    counts = dict.fromkeys(STATUSES, 0)
     bar = tqdm(total=total, desc="eval-qa: memory + activation", unit="qa", disable=not progress)
     for case, qas in plan:
         memory = pipe.build_memory(case.dialogue)
@@ -179,30 +181,27 @@ def ablated_retrieved(pipe, memory, qas: list, own: list, counts: dict[str, int]
     """Per question: its own retrieval with the graph swapped for the evidence-ablated one, or ``None``.
 
     The ablated graph is the same question activated over ``memory``'s store without the units grounded
-    in its gold evidence turns (traces rebuilt); the prompt text stays the question's own.
+    in its gold evidence turns (traces rebuilt); the prompt text stays the question's own. Which questions
+    have one, and why the others have none (``counts``), is the study's rule
+    (:func:`qgmem.evaluation.counterfactuals.evidence_ablation`).
     """
     from dataclasses import replace
 
-    from qgmem.memory.ablate import evidence_unit_ids, without_units
-    from qgmem.activation.graph import graph_signature
+    from qgmem.evaluation.ablate import without_units
+    from qgmem.evaluation.counterfactuals import evidence_ablation
 
     store = memory.store
     out = []
     for qa, mine in zip(qas, own):
-        if not qa.evidence_turn_ids:
-            counts["no_gold_evidence"] += 1
-            out.append(None)
-            continue
-        drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
-        if not drop:
-            counts["no_evidence_unit_in_store"] += 1
-            out.append(None)
-            continue
-        ablated = pipe.open_memory(without_units(store, drop, pipe.sentence_encoder.encode, pipe.construction,
-                                                 llm=pipe.llm))
-        other = pipe.retrieve_one(ablated, qa.question, mine.question_time)
-        if graph_signature(other.graph) == graph_signature(mine.graph):
-            counts["ablated_graph_unchanged"] += 1
+        def retrieve_without(drop, qa=qa, mine=mine):
+            ablated = pipe.open_memory(without_units(store, set(drop), pipe.sentence_encoder.encode,
+                                                     pipe.construction, llm=pipe.llm))
+            return pipe.retrieve_one(ablated, qa.question, mine.question_time)
+
+        other, _, status = evidence_ablation(store.units, qa, mine.graph, retrieve_without,
+                                             graph_of=lambda r: r.graph)
+        if other is None:
+            counts[status] += 1
             out.append(None)
             continue
         out.append(replace(mine, graph=other.graph))

@@ -5,11 +5,11 @@ prompt is always the sample's own, only the graph changes:
 
 - ``own``: each sample's own graph token (the model as trained);
 - ``ablated``: the graph activated for the same question over the same store after every unit grounded
-  in a gold evidence turn was removed (the cache's second graph). Topic and style are held fixed and the
+  in a gold evidence turn was removed (:mod:`qgmem.evaluation.counterfactuals`). Topic and style are held fixed and the
   evidence is gone. Samples without an ablated graph (no gold evidence, or no evidence unit in the
   store) have no score here and drop out of this contrast;
 - ``sham``: the ablation's control, the graph activated after as many *non*-evidence units were removed,
-  at the evidence's ranks where possible (the cache's third graph). ``own − ablated`` mixes "the evidence
+  at the evidence's ranks where possible (the same table). ``own − ablated`` mixes "the evidence
   matters" with "any re-retrieved graph disagrees with the text"; ``sham − ablated`` is the evidence's
   own effect, and ``own − sham`` the cost of re-retrieval alone;
 - ``shuffled``: the token of another sample's graph, from a derangement that never pairs a sample with
@@ -32,7 +32,7 @@ import copy
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -187,17 +187,24 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
 # evaluation of one trained module
 
 
-def graph_for(item: dict[str, Any], condition: str, partner: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The item as scored under ``condition`` (its text always its own), or ``None`` when it has no such graph."""
+def graph_for(item: dict[str, Any], condition: str, partner: dict[str, Any] | None = None,
+              counterfactual: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The item as scored under ``condition`` (its text always its own), or ``None`` when it has no such graph.
+
+    ``counterfactual`` holds the item's ``ablated_graph``/``sham_graph`` with their node texts
+    (:func:`qgmem.evaluation.counterfactuals.to_item`), for those two conditions.
+    """
     out = dict(item)
     if condition == "shuffled":
         out["graph"] = partner["graph"]
         if "node_text" in partner:  # the graph's own node texts go with it
             out["node_text"] = partner["node_text"]
     elif condition in ("ablated", "sham"):
-        if item.get(f"{condition}_graph") is None:
+        counterfactual = counterfactual or {}
+        if counterfactual.get(f"{condition}_graph") is None:
             return None
-        out["graph"], out["node_text"] = item[f"{condition}_graph"], list(item.get(f"{condition}_node_text") or [])
+        out["graph"] = counterfactual[f"{condition}_graph"]
+        out["node_text"] = list(counterfactual.get(f"{condition}_node_text") or [])
     elif condition == "norel":
         graph = copy.copy(item["graph"])
         for name in ("edge_attr", "edge_fact"):
@@ -211,12 +218,14 @@ def graph_for(item: dict[str, Any], condition: str, partner: dict[str, Any] | No
 @torch.no_grad()
 def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, groups: Sequence[str] | None = None,
                      batch_size: int = 8, seed: int = 0, generate: Iterable[str] = (),
-                     conditions: Sequence[str] = CONDITIONS) -> tuple[SampleScores, dict[str, Any]]:
+                     conditions: Sequence[str] = CONDITIONS,
+                     counterfactuals: Mapping[str, dict[str, Any]] | None = None) -> tuple[SampleScores, dict[str, Any]]:
     """Answer NLL of every item under each condition with ``module``'s current weights.
 
     ``shuffled`` pairs item ``i`` with the graph of item ``partner[i]`` (:func:`derangement` over the
-    graphs' signatures, seeded by ``seed``); ``ablated`` and ``sham`` use the item's ``ablated_graph``
-    and ``sham_graph`` (items without one score ``None``); the text of the prompt is always the item's own. ``generate``:
+    graphs' signatures, seeded by ``seed``); ``ablated`` and ``sham`` use the graphs that
+    ``counterfactuals`` (``qa_id`` -> :func:`qgmem.evaluation.counterfactuals.to_item`) holds for the
+    item (items without one score ``None``); the text of the prompt is always the item's own. ``generate``:
     conditions whose greedy answers are also decoded (for EM/F1). Returns the scores and a report on
     the pairing (ties, how many partners differ, how many items have an ablated graph).
     """
@@ -228,19 +237,21 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
         raise ValueError(f"unknown condition(s) {unknown}; known: {list(CONDITIONS)}")
     module.eval()
     signatures = [graph_signature(it["graph"]) for it in items]
+    counterfactuals = counterfactuals or {}
+    extra = [counterfactuals.get(str(it.get("qa_id")), {}) for it in items]
     partner = derangement(signatures, seed) if "shuffled" in conditions else list(range(len(items)))
     report = {**tie_report(signatures),
               "shuffled_same_graph": sum(signatures[p] == signatures[i] for i, p in enumerate(partner))
               if "shuffled" in conditions else None,
-              "with_ablated_graph": sum(it.get("ablated_graph") is not None for it in items),
-              "with_sham_graph": sum(it.get("sham_graph") is not None for it in items)}
+              "with_ablated_graph": sum(c.get("ablated_graph") is not None for c in extra),
+              "with_sham_graph": sum(c.get("sham_graph") is not None for c in extra)}
     scores = SampleScores(qa_id=[str(it.get("qa_id", i)) for i, it in enumerate(items)],
                           group=[str(g) for g in (groups or [it.get("qa_id", i) for i, it in enumerate(items)])],
                           category=[str(it.get("category", "")) for it in items],
                           answer=[str(it["answer"]) for it in items])
     generate = set(generate)
     for condition in conditions:
-        scored = [(i, graph_for(items[i], condition, items[partner[i]])) for i in range(len(items))]
+        scored = [(i, graph_for(items[i], condition, items[partner[i]], extra[i])) for i in range(len(items))]
         scored = [(i, it) for i, it in scored if it is not None]
         rows: list[float | None] = [None] * len(items)
         predictions: list[str | None] = [None] * len(items)

@@ -37,6 +37,7 @@ from qgmem.errors import InputPathError, IntegrityError, UserError
 from qgmem.finite import nonfinite_names
 from qgmem.integrity import plain_mode, restore_replaced, seal, verify_sealed
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+from qgmem.model import checkpoint_keys as CK
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
 CONFIG_FILE = "config.json"
@@ -123,7 +124,7 @@ def peft_adapter_state(lm_state: dict[str, torch.Tensor], adapter_name: str = "d
     names PEFT saves (``base_model.….lora_A.weight``), so ``PeftModel.from_pretrained`` loads them."""
     out = {}
     for key, value in lm_state.items():
-        key = key[len("lm."):] if key.startswith("lm.") else key
+        key = key[len(CK.LM_PREFIX):] if key.startswith(CK.LM_PREFIX) else key
         out[key.replace(f".{adapter_name}.", ".")] = value.contiguous()
     return out
 

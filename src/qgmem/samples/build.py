@@ -236,8 +236,15 @@ class Replayer:
         """The LLM extraction of ``case``'s dialogue alone (safe to run on several threads at once)."""
         return self.builder.extract(case.dialogue)
 
-    def rows(self, split: str, case: Any, extraction: Any = None) -> list[dict[str, Any]]:
-        """The samples of ``case``; ``extraction`` is :meth:`extract`'s result when it was run ahead."""
+    def rows(self, split: str, case: Any, extraction: Any = None,
+             on_question: Callable[[Any, Any, str | None, Any, Any], None] | None = None) -> list[dict[str, Any]]:
+        """The samples of ``case``; ``extraction`` is :meth:`extract`'s result when it was run ahead.
+
+        ``on_question(store, qa, when, memory, graph)`` is called after each question is activated, with
+        the case's store, the question's working memory and its graph: a study replays the same plan
+        through it to build what it needs beside the samples (the counterfactual graphs of
+        :mod:`qgmem.evaluation.counterfactuals`) without being part of them.
+        """
         from qgmem.activation.memory import Memory
 
         spec = self.spec
@@ -255,75 +262,20 @@ class Replayer:
         self.construction_counts[case.id] = {k: counts[k] for k in CONSTRUCTION_COUNTS if k in counts}
         group = group_of(case, spec.group_key)
         rows = []
-        ablated_stores: dict[frozenset[str], Any] = {}
         for qa in case.qas:
             # LoCoMo questions carry no time of their own: the last session's date stands in for it
             when = qa.question_time or qa.meta.get("reference_time")
             memory, data, _ = dialogue_memory.recall(qa.question, when)
-            ablated, ablated_text, ablation, _ = self.ablated(store, qa, when, memory, data, ablated_stores)
-            sham, sham_text, sham_info = (self.sham(store, qa, when, memory) if ablated is not None
-                                          else (None, [], None))
+            if on_question is not None:
+                on_question(store, qa, when, memory, data)
             rows.append(C.sample_row(
                 qa_id=qa.id, case_id=case.id, dialogue_id=case.dialogue.id, group=group, split=split,
                 category=qa.category, question=qa.question, question_time=qa.question_time, reference=qa.answer,
                 memory_text=memory.text, graph=data, feature_dim=self.encoder.dim,
                 node_text=getattr(data, "node_text", memory.graph.node_text),
                 edge_text=getattr(data, "edge_text", memory.graph.edge_text),
-                edge_unit=memory.graph.edge_unit, ablated_graph=ablated, ablated_node_text=ablated_text,
-                ablation=ablation, sham_graph=sham, sham_node_text=sham_text, sham=sham_info))
+                edge_unit=memory.graph.edge_unit))
         return rows
-
-    def ablated(self, store: Any, qa: Any, when: str | None, memory: Any, data: Any,
-                stores: dict[frozenset[str], Any]) -> tuple[Any, list[str], dict[str, Any], Any]:
-        """The evidence-ablated graph of ``qa`` (or ``None``), its node texts, what the ablation removed
-        and the ablated working memory (``None`` without one).
-
-        The store loses every unit grounded in a gold evidence turn (traces rebuilt, one store per
-        distinct evidence set of the case); the question is activated over it again. A graph equal to
-        the own one is never stored as the ablated graph.
-        """
-        from qgmem.activation.graph import graph_signature
-        from qgmem.activation.memory import Memory
-        from qgmem.memory.ablate import evidence_only_nodes, evidence_unit_ids, without_units
-
-        if not qa.evidence_turn_ids:
-            return None, [], {"ablation_status": "no_gold_evidence"}, None
-        drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
-        info: dict[str, Any] = {"store_evidence_units": len(drop),
-                                "memory_evidence_units": sum(u.id in drop for u in memory.units)}
-        if not drop:
-            return None, [], {**info, "ablation_status": "no_evidence_unit_in_store"}, None
-        key = frozenset(drop)
-        if key not in stores:
-            llm = self.llm if self.builder.uses_llm_consolidation else None
-            reduced = without_units(store, drop, self.encoder.encode, self.spec.construction, llm=llm)
-            stores[key] = Memory(reduced, self.encoder, self.spec.activation, reranker=self.reranker, llm=self.llm)
-        other, other_data, _ = stores[key].recall(qa.question, when)
-        if graph_signature(other_data) == graph_signature(data):
-            return None, [], {**info, "ablation_status": "ablated_graph_unchanged"}, None
-        evidence_nodes = evidence_only_nodes(memory.graph, memory.units, drop)
-        kept = evidence_nodes & {t.strip().casefold() for t in other.graph.node_text}
-        texts = list(getattr(other_data, "node_text", other.graph.node_text))
-        return other_data, texts, {**info, "evidence_nodes": len(evidence_nodes), "evidence_nodes_kept": len(kept)}, other
-
-    def sham(self, store: Any, qa: Any, when: str | None, memory: Any) -> tuple[Any, list[str], dict[str, Any]]:
-        """The sham-ablated graph of ``qa``, its node texts and what the sham removed.
-
-        As many units as the evidence ablation dropped, none grounded in the evidence, from the
-        evidence's ranks of the own working memory where possible (:func:`sham_unit_ids`, seeded by
-        the question's id); the question is activated again over the rest. Built only beside an ablated
-        graph, so the two contrasts score the same samples.
-        """
-        from qgmem.activation.memory import Memory
-        from qgmem.memory.ablate import evidence_unit_ids, sham_unit_ids, without_units
-
-        drop = evidence_unit_ids(store.units, qa.evidence_turn_ids)
-        remove, info = sham_unit_ids(store.units, memory.units, drop, seed=qa.id)
-        llm = self.llm if self.builder.uses_llm_consolidation else None
-        reduced = without_units(store, remove, self.encoder.encode, self.spec.construction, llm=llm)
-        other, data, _ = Memory(reduced, self.encoder, self.spec.activation, reranker=self.reranker,
-                                llm=self.llm).recall(qa.question, when)
-        return data, list(getattr(data, "node_text", other.graph.node_text)), info
 
     def close(self) -> None:
         """Persist the vectors encoded since the last flush; release the construction backend."""

@@ -32,7 +32,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ CHECKSUMS = INTEGRITY_CHECKSUMS  # one name for every sealed folder (qgmem.integ
 REBUILD_HINT = "rerun the same training command: damaged parts are rebuilt from their inputs"
 
 #: bump when the row schema or the meaning of a stored field changes (part of every cache key)
-CACHE_FORMAT_VERSION = 8  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent; 7: the evidence-ablated graph per sample; 8: the sham-ablated graph beside it
+CACHE_FORMAT_VERSION = 9  # 4: main's last row change; 5: edge_fact (the unit's fact embedding per edge); 6: object "it" resolved to a named referent; 7: the evidence-ablated graph per sample; 8: the sham-ablated graph beside it; 9: both leave the row for the study's own table (qgmem.evaluation.counterfactuals)
 
 SPLITS = ("train", "val", "test")
 
@@ -118,36 +118,9 @@ def sample_features():
         "group": Value("string"), "split": Value("string"), "category": Value("string"),
         "question": Value("string"), "question_time": Value("string"),
         "reference": Value("string"),  # the data set's answer (a rubric for rubric categories)
-        "memory_text": Value("string"),
-        "num_nodes": Value("int32"), "num_edges": Value("int32"), "feature_dim": Value("int32"),
-        "x": List(Value("float32")),  # [num_nodes * feature_dim], row-major
-        "edge_index": List(Value("int64")),  # [2 * num_edges], row-major (sources then targets)
-        "edge_attr": List(Value("float32")),  # [num_edges * feature_dim]
-        "edge_fact": List(Value("float32")),  # [num_edges * feature_dim]: the edge's unit fact embedding
+        "memory_text": Value("string"), **graph_features(),
         "node_text": List(Value("string")), "edge_text": List(Value("string")),
         "edge_unit": List(Value("int32")),
-        # the evidence-ablated graph: the question activated over the store without the units grounded
-        # in its gold evidence turns (``ablated`` False: no gold evidence, no such unit in the store, or
-        # a graph equal to the own one); same layout as the own graph
-        "ablated": Value("bool"), "ablated_num_nodes": Value("int32"), "ablated_num_edges": Value("int32"),
-        "ablated_x": List(Value("float32")), "ablated_edge_index": List(Value("int64")),
-        "ablated_edge_attr": List(Value("float32")), "ablated_edge_fact": List(Value("float32")),
-        "ablated_node_text": List(Value("string")),
-        # what the ablation removed: why there is no ablated graph ("" when there is one), units of the
-        # store and of the own working memory grounded in gold evidence, the own graph's nodes that only
-        # evidence units give, and how many of those the ablated graph still has through other units
-        "ablation_status": Value("string"), "store_evidence_units": Value("int32"),
-        "memory_evidence_units": Value("int32"), "evidence_nodes": Value("int32"),
-        "evidence_nodes_kept": Value("int32"),
-        # the sham ablation (its control, only beside an ablated graph): as many non-evidence units
-        # removed, at the evidence's ranks of the own working memory where possible, then activated
-        # again; same layout; how many units it removed, how many of them were rank-matched, how many
-        # it could not remove for want of non-evidence units
-        "sham": Value("bool"), "sham_num_nodes": Value("int32"), "sham_num_edges": Value("int32"),
-        "sham_x": List(Value("float32")), "sham_edge_index": List(Value("int64")),
-        "sham_edge_attr": List(Value("float32")), "sham_edge_fact": List(Value("float32")),
-        "sham_node_text": List(Value("string")), "sham_units": Value("int32"),
-        "sham_rank_matched": Value("int32"), "sham_short": Value("int32"),
     })
 
 
@@ -167,75 +140,55 @@ def final_features():
 def sample_row(*, qa_id: str, case_id: str, dialogue_id: str, group: str, split: str, category: str,
                question: str, reference: str, memory_text: str, graph: Any, feature_dim: int,
                question_time: str | None = None, node_text: Iterable[str] = (), edge_text: Iterable[str] = (),
-               edge_unit: Iterable[int] = (), ablated_graph: Any = None, ablated_node_text: Iterable[str] = (),
-               ablation: dict[str, Any] | None = None, sham_graph: Any = None, sham_node_text: Iterable[str] = (),
-               sham: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One cache row from a working memory's PyG graph (``x [N, D]``, ``edge_index [2, E]``, ``edge_attr [E, D]``).
+               edge_unit: Iterable[int] = ()) -> dict[str, Any]:
+    """One cache row from a working memory's PyG graph (``x [N, D]``, ``edge_index [2, E]``, ``edge_attr [E, D]``)."""
+    node_text, edge_text = list(node_text), list(edge_text)
+    columns = graph_columns(graph, feature_dim, node_text=node_text, edge_text=edge_text,
+                            where=f"case {case_id!r}, qa {qa_id}")
+    return {
+        "qa_id": qa_id, "case_id": case_id, "dialogue_id": dialogue_id, "group": group, "split": split,
+        "category": category, "question": question, "question_time": question_time, "reference": reference,
+        "memory_text": memory_text, **columns, "node_text": node_text, "edge_text": edge_text,
+        "edge_unit": [int(u) for u in edge_unit],
+    }
 
-    ``ablated_graph`` (same layout) is the evidence-ablated graph, ``ablation`` what the ablation
-    removed (:func:`ablation_fields`'s keys); ``sham_graph`` the sham-ablated graph, ``sham`` what the
-    sham removed (:func:`sham_fields`'s keys).
-    """
+
+def graph_features() -> dict[str, Any]:
+    """The Arrow columns of one graph (tensors flat, with their shapes): the row's, or a study's second graph."""
+    from datasets import List, Value
+
+    return {"num_nodes": Value("int32"), "num_edges": Value("int32"), "feature_dim": Value("int32"),
+            "x": List(Value("float32")),  # [num_nodes * feature_dim], row-major
+            "edge_index": List(Value("int64")),  # [2 * num_edges], row-major (sources then targets)
+            "edge_attr": List(Value("float32")),  # [num_edges * feature_dim]
+            "edge_fact": List(Value("float32"))}  # [num_edges * feature_dim]: the edge's unit fact embedding
+
+
+def graph_columns(graph: Any, feature_dim: int, *, node_text: Sequence[str] = (), edge_text: Sequence[str] = (),
+                  where: str = "") -> dict[str, Any]:
+    """:func:`graph_features`' columns of a PyG graph, checked: shapes agree, indices in range, features finite."""
     x = _as_array(getattr(graph, "x", None), np.float32, (0, feature_dim))
     edge_index = _as_array(getattr(graph, "edge_index", None), np.int64, (2, 0))
     num_edges = edge_index.shape[1] if edge_index.ndim == 2 else 0
     edge_attr = _as_array(getattr(graph, "edge_attr", None), np.float32, (num_edges, feature_dim))
     edge_fact = _as_array(getattr(graph, "edge_fact", None), np.float32, (num_edges, feature_dim))
     if x.ndim != 2 or (x.shape[0] and x.shape[1] != feature_dim):
-        raise ValueError(f"qa {qa_id}: node features have shape {tuple(x.shape)}, expected [N, {feature_dim}]")
+        raise ValueError(f"{where}: node features have shape {tuple(x.shape)}, expected [N, {feature_dim}]")
     if edge_index.shape != (2, num_edges) or edge_attr.shape != (num_edges, feature_dim) \
             or edge_fact.shape != (num_edges, feature_dim):
-        raise ValueError(f"qa {qa_id}: edge_index {tuple(edge_index.shape)} / edge_attr {tuple(edge_attr.shape)} / "
+        raise ValueError(f"{where}: edge_index {tuple(edge_index.shape)} / edge_attr {tuple(edge_attr.shape)} / "
                          f"edge_fact {tuple(edge_fact.shape)} do not agree (expected [2, E] and [E, {feature_dim}])")
     if num_edges and (edge_index.min() < 0 or edge_index.max() >= x.shape[0]):
-        raise ValueError(f"qa {qa_id}: edge_index points outside the {x.shape[0]} nodes")
-    node_text, edge_text = list(node_text), list(edge_text)
+        raise ValueError(f"{where}: edge_index points outside the {x.shape[0]} nodes")
     for name, values, texts in (("node", x, node_text), ("edge", edge_attr, edge_text)):
         bad = np.flatnonzero(~np.isfinite(values).all(axis=1)) if values.size else []
         if len(bad):
             shown = [texts[i] if i < len(texts) else f"#{i}" for i in bad[:3]]
-            raise ValueError(f"case {case_id!r}, qa {qa_id}: {len(bad)} {name} feature row(s) hold NaN or inf "
+            raise ValueError(f"{where}: {len(bad)} {name} feature row(s) hold NaN or inf "
                              f"(the sentence encoder's embedding of {shown}); nothing of this case was cached")
-    return {
-        "qa_id": qa_id, "case_id": case_id, "dialogue_id": dialogue_id, "group": group, "split": split,
-        "category": category, "question": question, "question_time": question_time, "reference": reference,
-        "memory_text": memory_text, "num_nodes": int(x.shape[0]), "num_edges": int(num_edges),
-        "feature_dim": int(feature_dim), "x": x.reshape(-1), "edge_index": edge_index.reshape(-1),
-        "edge_attr": edge_attr.reshape(-1), "edge_fact": edge_fact.reshape(-1), "node_text": node_text, "edge_text": edge_text,
-        "edge_unit": [int(u) for u in edge_unit],
-        **ablation_fields(qa_id, ablated_graph, feature_dim, ablated_node_text, ablation),
-        **sham_fields(qa_id, sham_graph, feature_dim, sham_node_text, sham),
-    }
-
-
-def ablation_fields(qa_id: str, graph: Any, feature_dim: int, node_text: Iterable[str] = (),
-                    ablation: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``ablated_*`` columns of a row (empty ones and ``ablated`` False without an ablated graph)."""
-    info = {"ablation_status": "", "store_evidence_units": 0, "memory_evidence_units": 0, "evidence_nodes": 0,
-            "evidence_nodes_kept": 0, **(ablation or {})}
-    if graph is None:
-        return {**_graph_columns("ablated", qa_id, None, feature_dim), **info,
-                "ablation_status": info["ablation_status"] or "none"}
-    return {**_graph_columns("ablated", qa_id, graph, feature_dim, node_text), **info, "ablation_status": ""}
-
-
-def sham_fields(qa_id: str, graph: Any, feature_dim: int, node_text: Iterable[str] = (),
-                sham: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``sham_*`` columns of a row (empty ones and ``sham`` False without a sham graph)."""
-    info = {"sham_units": 0, "sham_rank_matched": 0, "sham_short": 0, **(sham or {})}
-    return {**_graph_columns("sham", qa_id, graph, feature_dim, node_text), **info}
-
-
-def _graph_columns(prefix: str, qa_id: str, graph: Any, feature_dim: int, node_text: Iterable[str] = ()) -> dict[str, Any]:
-    """``<prefix>`` (is there a graph) and ``<prefix>_num_nodes`` … ``<prefix>_node_text``: a second graph's columns."""
-    if graph is None:
-        return {prefix: False, f"{prefix}_num_nodes": 0, f"{prefix}_num_edges": 0, f"{prefix}_x": [],
-                f"{prefix}_edge_index": [], f"{prefix}_edge_attr": [], f"{prefix}_edge_fact": [],
-                f"{prefix}_node_text": []}
-    own = sample_row(qa_id=qa_id, case_id="", dialogue_id="", group="", split="", category="", question="",
-                     reference="", memory_text="", graph=graph, feature_dim=feature_dim, node_text=node_text)
-    return {prefix: True, **{f"{prefix}_{k}": own[k] for k in ("num_nodes", "num_edges", "x", "edge_index",
-                                                               "edge_attr", "edge_fact", "node_text")}}
+    return {"num_nodes": int(x.shape[0]), "num_edges": int(num_edges), "feature_dim": int(feature_dim),
+            "x": x.reshape(-1), "edge_index": edge_index.reshape(-1), "edge_attr": edge_attr.reshape(-1),
+            "edge_fact": edge_fact.reshape(-1)}
 
 
 def _as_array(value: Any, dtype: Any, empty_shape: tuple[int, int]) -> np.ndarray:
@@ -269,18 +222,10 @@ def row_to_data(row: dict[str, Any]):
 
 
 def row_to_item(row: dict[str, Any]) -> dict[str, Any]:
-    """A filtered row to the dataset item the collator consumes (the data↔model contract); with its
-    evidence-ablated graph (``ablated_graph``, ``ablated_node_text``) and its sham (``sham_graph``,
-    ``sham_node_text``) when the row has them."""
-    item = {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
+    """A filtered row to the dataset item the collator consumes (the data↔model contract)."""
+    return {"graph": row_to_data(row), "memory_text": row["memory_text"], "question": row["question"],
             "answer": row["answer"], "category": row["category"], "qa_id": row["qa_id"],
             "node_text": list(row.get("node_text") or [])}
-    for prefix in ("ablated", "sham"):
-        if row.get(prefix):
-            item[f"{prefix}_graph"] = row_to_data({k: row[f"{prefix}_{k}"] for k in (
-                "num_nodes", "num_edges", "x", "edge_index", "edge_attr", "edge_fact")} | {"feature_dim": row["feature_dim"]})
-            item[f"{prefix}_node_text"] = list(row.get(f"{prefix}_node_text") or [])
-    return item
 
 
 # --------------------------------------------------------------------------------------------------
@@ -386,11 +331,16 @@ def read_json(path: Path) -> Any:
 
 
 class SampleCache:
-    """Per-case Arrow shards of samples, a plan that fixes their order, and a completion marker."""
+    """Per-case Arrow shards of samples, a plan that fixes their order, and a completion marker.
 
-    def __init__(self, root: str | Path):
+    ``features`` is the rows' schema (:func:`sample_features`); a study's table keyed by the same plan
+    (:mod:`qgmem.evaluation.counterfactuals`) passes its own.
+    """
+
+    def __init__(self, root: str | Path, features: Any = None):
         self.root = Path(root)
         self.shards = self.root / "shards"
+        self.features = features
 
     @property
     def complete(self) -> bool:
@@ -428,7 +378,7 @@ class SampleCache:
         final = self.shard_dir(index)
         tmp = fresh_temp_dir(final)
         if rows:  # ``datasets`` cannot reload an empty saved dataset: an empty shard is its meta.json only
-            _save_rows(rows, sample_features(), tmp / "data")
+            _save_rows(rows, self.features or sample_features(), tmp / "data")
         write_json(tmp / "meta.json", {**meta, "rows": len(rows)})
         publish(tmp, final)
 
@@ -473,7 +423,7 @@ class SampleCache:
             self.check_shard(index)
             if self.shard_meta(index)["rows"]:
                 parts.append(load_arrow(self.shard_dir(index) / "data"))
-        return concatenate_datasets(parts) if parts else _empty(sample_features())
+        return concatenate_datasets(parts) if parts else _empty(self.features or sample_features())
 
 
 # --------------------------------------------------------------------------------------------------

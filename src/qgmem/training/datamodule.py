@@ -26,14 +26,13 @@ from qgmem.errors import IntegrityError
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
-from qgmem.prompting import GRAPH_ONLY_SYSTEM_PROMPT, PromptSettings
+from qgmem.prompting import PromptSettings
 from qgmem.samples import cache as C
 from qgmem.samples import build as cache_build
 from qgmem.samples.answer_filter import MatchRule
 from qgmem.samples.build import build_cache, count_categories, plan_cases
 from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
 from qgmem.training.synthetic import synthetic_items
-from qgmem.training.text_dropout import TextDropout
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +67,9 @@ class GraphTextDataModule(L.LightningDataModule):
 
     def __init__(self, *, lm: str, batch_size: int, eval_batch_size: int, num_workers: int,
                  max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None,
-                 graph_only: bool = False, memory_units: int | None = None, order_seed: int | None = None,
-                 text_dropout: float = 0.0, text_dropout_units: int = 1):
+                 memory_units: int | None = None):
         super().__init__()
-        TextDropout.check(text_dropout, text_dropout_units)
-        self.text_dropout, self.text_dropout_units = text_dropout, text_dropout_units
-        self.graph_only = graph_only  # graph-only prompts: no textual working memory (the learning check)
         self.memory_units = memory_units  # the prompt's text holds the top m units; the graph keeps all k
-        self._order_seed = order_seed
         self.lm = lm
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_prompt_tokens, self.max_answer_tokens = max_prompt_tokens, max_answer_tokens
@@ -87,21 +81,13 @@ class GraphTextDataModule(L.LightningDataModule):
     @property
     def prompt_settings(self) -> PromptSettings:
         """The run's one prompt contract: the collator, the answer filter, the model and the export use it."""
-        extra = {"include_memory_text": False, "system_prompt": GRAPH_ONLY_SYSTEM_PROMPT} if self.graph_only else {}
         return PromptSettings(max_prompt_tokens=self.max_prompt_tokens, max_answer_tokens=self.max_answer_tokens,
-                              enable_thinking=self.enable_thinking, memory_units=self.memory_units, **extra)
+                              enable_thinking=self.enable_thinking, memory_units=self.memory_units)
 
     @property
     def order_seed(self) -> int:
-        """Seed of the training order and of the alignment stage's order (``None``: the data ``seed``).
-
-        Not part of any cache key: seeds of one protocol share the cache and differ in their order.
-        """
-        return int(self._order_seed if self._order_seed is not None else (getattr(self, "seed", 0) or 0))
-
-    @order_seed.setter
-    def order_seed(self, value: int | None) -> None:
-        self._order_seed = value
+        """Seed of the training order and of the alignment stage's order: the data ``seed`` (0 without one)."""
+        return int(getattr(self, "seed", 0) or 0)
 
     def split(self, name: str) -> Dataset:
         if not self._splits:
@@ -109,11 +95,8 @@ class GraphTextDataModule(L.LightningDataModule):
         return self._splits[name]
 
     def _set_splits(self, splits: dict[str, Any]) -> None:
-        """Keep the loaded splits; the training split goes through text dropout when it is on."""
+        """Keep the loaded splits (a study's data module changes what a split reads here)."""
         self._splits = dict(splits)
-        if self.text_dropout > 0:
-            self._splits["train"] = TextDropout(self._splits["train"], self.text_dropout, self.text_dropout_units,
-                                                seed=self.order_seed)
 
     @property
     def tokenizer(self):
@@ -213,18 +196,9 @@ class QGMemDataModule(GraphTextDataModule):
         rebuild: Discard this key's dataset folder and build it again (not its shards or answers).
         prepare_data_per_node: Build the cache once per node (``False``: once, on global rank 0, for a
             cache folder shared by every node).
-        graph_only: Leave the textual working memory out of the prompts (graph tokens are the only
-            evidence; the learning check's diagnostic setting). The cache is the same.
         memory_units: The prompt's text holds only the top ``m`` working-memory units (``None``: all
             ``k``); the graph still covers all ``k``. The context-budget sweep's setting; the cache is
             the same.
-        order_seed: Seed of the training data order and the alignment stage's order (``None``: ``seed``).
-            Not in the cache key, so seeds of one protocol share one cache.
-        text_dropout: Probability that a training sample's prompt text keeps only its top
-            ``text_dropout_units`` units while the graph keeps all (0: off, the default). Validation,
-            test and export use the full prompt; the cache is the same. See docs/graph_token.md for
-            how it compared.
-        text_dropout_units: The units kept by text dropout.
     """
 
     def __init__(
@@ -261,11 +235,7 @@ class QGMemDataModule(GraphTextDataModule):
         data_fingerprint: Literal["content", "stat"] = "content",
         rebuild: bool = False,
         prepare_data_per_node: bool = True,
-        graph_only: bool = False,
         memory_units: int | None = None,
-        order_seed: int | None = None,
-        text_dropout: float = 0.0,
-        text_dropout_units: int = 1,
     ):
         self.cache_spec = CacheSpec(
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
@@ -284,8 +254,7 @@ class QGMemDataModule(GraphTextDataModule):
             data_fingerprint=data_fingerprint)
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
-                         enable_thinking=enable_thinking, graph_only=graph_only, memory_units=memory_units,
-                         order_seed=order_seed, text_dropout=text_dropout, text_dropout_units=text_dropout_units)
+                         enable_thinking=enable_thinking, memory_units=memory_units)
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
@@ -384,12 +353,10 @@ class InMemoryDataModule(GraphTextDataModule):
                  batch_size: int = 4, eval_batch_size: int | None = None,
                  max_prompt_tokens: int = PromptSettings.max_prompt_tokens,
                  max_answer_tokens: int = PromptSettings.max_answer_tokens, feature_dim: int | None = None,
-                 graph_only: bool = False, memory_units: int | None = PromptSettings.memory_units,
-                 order_seed: int | None = None, text_dropout: float = 0.0, text_dropout_units: int = 1):
+                 memory_units: int | None = PromptSettings.memory_units):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
-                         graph_only=graph_only, memory_units=memory_units, order_seed=order_seed,
-                         text_dropout=text_dropout, text_dropout_units=text_dropout_units)
+                         memory_units=memory_units)
         self.items = {"train": list(train_items), "val": list(val_items), "test": list(test_items)}
         first = next((it for split in self.items.values() for it in split), None)
         if feature_dim is None and first is None:

@@ -22,6 +22,7 @@ from torch_geometric.data import Batch
 
 from qgmem.model.graph_modes import empty_graph
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
+from qgmem.model import checkpoint_keys as CK
 from qgmem.model.alignment import alignment_loss
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
@@ -42,7 +43,6 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode a
 #: the init_args left out are the classes' own defaults: AdamW's lr 1e-3 and weight decay 0.01)
 DEFAULT_OPTIMIZER = {"class_path": "torch.optim.AdamW"}
 DEFAULT_LR_SCHEDULER = {"class_path": "qgmem.training.schedule.WarmupCosine"}
-DATA_INFO_KEY = "qgmem_data_info"  # checkpoint entry: what the data side used (for export/serving)
 
 
 @dataclass
@@ -355,7 +355,7 @@ class QGMemModule(LightningModule):
 
     def trainable_keys(self) -> set[str]:
         return {name for name, p in self.named_parameters() if p.requires_grad} | {
-            name for name, _ in self.named_buffers() if not name.startswith("lm.")}
+            name for name, _ in self.named_buffers() if not name.startswith(CK.LM_PREFIX)}
 
     @_restricted_classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> QGMemModule:
@@ -418,10 +418,10 @@ class QGMemModule(LightningModule):
         """Keep only trainable weights (+ non-LM buffers): the frozen LM is reloaded from its id."""
         keep = self.trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
-        checkpoint[DATA_INFO_KEY] = self.data_info
-        checkpoint["qgmem_graph_token"] = self.net.config.to_dict()
-        checkpoint["qgmem_provenance"] = provenance()  # the code that trained it, for the export
-        checkpoint["qgmem_lm"] = {"dtype": str(self.lm.dtype).replace("torch.", ""),
+        checkpoint[CK.DATA_INFO] = self.data_info
+        checkpoint[CK.GRAPH_TOKEN] = self.net.config.to_dict()
+        checkpoint[CK.PROVENANCE] = provenance()  # the code that trained it, for the export
+        checkpoint[CK.LM] = {"dtype": str(self.lm.dtype).replace("torch.", ""),
                                   "hidden_size": self.net.config.lm_hidden, "end_of_turn_id": self.prompt_encoder.eot_id}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
@@ -429,7 +429,7 @@ class QGMemModule(LightningModule):
         if missing:
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
-        self.data_info = dict(checkpoint.get(DATA_INFO_KEY) or {})
+        self.data_info = dict(checkpoint.get(CK.DATA_INFO) or {})
 
 
 def _class_of(spec: dict[str, Any], base: type, what: str) -> type:

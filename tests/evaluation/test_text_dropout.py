@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from qgmem.errors import SettingError, UserError
-from qgmem.training.datamodule import InMemoryDataModule
-from qgmem.training.text_dropout import TextDropout
+from qgmem.evaluation.study_data import InMemoryStudyDataModule as InMemoryDataModule
+from qgmem.evaluation.text_dropout import TextDropout
 
 TEXT = "[M1] a\n[M2] b\n[M3] c"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from qgmem.activation.records import LocalGraph
-from qgmem.memory.ablate import evidence_only_nodes, evidence_unit_ids, sham_unit_ids, without_units
+from qgmem.evaluation.ablate import evidence_only_nodes, evidence_unit_ids, sham_unit_ids, without_units
 from qgmem.memory.config import ConstructionConfig
 
 from activation.helpers import HashEncoder, build_small_store, make_unit  # tests/activation/helpers.py
