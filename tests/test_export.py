@@ -13,11 +13,12 @@ from lightning.pytorch import Trainer, seed_everything
 from torch_geometric.data import Batch
 
 from qgmem.cli import main as qgmem_main
-from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint
+from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint, prompt_settings
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.alignment import node_word_ids
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
+from qgmem.prompting.contract import PromptSettings
 from qgmem.serving import GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.serving.pipeline import load_lm_for
 from qgmem.training.datamodule import QGMemDataModule, synthetic_items
@@ -103,6 +104,13 @@ def test_export_config_and_model_card(exported):
     assert config["prompt"]["max_prompt_tokens"] == 96  # the data side's prompt contract, adopted by the model
     card = (out / "README.md").read_text()
     assert "| val | nll | 9.5000 |" in card and "| test | f1 | 0.5000 |" in card
+
+
+def test_an_older_checkpoint_s_prompt_contract_reaches_the_export():
+    """Checkpoints written before the prompt block kept its parts in the hyperparameters and the data info."""
+    assert prompt_settings({"enable_thinking": True}, {"max_prompt_tokens": 300, "max_answer_tokens": 32}) == \
+        PromptSettings(enable_thinking=True, max_prompt_tokens=300, max_answer_tokens=32)
+    assert prompt_settings({"prompt": {"graph_tokens": 2}}, {"max_prompt_tokens": 300}) == PromptSettings(num_graph_tokens=2)
 
 
 def test_metrics_of_another_run_never_reach_the_card(exported, tmp_path):

@@ -25,7 +25,7 @@ import qgmem
 #: ``__main__`` runs the command line.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("qgmem", "errors", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting",
-     "provenance", "omp", "retired_settings", "settings_flags"),
+     "provenance", "omp", "older_records", "settings_flags"),
     ("data",),
     ("llm",),
     ("memory",),

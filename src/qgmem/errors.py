@@ -48,6 +48,10 @@ class IntegrityError(UserError, ValueError):
     """A file on disk whose size or checksum differs from what was written: corrupt or truncated."""
 
 
+class ExportFormatError(UserError, ValueError):
+    """An export whose files or config fields cannot be served by this code; the message names the field."""
+
+
 @contextmanager
 def as_user_error(*types: type[BaseException], prefix: str = "") -> Iterator[None]:
     """Re-raise ``types`` (``ValueError`` from a settings dataclass, say) as a :class:`UserError`.

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from qgmem import __version__
 from qgmem.provenance import git_commit
 from qgmem.integrity import fresh_temp_dir, publish_dir
+from qgmem.older_records import checkpoint_prompt
 
 if TYPE_CHECKING:
     from qgmem.prompting.contract import PromptSettings
@@ -83,14 +84,11 @@ def find_metrics(ckpt_path: Path) -> dict[str, Any] | None:
 
 
 def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
-    """The run's prompt contract from a checkpoint (older checkpoints kept its parts in two places)."""
+    """The run's prompt contract from a checkpoint (older checkpoints kept its parts in two places:
+    :func:`qgmem.older_records.checkpoint_prompt`)."""
     from qgmem.prompting.contract import PromptSettings
 
-    if hp.get("prompt"):
-        return PromptSettings.from_dict(hp["prompt"])
-    legacy = {"enable_thinking": hp.get("enable_thinking"), "max_prompt_tokens": info.get("max_prompt_tokens"),
-              "max_answer_tokens": info.get("max_answer_tokens")}
-    return PromptSettings(**{k: v for k, v in legacy.items() if v is not None})
+    return PromptSettings.from_dict(checkpoint_prompt(hp, info))
 
 
 def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from qgmem.activation.rerank import Candidate, EmbeddingReranker, Reranker, cand
 from qgmem.activation.serialize import serialize_working_memory
 from qgmem.memory.source_turns import source_turn_embeddings
 from qgmem.memory.store import MemoryStore
-from qgmem.retired_settings import stored_source_label
+from qgmem.older_records import stored_source_label
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import copy
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from qgmem import retired_settings
+from qgmem import older_records
 
 RerankerKind = Literal["embedding", "cross-encoder", "llm", "trained"]
 RERANKERS = ("embedding", "cross-encoder", "llm", "trained")
@@ -104,7 +104,7 @@ class ActivationConfig:
         were first keyed is left out while it has the value that reproduces the activation before it
         existed, so adding a setting does not invalidate every existing cache (and the old settings still
         find their caches); retired settings that every key held keep their place at today's value
-        (``qgmem.retired_settings``); a model reranker adds its weights' digest, so a retrained reranker
+        (``qgmem.older_records``); a model reranker adds its weights' digest, so a retrained reranker
         in the same folder rebuilds the cache."""
         from qgmem.activation.rerank import reranker_fingerprint
 
@@ -112,7 +112,7 @@ class ActivationConfig:
         for name, before in LATER_FIELDS.items():
             if d[name] == before:
                 del d[name]
-        d = retired_settings.activation_key(d)
+        d = older_records.activation_key(d)
         weights = reranker_fingerprint(self.reranker, self.reranker_path)
         if weights is not None:
             d["reranker_weights"] = weights
@@ -123,9 +123,9 @@ class ActivationConfig:
         """Settings as an export or a cache recorded them. A later field the record does not hold takes
         the value that reproduces activation before the field existed, not today's default: an export
         written then keeps activating as it was trained. Retired settings are read by
-        ``qgmem.retired_settings``: at the value today's activation uses they are dropped, at another
+        ``qgmem.older_records``: at the value today's activation uses they are dropped, at another
         they are refused by name."""
-        values = retired_settings.read_activation(values)
+        values = older_records.read_activation(values)
         for name, before in LATER_FIELDS.items():
             values.setdefault(name, copy.copy(before))
         if isinstance(values.get("channels"), list):

@@ -22,7 +22,7 @@ from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import as_user_error
 from qgmem.lm import EMBEDDED_LM
 from qgmem.memory.config import EXTRACTORS, ConstructionConfig
-from qgmem.retired_settings import RETRIEVAL_EVAL_FLAGS
+from qgmem.older_records import RETRIEVAL_EVAL_FLAGS
 from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from qgmem.memory.extract_llm import LLMExtractor
 from qgmem.memory.extract_parser import ParserExtractor
 from qgmem.memory.records import MemoryUnit
 from qgmem.memory.source_turns import source_turn_embeddings
-from qgmem.retired_settings import stored_source_label
+from qgmem.older_records import stored_source_label
 from qgmem.memory.store import STORE_FORMAT_VERSION, MemoryStore
 from qgmem.memory.traces import TraceIndex, build_traces
 from qgmem.memory.windows import Window, make_windows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from qgmem import retired_settings
+from qgmem import older_records
 
 EXTRACTORS = ("parser", "heuristic", "llm")
 #: the largest share of one dialogue's windows whose LLM extraction may fail (no reply, or none that
@@ -76,14 +76,14 @@ class ConstructionConfig:
 
     def key_dict(self) -> dict[str, Any]:
         """The settings as stores and caches are keyed by them, with the retired fields that keys held at
-        today's values (``qgmem.retired_settings``), so stores and caches built before still match."""
-        return retired_settings.construction_key(asdict(self))
+        today's values (``qgmem.older_records``), so stores and caches built before still match."""
+        return older_records.construction_key(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ConstructionConfig:
         """Settings as a store, cache or export recorded them; retired fields are read by
-        ``qgmem.retired_settings`` (a value this version cannot reproduce is refused by name)."""
-        d = retired_settings.read_construction(d)
+        ``qgmem.older_records`` (a value this version cannot reproduce is refused by name)."""
+        d = older_records.read_construction(d)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:

@@ -16,7 +16,7 @@ from qgmem.memory.records import MemoryUnit
 def source_turn_text(unit: MemoryUnit, label: bool = True) -> str:
     """A unit's source turn as text: ``speaker: text``, as the dense turn baseline embeds a turn. ``label``
     False gives the text alone, as a store built with the retired ``source_turn_label`` off embedded it
-    (``qgmem.retired_settings.stored_source_label``)."""
+    (``qgmem.older_records.stored_source_label``)."""
     return f"{unit.speaker}: {unit.source_text}" if unit.speaker and label else unit.source_text
 
 

@@ -2,7 +2,7 @@
 
 This module needs only torch and PyG, so serving can load an export without Lightning or the training
 code; its config round-trips through ``config.json`` (an export written before ``features``/``readout``
-existed loads as the paper's ``text`` features and ``mean`` readout).
+existed loads as the paper's ``text`` features and ``mean`` readout: :mod:`qgmem.older_records`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,7 @@ from qgmem.model.alignment import MAX_WORD_PIECES, PAD_PIECE, word_targets
 from qgmem.model.features import compose, edge_width, needs_fact, needs_words, node_width
 from qgmem.model.projector import GraphProjector
 from qgmem.model.readout import GraphReadout
-
-
-#: how a ``config.json`` written before these fields existed reads (the paper's network); the product's
-#: defaults are :class:`~qgmem.training.module.QGMemModule`'s signature, so the network config has none
-LEGACY_EXPORT_FIELDS = {"features": "text", "readout": "mean", "num_graph_tokens": 1}
-#: fields renamed since: old name -> name (K was ``num_queries`` before it had one name everywhere)
-RENAMED_FIELDS = {"num_queries": "num_graph_tokens"}
+from qgmem.older_records import read_graph_token
 
 
 @dataclass
@@ -54,8 +48,7 @@ class GraphTokenConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> GraphTokenConfig:
-        d = {RENAMED_FIELDS.get(k, k): v for k, v in d.items()}
-        d = {**LEGACY_EXPORT_FIELDS, **d}
+        d = read_graph_token(d)  # older names and the fields older configs lack (qgmem.older_records)
         d["encoder"] = EncoderConfig(**d.get("encoder", {}))
         return cls(**d)
 

@@ -33,11 +33,12 @@ from safetensors.torch import load_file, save_file
 from torch_geometric.data import Batch, Data
 
 from qgmem.model.graph_modes import empty_graph
-from qgmem.errors import InputPathError, IntegrityError, UserError
+from qgmem.errors import ExportFormatError, InputPathError, IntegrityError
 from qgmem.finite import nonfinite_names
 from qgmem.integrity import plain_mode, restore_replaced, seal, verify_sealed
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model import checkpoint_keys as CK
+from qgmem import older_records
 
 WEIGHTS_FILE = "graph_encoder.safetensors"
 CONFIG_FILE = "config.json"
@@ -55,10 +56,6 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 #: what fixes an export that fails its checks
 EXPORT_HINT = "run `qgmem export --ckpt CHECKPOINT --out FOLDER` again to write the export anew"
 logger = logging.getLogger("qgmem.model")
-
-
-class ExportFormatError(UserError, ValueError):
-    """An export whose files or config fields cannot be served by this code; the message names the field."""
 
 
 class HiddenSizeMismatch(ExportFormatError):
@@ -309,7 +306,8 @@ def resolve_export(model_id: str | Path, *, revision: str | None = None, cache_d
 
 
 def read_export_config(folder: Path) -> dict[str, Any]:
-    """``config.json`` of an export, checked for ``format`` and ``format_version`` (v1 migrated to v2)."""
+    """``config.json`` of an export, checked for ``format`` and ``format_version``; an older version's
+    reads as today's (:func:`qgmem.older_records.read_export_config`)."""
     path = folder / CONFIG_FILE
     if not path.is_file():
         raise InputPathError(f"{path} is missing: {folder} is not a QGMem export folder")
@@ -324,15 +322,4 @@ def read_export_config(folder: Path) -> dict[str, Any]:
     if version not in READABLE_VERSIONS:
         raise ExportFormatError(f"{path}: field 'format_version' is {version!r}; this qgmem reads versions "
                                 f"{list(READABLE_VERSIONS)} (upgrade qgmem, or re-export the checkpoint)")
-    if version == 1:  # the prompt block also held a note; the LoRA adapter was not in PEFT's format
-        prompt = dict(config.get("prompt") or {})
-        config["graph_token_position"] = prompt.pop("graph_token_position", None)
-        config["prompt"] = {k: v for k, v in prompt.items() if v is not None}
-        if config.get("lora"):
-            raise ExportFormatError(f"{path}: field 'lora' is set, but a version-1 export keeps its LoRA adapter "
-                                    "outside PEFT's format and serving cannot apply it; re-export the checkpoint")
-    readout = config.get("readout")
-    if version < 4 and isinstance(readout, dict) and "graph_tokens" in readout:  # K's legacy name (format 3)
-        # the network and prompt blocks are renamed by their own from_dict; this block is only a record
-        readout["num_graph_tokens"] = readout.pop("graph_tokens")  # legacy name
-    return config
+    return older_records.read_export_config(config, version, path)

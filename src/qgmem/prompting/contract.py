@@ -12,6 +12,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from qgmem.older_records import read_prompt
+
 SYSTEM_PROMPT = (
     "You answer questions about a user's long conversation history using only the memory entries "
     "given. Entries are labelled [M1], [M2], ...; when entries conflict, the latest state of a "
@@ -22,10 +24,6 @@ NO_MEMORY_TEXT = "(no memory entries)"
 # The graph-only prompt has no "[M1]" entries to refer to; a short system turn also keeps it cheap.
 GRAPH_ONLY_SYSTEM_PROMPT = ("You answer questions about a user's conversation history from the memory given. "
                             "Answer in one short sentence.")
-
-
-#: prompt settings renamed since: old name -> name (saved with older checkpoints and exports)
-RENAMED_SETTINGS = {"graph_tokens": "num_graph_tokens"}
 
 
 @dataclass
@@ -73,8 +71,9 @@ class PromptSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> PromptSettings:
-        """Settings from a saved dict; unknown keys are refused by name, missing ones take defaults."""
-        data = {RENAMED_SETTINGS.get(k, k): v for k, v in (data or {}).items()}
+        """Settings from a saved dict (older names read as today's: :mod:`qgmem.older_records`); unknown
+        keys are refused by name, missing ones take defaults."""
+        data = read_prompt(data)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -1,13 +1,17 @@
-"""Retired settings: today's defaults keep the keys of before, old records read, lost values are refused."""
+"""Records of older versions: older exports, checkpoints and prompt blocks read as today's; retired settings
+keep the keys of before, old records read, lost values are refused."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from qgmem.activation.config import ActivationConfig
+from qgmem.errors import ExportFormatError
 from qgmem.memory.config import ConstructionConfig
+from qgmem.older_records import checkpoint_prompt, read_export_config, read_graph_token, read_prompt
 
 #: ``ActivationConfig().key_dict()`` and ``.to_dict()`` as written before the retired fields left (the
 #: default's activation key of every cache built then, and what an export of then records)
@@ -77,7 +81,7 @@ def test_a_retired_eval_retrieval_flag_is_refused_by_name(name, value, where, tm
     """An old command line or ``--config`` file of eval-retrieval naming a retired flag: exit 2, the flag named
     and what happens instead (not argparse's "unrecognized arguments")."""
     from qgmem.cli import main
-    from qgmem.retired_settings import RETRIEVAL_EVAL_FLAGS
+    from qgmem.older_records import RETRIEVAL_EVAL_FLAGS
 
     flag = "--" + name.replace("_", "-")
     if where == "flag":
@@ -87,3 +91,42 @@ def test_a_retired_eval_retrieval_flag_is_refused_by_name(name, value, where, tm
         extra = ["--config", str(tmp_path / "old.yaml")]
     assert main(["eval-retrieval", "--dataset", "locomo", "--path", str(tmp_path / "x.json"), *extra]) == 2
     assert f"{flag} was retired: {RETRIEVAL_EVAL_FLAGS[name]}" in capsys.readouterr().err
+
+
+def test_a_version_1_export_config_reads_as_today_s():
+    config = {"prompt": {"max_prompt_tokens": 512, "note": None, "graph_token_position": "before the question"},
+              "readout": {"kind": "mean"}}
+    assert read_export_config(config, 1, Path("config.json")) == {
+        "prompt": {"max_prompt_tokens": 512}, "graph_token_position": "before the question",
+        "readout": {"kind": "mean"}}
+
+
+def test_a_version_1_export_with_lora_is_refused_by_field():
+    with pytest.raises(ExportFormatError, match=r"^x/config.json: field 'lora' is set, but a version-1 export"):
+        read_export_config({"prompt": {}, "lora": {"r": 8}}, 1, Path("x/config.json"))
+
+
+def test_k_s_older_readout_name_reads_as_today_s_until_version_4():
+    assert read_export_config({"readout": {"kind": "nodes", "graph_tokens": 3}}, 3, Path("c"))["readout"] == {
+        "kind": "nodes", "num_graph_tokens": 3}
+    # a version-4 record is today's: nothing is renamed
+    assert read_export_config({"readout": {"graph_tokens": 3}}, 4, Path("c"))["readout"] == {"graph_tokens": 3}
+
+
+def test_an_older_network_config_reads_with_today_s_names_and_the_paper_s_fields():
+    assert read_graph_token({"feature_dim": 8, "num_queries": 4, "readout": "queries"}) == {
+        "feature_dim": 8, "num_graph_tokens": 4, "readout": "queries", "features": "text"}
+    assert read_graph_token({"feature_dim": 8}) == {"feature_dim": 8, "features": "text", "readout": "mean",
+                                                    "num_graph_tokens": 1}
+
+
+def test_an_older_prompt_block_reads_with_today_s_names():
+    assert read_prompt({"graph_tokens": 2, "enable_thinking": True}) == {"num_graph_tokens": 2, "enable_thinking": True}
+    assert read_prompt(None) == {}
+
+
+def test_an_older_checkpoint_s_prompt_contract_is_gathered_from_its_two_places():
+    assert checkpoint_prompt({"prompt": {"max_prompt_tokens": 99}, "enable_thinking": True}, {}) == {
+        "max_prompt_tokens": 99}
+    assert checkpoint_prompt({"enable_thinking": True}, {"max_prompt_tokens": 300, "max_answer_tokens": None}) == {
+        "enable_thinking": True, "max_prompt_tokens": 300}

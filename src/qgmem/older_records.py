@@ -1,0 +1,145 @@
+"""How a record written by an older version reads today: exports, checkpoints, stores, caches, configs.
+
+One home for every such rule, so an old record reads the same wherever it is opened.
+
+Export ``config.json`` (older format versions), the graph-token network and prompt blocks of exports and
+checkpoints (renamed fields, fields added since), and a checkpoint's prompt contract (kept in two places
+before it had one block) read as the version of today would have written them.
+
+Settings that tuning rounds added and later retired: exports, stores and caches written before a setting
+was retired record it (and cache and store keys hash it). Today's code always behaves as one value of
+each, so a record holding that value reads as it always did, and a record holding another value is
+refused by name: this version cannot reproduce it (the git history holds the code that can). Caches and
+stores also keep their keys: a retired setting that every key held keeps its place there with the value
+today's code uses. Nothing here is a user's setting; ``ActivationConfig`` and ``ConstructionConfig``
+strip these fields from what they read and add the keyed ones to their keys. Retired command flags are
+refused by name, saying what happens instead, whether given on the command line or in a ``--config`` file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qgmem.errors import ExportFormatError
+
+#: graph-token network: how a config written before these fields existed reads (the paper's network); the
+#: product's defaults are ``QGMemModule``'s signature, so the network config has none
+GRAPH_TOKEN_LEGACY_FIELDS = {"features": "text", "readout": "mean", "num_graph_tokens": 1}
+#: graph-token network: fields renamed since, old name -> name (K was ``num_queries`` before it had one
+#: name everywhere)
+GRAPH_TOKEN_RENAMED = {"num_queries": "num_graph_tokens"}
+#: prompt settings renamed since: old name -> name (saved with older checkpoints and exports)
+PROMPT_RENAMED = {"graph_tokens": "num_graph_tokens"}
+
+
+def read_export_config(config: dict[str, Any], version: int, path: Path) -> dict[str, Any]:
+    """An export's ``config.json`` of format ``version`` (already checked readable) as today's version
+    reads it: version 1 kept ``graph_token_position`` in the prompt block and its LoRA adapter outside
+    PEFT's format (refused: serving cannot apply it); version 3 named K ``graph_tokens`` in the readout
+    block (the network and prompt blocks are renamed by :func:`read_graph_token` and :func:`read_prompt`;
+    that block is only a record)."""
+    if version == 1:
+        prompt = dict(config.get("prompt") or {})
+        config["graph_token_position"] = prompt.pop("graph_token_position", None)
+        config["prompt"] = {k: v for k, v in prompt.items() if v is not None}
+        if config.get("lora"):
+            raise ExportFormatError(f"{path}: field 'lora' is set, but a version-1 export keeps its LoRA adapter "
+                                    "outside PEFT's format and serving cannot apply it; re-export the checkpoint")
+    readout = config.get("readout")
+    if version < 4 and isinstance(readout, dict) and "graph_tokens" in readout:
+        readout["num_graph_tokens"] = readout.pop("graph_tokens")
+    return config
+
+
+def read_graph_token(values: dict[str, Any]) -> dict[str, Any]:
+    """A graph-token network config with today's field names, the fields it predates at the paper's values."""
+    return {**GRAPH_TOKEN_LEGACY_FIELDS, **{GRAPH_TOKEN_RENAMED.get(k, k): v for k, v in values.items()}}
+
+
+def read_prompt(values: dict[str, Any] | None) -> dict[str, Any]:
+    """A saved prompt-settings block with today's field names."""
+    return {PROMPT_RENAMED.get(k, k): v for k, v in (values or {}).items()}
+
+
+def checkpoint_prompt(hp: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's prompt-settings block: its hyperparameters' ``prompt``, or, in a checkpoint written
+    before that existed, the parts it kept in the hyperparameters and the data info (unset ones omitted)."""
+    if hp.get("prompt"):
+        return hp["prompt"]
+    legacy = {"enable_thinking": hp.get("enable_thinking"), "max_prompt_tokens": info.get("max_prompt_tokens"),
+              "max_answer_tokens": info.get("max_answer_tokens")}
+    return {k: v for k, v in legacy.items() if v is not None}
+
+#: activation: retired field -> the value today's activation always uses
+ACTIVATION_RETIRED: dict[str, object] = {
+    "expansion_seeds": 0, "expansion_max_entity_units": 20, "feedback_seeds": 0, "hop_extra_units": 0,
+    "fusion_weights": {}, "lexical_speaker_once": False, "superseded": "attach", "extra": {},
+    # no default, preset or documented choice set them (reverse edges in the local graph; source text
+    # in each working-memory entry)
+    "reverse_edges": False, "source_chars": 0,
+}
+#: activation: retired fields that every cache key held (they were in the first keyed settings)
+ACTIVATION_KEYED = ("superseded", "extra", "reverse_edges", "source_chars")
+#: activation: a retired value of a field that stays
+ACTIVATION_RETIRED_VALUES: dict[str, tuple[object, ...]] = {"dense_speaker_names": ("blend",)}
+
+#: construction: retired field -> the value today's construction always uses
+CONSTRUCTION_RETIRED: dict[str, object] = {"unread_turn_fallback": True, "source_turn_label": True}
+#: construction: retired fields that store and cache keys held while they had today's value
+CONSTRUCTION_KEYED = ("unread_turn_fallback",)
+
+
+#: flags of ``qgmem eval-retrieval`` that no default or documented choice needed -> what happens instead
+RETRIEVAL_EVAL_FLAGS: dict[str, str] = {
+    "pool_size": "the fused pool is ActivationConfig's pool_size (100), or k when k is larger",
+    "limit_per_category": "--limit N evaluates the first N cases",
+    "device": "model rerankers run on cuda when it is available, else on the CPU",
+}
+
+
+def _read(values: dict[str, Any], retired: dict[str, object], what: str) -> dict[str, Any]:
+    """``values`` without the ``retired`` fields. A field the record lacks reads as today's value: records
+    written since the retirement lack it too. (A construction record written before
+    ``unread_turn_fallback`` existed, which behaved as ``False``, therefore reads as ``True``.)"""
+    values = dict(values)
+    for name, today in retired.items():
+        recorded = values.pop(name, today)
+        if name == "fusion_weights":
+            recorded = dict(recorded or {})
+        if recorded != today:
+            raise ValueError(f"{what} setting {name}={recorded!r} was retired; this version always uses "
+                             f"{today!r} and cannot reproduce it")
+    return values
+
+
+def read_activation(values: dict[str, Any]) -> dict[str, Any]:
+    """An activation record without its retired fields; a retired value it cannot reproduce is an error."""
+    values = _read(values, ACTIVATION_RETIRED, "activation")
+    for name, gone in ACTIVATION_RETIRED_VALUES.items():
+        if values.get(name) in gone:
+            raise ValueError(f"activation setting {name}={values[name]!r} was retired and cannot be reproduced")
+    return values
+
+
+def read_construction(values: dict[str, Any]) -> dict[str, Any]:
+    """A construction record without its retired fields; a retired value this version cannot reproduce is
+    an error."""
+    return _read(values, CONSTRUCTION_RETIRED, "construction")
+
+
+def activation_key(key: dict[str, Any]) -> dict[str, Any]:
+    """``key`` with the retired fields every activation cache key held, at today's values."""
+    return {**key, **{name: ACTIVATION_RETIRED[name] for name in ACTIVATION_KEYED}}
+
+
+def construction_key(key: dict[str, Any]) -> dict[str, Any]:
+    """``key`` with the retired construction fields that keys held, at today's values."""
+    return {**key, **{name: CONSTRUCTION_RETIRED[name] for name in CONSTRUCTION_KEYED}}
+
+
+def stored_source_label(meta: dict[str, Any]) -> bool:
+    """Whether a store's source turns were embedded as ``speaker: text`` (its construction settings say
+    so; a store recording none was built with the label). Only a store without source-turn vectors of
+    its own needs this, to embed its turns as it would have."""
+    return bool(meta.get("params", {}).get("source_turn_label", True))
