@@ -93,22 +93,30 @@ def untrained_export(folder: Path) -> Path:
     return folder
 
 
-def single(client: httpx.Client, url: str, data: list[dict], n: int) -> dict:
-    """``n`` warm answers one after the other (after one warm-up), the users' questions in a fixed order."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds ``pid`` has used (Linux /proc): steadier than wall time on a loaded machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def single(client: httpx.Client, url: str, data: list[dict], n: int, server_pid: int) -> dict:
+    """``n`` warm answers one after the other (after one warm-up), the users' questions in a fixed order;
+    the wall seconds of each and the server's CPU seconds for each."""
     questions = [(u, h["questions"][i]) for i in range(max(len(h["questions"]) for h in data))
                  for u, h in enumerate(data) if i < len(h["questions"])]
     client.post(f"{url}/v1/users/u0/answer", json={"question": questions[0][1]}).raise_for_status()
-    seconds, answers, stages = [], [], []
+    seconds, cpu, answers, stages = [], [], [], []
     for u, question in (questions * (1 + n // max(1, len(questions))))[:n]:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), cpu_seconds(server_pid)
         r = client.post(f"{url}/v1/users/u{u}/answer", json={"question": question})
         r.raise_for_status()
         seconds.append(time.perf_counter() - t)
+        cpu.append(cpu_seconds(server_pid) - c)
         body = r.json()
         answers.append(body["answer"])
         stages.append(body["seconds"])
     per_stage = {k: pcts([s.get(k, 0.0) for s in stages]) for k in stages[0]} if stages else {}
-    return {"answer_s": pcts(seconds), "stages_s": per_stage, "answers": answers}
+    return {"answer_s": pcts(seconds), "server_cpu_s": pcts(cpu), "stages_s": per_stage, "answers": answers}
 
 
 def profile_answer(export: str, data: list[dict], sessions: int, threads: int | None, top: int = 30) -> None:
@@ -243,7 +251,7 @@ def main() -> None:
         return
     if args.single:
         try:
-            measured = single(client, url, data, args.single)
+            measured = single(client, url, data, args.single, proc.pid)
         finally:  # the server never outlives the bench
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=60)
@@ -252,7 +260,7 @@ def main() -> None:
                   **measured, "load_average": os.getloadavg()}
         a = result["answer_s"]
         print(f"{args.single} single warm answers ({' '.join(args.serve_arg) or 'defaults'}): p50 {a['p50']:.3f} s, "
-              f"p95 {a['p95']:.3f} s; generation p50 {result['stages_s']['generation']['p50']:.3f} s; "
+              f"p95 {a['p95']:.3f} s; server CPU p50 {result['server_cpu_s']['p50']:.3f} s; generation p50 {result['stages_s']['generation']['p50']:.3f} s; "
               f"load average {result['load_average'][0]:.1f}")
         if args.json:
             print(json.dumps(result))

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate, left_pad
+from qgmem.prompting.generate import prefix_cache
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +48,65 @@ def test_ids_and_embeddings_decode_alike_and_batching_changes_nothing(tiny_lm, s
         one_ids, one_mask = left_pad([row], enc.pad_id)
         single = generate(tiny_lm, smollm2_tokenizer, one_mask, input_ids=one_ids, **common)
         assert single.ids[0] == from_ids.ids[b]
+
+
+def _positions_seen(lm):
+    """The sequence length of every forward of ``lm``'s first layer, in order."""
+    seen = []
+    lm.model.layers[0].register_forward_pre_hook(lambda module, args, kwargs: seen.append(
+        (args[0] if args else kwargs["hidden_states"]).shape[1]), with_kwargs=True)
+    return seen
+
+
+def test_the_prefix_cache_continues_the_prompt_as_a_full_prefill_does(smollm2_tokenizer):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    lm = LlamaForCausalLM(config).eval()
+    enc = PromptEncoder(smollm2_tokenizer, PromptSettings(max_prompt_tokens=128))
+    ids, mask = left_pad([enc.prompt("[M1] The user keeps bees.", "What do I keep?").ids], enc.pad_id)
+    head = enc.head_ids
+    assert ids[0, :len(head)].tolist() == head and len(head) > 10
+    embeds = lm.get_input_embeddings()(ids)
+    with torch.no_grad():
+        full = lm(inputs_embeds=embeds).logits[0, -1]
+        cached = lm(inputs_embeds=embeds[:, len(head):], attention_mask=mask,
+                    cache=prefix_cache(lm, head)).logits[0, -1]
+    assert torch.allclose(full, cached, atol=1e-5)
+
+    seen = _positions_seen(lm)
+    common = {"max_new_tokens": 6, "stop_ids": [], "pad_id": enc.pad_id}
+    plain = generate(lm, smollm2_tokenizer, mask, inputs_embeds=embeds, **common)
+    assert seen[0] == ids.size(1)
+    seen.clear()
+    for _ in range(2):  # the prefix is never run again: each call prefills only what follows it
+        reused = generate(lm, smollm2_tokenizer, mask, inputs_embeds=embeds, prefix_ids=head, **common)
+        assert reused.ids == plain.ids and len(plain.ids[0]) == 6
+        assert seen[0] == ids.size(1) - len(head) and seen[1:] == [1] * 5
+        seen.clear()
+
+
+def test_padded_rows_prefill_whole_and_equal_rows_share_the_prefix(tiny_lm, smollm2_tokenizer):
+    enc, rows = _prompts(smollm2_tokenizer)
+    common = {"max_new_tokens": 4, "stop_ids": enc.stop_ids, "pad_id": enc.pad_id, "prefix_ids": enc.head_ids}
+    seen = _positions_seen(tiny_lm)
+    ids, mask = left_pad(rows, enc.pad_id)
+    padded = generate(tiny_lm, smollm2_tokenizer, mask, inputs_embeds=tiny_lm.get_input_embeddings()(ids), **common)
+    assert seen[0] == ids.size(1)  # a padded row does not start with the prefix: no cache
+    assert padded.ids == generate(tiny_lm, smollm2_tokenizer, mask, input_ids=ids,
+                                  **{**common, "prefix_ids": ()}).ids
+    seen.clear()
+    ids, mask = left_pad([rows[0], rows[0]], enc.pad_id)
+    twice = generate(tiny_lm, smollm2_tokenizer, mask, inputs_embeds=tiny_lm.get_input_embeddings()(ids),
+                     **{**common, "stop_ids": []})
+    # the prefix's own forward (once for this LM), then the rest of the prompt and one position a step
+    assert seen == [len(enc.head_ids), ids.size(1) - len(enc.head_ids), 1, 1, 1]
+    one_ids, one_mask = left_pad([rows[0]], enc.pad_id)
+    alone = generate(tiny_lm, smollm2_tokenizer, one_mask, input_ids=one_ids, **{**common, "stop_ids": [],
+                                                                                   "prefix_ids": ()})
+    assert twice.ids == alone.ids * 2 and len(alone.ids[0]) == 4
 
 
 def test_generate_needs_exactly_one_input(tiny_lm, smollm2_tokenizer):

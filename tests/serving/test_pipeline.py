@@ -54,6 +54,21 @@ def test_batching_does_not_change_answers(pipeline):
     assert together == alone
 
 
+def test_unpadded_answers_continue_the_cached_prompt_head(pipeline, monkeypatch):
+    """The pipeline hands the prompt head to the generation helper, which prefills it once per LM."""
+    import importlib
+
+    generation = importlib.import_module("qgmem.prompting.generate")  # the module (the package exports the function)
+    seen = []
+    original = generation.prefix_cache
+    monkeypatch.setattr(generation, "prefix_cache", lambda lm, ids, n=1: seen.append((tuple(ids), n)) or
+                        original(lm, ids, n))
+    pipeline.answer(QUESTIONS[0])
+    pipeline.answer(QUESTIONS[1])
+    assert seen == [(tuple(pipeline.prompts.head_ids), 1)] * 2
+    assert list(generation._PREFIXES[pipeline.lm]) == [tuple(pipeline.prompts.head_ids)]
+
+
 def test_graph_modes_feed_the_lm_different_inputs(pipeline, monkeypatch):
     """token, none and shuffled differ only in the inserted graph token (shuffled: the next question's)."""
     seen = {}

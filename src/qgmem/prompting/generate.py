@@ -9,6 +9,7 @@ text into the answer that is scored.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from dataclasses import dataclass
 from typing import Sequence
@@ -46,17 +47,23 @@ def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, 
 @torch.no_grad()
 def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Tensor | None = None,
              inputs_embeds: torch.Tensor | None = None, max_new_tokens: int, stop_ids: Sequence[int],
-             pad_id: int, stop_at_newline: bool = False, temperature: float = 0.0, streamer=None) -> Generation:
+             pad_id: int, stop_at_newline: bool = False, temperature: float = 0.0, streamer=None,
+             prefix_ids: Sequence[int] = ()) -> Generation:
     """Continue left-padded prompts (``input_ids`` or ``inputs_embeds``, ``[B, T(, H)]``).
 
     Greedy at ``temperature`` 0 (sampling above it). ``stop_at_newline`` also ends a row at its first
     line break. Special tokens are dropped from the text; thinking blocks are kept (see
     :func:`final_answer`). ``streamer``: a ``transformers`` streamer that gets each step's tokens.
+    ``prefix_ids``: the tokens every prompt starts with (the system prompt and template head); when no
+    row is padded, their KV cache is computed once per LM (:func:`prefix_cache`) and a copy of it
+    continued, so the prefill covers only the rest.
     """
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids and inputs_embeds")
     device = next(lm.parameters()).device
     kwargs = {"input_ids": input_ids.to(device)} if input_ids is not None else {"inputs_embeds": inputs_embeds}
+    if prefix_ids and bool(attention_mask.all()) and attention_mask.size(1) > len(prefix_ids):
+        kwargs["cache"] = prefix_cache(lm, prefix_ids, attention_mask.size(0))
     sampling = {"do_sample": True, "temperature": float(temperature)} if temperature > 0 else {"do_sample": False}
     if stop_at_newline:
         sampling.update(stopping_criteria=[newline_stop(tokenizer)])
@@ -75,6 +82,26 @@ def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Te
         rows.append(row)
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True) if rows else []
     return Generation(rows, texts)
+
+
+#: per LM, the KV cache of each prompt prefix it was asked for (a frozen LM's prefix never changes)
+_PREFIXES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@torch.no_grad()
+def prefix_cache(lm, prefix_ids: Sequence[int], batch_size: int = 1):
+    """A fresh copy of the KV cache of ``prefix_ids`` for ``batch_size`` rows, the prefix's forward run
+    once per LM (from its input embeddings, as fused prompts enter the LM)."""
+    key = tuple(int(t) for t in prefix_ids)
+    per_lm = _PREFIXES.setdefault(lm, {})
+    cache = per_lm.get(key)
+    if cache is None:
+        ids = torch.tensor([key], dtype=torch.long, device=next(lm.parameters()).device)
+        cache = per_lm[key] = lm(inputs_embeds=lm.get_input_embeddings()(ids), use_cache=True).cache
+    cache = copy.deepcopy(cache)
+    if batch_size > 1:
+        cache.batch_repeat_interleave(batch_size)
+    return cache
 
 
 #: one first-line-break criterion per tokenizer: building it reads the whole vocabulary (0.2–0.6 s for

@@ -265,7 +265,7 @@ class QGMemPipeline:
         elif any(has_memory):
             out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=max(caps),
                            stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
-                           stop_at_newline=newline, streamer=streamer)
+                           stop_at_newline=newline, streamer=streamer, prefix_ids=self.prompts.head_ids)
             out, finish = self._cut(out, caps, newline)
             texts, counts = out.texts, out.num_tokens
         else:  # nothing was remembered: the honest answer needs no LM call
