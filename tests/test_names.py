@@ -1,8 +1,8 @@
 """K, the number of graph tokens, has one name in the code: ``num_graph_tokens``.
 
 It used to be ``num_queries`` (network, module), ``num_tokens`` (a property) and ``graph_tokens``
-(prompt settings, export record). The old names may appear only in comments and in the code that reads older files (``RENAMED_*`` maps,
-lines marked ``legacy``).
+(prompt settings, export record). The old names may appear only in comments and in the code that reads older files (``qgmem.older_records``,
+the one home of those rules; ``RENAMED_*`` maps, lines marked ``legacy``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ OLD_NAMES = re.compile(r"\bnum_queries\b|[\"']graph_tokens[\"']|\bgraph_tokens\s
 def offending_lines(root: Path) -> list[str]:
     found = []
     for path in sorted(root.rglob("*.py")):
+        if path.name == "older_records.py":  # reads older files by their old names, by design
+            continue
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = line.strip()
             if OLD_NAMES.search(code) and not code.startswith("#") and "RENAMED" not in code and "legacy" not in code:

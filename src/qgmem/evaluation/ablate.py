@@ -13,14 +13,9 @@ beyond "any re-retrieved graph differs from the one the text describes".
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-import numpy as np
-
-from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.store import MemoryStore
-from qgmem.memory.traces import build_traces
+from qgmem.memory.remove import without_units  # noqa: F401  (the one rule; the study and the service share it)
 
 
 def evidence_unit_ids(units: Iterable[Any], evidence_turn_ids: Iterable[str]) -> set[str]:
@@ -59,19 +54,6 @@ def sham_unit_ids(store_units: Iterable[Any], memory_units: Iterable[Any], drop:
     chosen += rest[:max(0, len(drop) - len(chosen))]
     return set(chosen), {"sham_units": len(chosen), "sham_rank_matched": matched,
                          "sham_short": len(drop) - len(chosen)}
-
-
-def without_units(store: MemoryStore, drop: set[str], encode: Callable[[list[str]], np.ndarray],
-                  config: ConstructionConfig, llm: Any = None) -> MemoryStore:
-    """A copy of ``store`` without the units in ``drop``; traces rebuilt over the rest (``store`` is untouched)."""
-    keep = [i for i, u in enumerate(store.units) if u.id not in drop]
-    units = [replace(store.units[i], trace_id=None) for i in keep]
-    embeddings = store.embeddings[keep] if len(store.embeddings) else store.embeddings
-    report = build_traces(units, embeddings, encode, config, llm=llm)
-    meta = {**store.meta, "ablated_units": len(store.units) - len(units)}
-    source = store.source_embeddings[keep] if store.source_embeddings is not None else None
-    return MemoryStore(dialogue_id=store.dialogue_id, units=units, traces=report.traces,
-                       embeddings=np.asarray(embeddings, dtype=np.float32), meta=meta, source_embeddings=source)
 
 
 def evidence_only_nodes(graph: Any, units: list[Any], drop: set[str]) -> set[str]:

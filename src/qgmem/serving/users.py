@@ -98,7 +98,7 @@ def session_count(store: MemoryStore) -> int:
 def store_without(builder: Any, store: MemoryStore, unit_ids: set[str]) -> MemoryStore:
     """``store`` without ``unit_ids``, its traces regrouped over the units left (as construction groups
     them), so no trace holds a removed state; the numbering (``extent``) and the rest of ``meta`` as before."""
-    from qgmem.memory.ablate import without_units
+    from qgmem.memory.remove import without_units
 
     llm = builder.llm if builder.uses_llm_consolidation else None
     kept = without_units(store, unit_ids, builder.encoder.encode, builder.config, llm=llm)
