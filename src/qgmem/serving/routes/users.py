@@ -31,17 +31,21 @@ def router(service: Any):
 
     routes, limits = APIRouter(prefix="/v1/users/{user_id}"), service.limits
 
+    def acknowledged(result: dict) -> dict:
+        """An append's reply; its stage times are observed once (a replayed key stored nothing new)."""
+        if not result.get("replayed"):
+            for stage, seconds in result["seconds"].items():
+                service.metrics.observe(f"append_{stage}", seconds)
+        service.count_loaded()
+        return result
+
     @routes.post("/sessions")
     async def append_session(user_id: str, request: Request):
         check_id(user_id)
         key = idempotency_key(request)
         turns, session_time = check_session(await read_json(request, limits), limits)
         result = await in_thread(service.users.append, user_id, turns, session_time, key)
-        if not result.get("replayed"):
-            for stage, seconds in result["seconds"].items():
-                service.metrics.observe(f"append_{stage}", seconds)
-        service.count_loaded()
-        return result
+        return acknowledged(result)
 
     @routes.post("/sessions/batch")
     async def append_batch(user_id: str, request: Request):
@@ -49,11 +53,7 @@ def router(service: Any):
         key = idempotency_key(request)
         sessions = check_batch(await read_json(request, limits), limits)
         result = await in_thread(service.users.append_batch, user_id, sessions, key)
-        if not result.get("replayed"):
-            for stage, seconds in result["seconds"].items():
-                service.metrics.observe(f"append_{stage}", seconds)
-        service.count_loaded()
-        return result
+        return acknowledged(result)
 
     @routes.post("/answer")
     async def answer(user_id: str, request: Request):
