@@ -80,6 +80,12 @@ def test_the_cache_is_reused_and_rebuilt_when_its_key_changes(lm, tmp_path, forw
     _, stats = build(lm, items, tmp_path, max_prompt_tokens=512)  # another teacher prompt cap
     assert stats["misses"] == 4 and sum(forwards) == 4
     forwards.clear()
+    other = load_causal_lm(lm[0].name_or_path)  # the same id and config, other weights
+    with torch.no_grad():
+        other.get_input_embeddings().weight.mul_(2.0)
+    _, stats = build((other, lm[1]), items, tmp_path)
+    assert stats["misses"] == 4 and sum(forwards) == 4
+    forwards.clear()
     changed = [dict(item) for item in items]
     changed[2]["answer"] = "Purple"  # another answer: that sample alone
     table, stats = build(lm, changed, tmp_path)

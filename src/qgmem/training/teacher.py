@@ -7,8 +7,8 @@ a run, so its distributions are computed once per training sample and kept on di
 token, the ids and logits of its ``k`` most likely next tokens (:class:`TeacherEntry`).
 
 The cache is content-addressed, one safetensors file per sample. A sample's name is the SHA-256 of
-:func:`teacher_key` (the LM id, dtype and config, the teacher's prompt contract with its cap, the chat
-template, ``k``, the format) together with the teacher's prompt ids and the answer ids. Whatever changes
+:func:`teacher_key` (the LM id, dtype, config and a sample of its weights, the teacher's prompt contract
+with its cap, the chat template, ``k``, the format) together with the teacher's prompt ids and the answer ids. Whatever changes
 the teacher's outputs changes the name, so a changed setting or sample is a miss and is computed again;
 the same sample in another run or fold is a hit. Each file records the SHA-256 of its tensors: a file
 that does not load, or whose tensors do not match, is reported, recomputed and rewritten, never used.
@@ -66,9 +66,24 @@ def teacher_key(lm_id: str, lm, tokenizer, settings: PromptSettings, topk: int) 
     """Everything besides the sample that changes the teacher's outputs (``settings``: the teacher's prompt)."""
     config = {k: v for k, v in lm.config.to_dict().items() if k != "_name_or_path"}  # a folder's path is not content
     return {"format": TEACHER_FORMAT, "lm": lm_id, "dtype": str(lm.dtype).replace("torch.", ""),
-            "lm_config": _sha(json.dumps(config, sort_keys=True, default=str)),
+            "lm_config": _sha(json.dumps(config, sort_keys=True, default=str)), "lm_weights": weights_sample(lm),
             "prompt": settings.to_dict(), "chat_template": _sha(str(getattr(tokenizer, "chat_template", None))),
             "graph": "none", "topk": int(topk)}
+
+
+def weights_sample(lm, per_tensor: int = 1024) -> str:
+    """SHA-256 of up to ``per_tensor`` evenly spaced values of each of the LM's own weights (not a LoRA
+    adapter's): other weights under the same id and config (a folder retrained in place) are another key,
+    at the cost of reading a few values per tensor."""
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, weight in lm.named_parameters():
+            if "lora_" in name:
+                continue
+            flat = weight.detach().reshape(-1)
+            values = flat[:: max(1, flat.numel() // per_tensor)].float().cpu()
+            digest.update(f"{name}:{tuple(weight.shape)}|".encode() + values.numpy().tobytes())
+    return digest.hexdigest()
 
 
 class TeacherCache:
@@ -214,4 +229,4 @@ def teacher_forward(lm, samples: Sequence[tuple[list[int], int, list[int]]], top
 
 
 __all__ = ["TEACHER_BATCH", "TEACHER_FORMAT", "TEACHER_PROMPT_TOKENS", "TeacherCache", "TeacherEntry",
-           "build_teacher", "teacher_forward", "teacher_key", "teacher_prompt"]
+           "build_teacher", "teacher_forward", "teacher_key", "teacher_prompt", "weights_sample"]
