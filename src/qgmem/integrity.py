@@ -216,15 +216,19 @@ def remove_stale_temp(parent: str | Path, max_age_s: float = 24 * 3600.0) -> lis
     return removed
 
 
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a :func:`temp_path` file and a rename: the one atomic file write.
+def write_text_atomic(path: str | Path, text: str | bytes) -> Path:
+    """Write ``text`` (UTF-8; ``bytes`` as they are) to ``path`` through a :func:`temp_path` file and a
+    rename: the one atomic file write.
 
     A reader sees the old file or the new one, never a part; a kill leaves a temp file that
     :func:`remove_stale_temp` deletes.
     """
     path = Path(path)
     tmp = temp_path(path)
-    tmp.write_text(text, encoding="utf-8")
+    if isinstance(text, bytes):
+        tmp.write_bytes(text)
+    else:
+        tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
     return path
 

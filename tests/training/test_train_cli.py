@@ -278,3 +278,31 @@ def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsy
     err = capsys.readouterr().err
     assert "bad setting: split_ratios must be three non-negative numbers summing to 1" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--model.distill_weight", "-0.5", "model.distill_weight must be >= 0 (0 = off), got -0.5"),
+    ("--model.distill_topk", "0", "model.distill_topk must be >= 1, got 0")])
+def test_train_script_refuses_a_bad_distillation_setting(flag, value, message, capsys):
+    """A negative λ or an empty top-k is one message naming the setting and exit 2, before the LM loads."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main([flag, value]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+class NoMemoryTextData(TinyData):
+    """TinyData whose training samples lack the text the distillation teacher reads."""
+
+    def setup(self, stage=None):
+        super().setup(stage)
+        self._splits["train"] = [{k: v for k, v in item.items() if k != "memory_text"} for item in self.items["train"]]
+
+
+def test_distillation_without_the_teachers_text_is_a_setting_error(lm_path, tmp_path):
+    from qgmem.errors import SettingError
+
+    with pytest.raises(SettingError, match=r"model\.distill_weight.*synthetic#0.*no field 'memory_text'"):
+        main(tiny_args(tmp_path / "run", lm_path, "--model.distill_weight", "2.0", "--export", "false"),
+             datamodule_class=NoMemoryTextData)

@@ -4,8 +4,9 @@ Two jobs, kept free of Lightning so serving reuses them (decoding is :func:`qgme
 
 - :func:`insert_token` places ``K`` vectors per row at ``pos`` (right- or left-padded rows alike) and keeps
   the attention mask, labels and position ids consistent with the padding;
-- :func:`answer_nll` runs the LM's base model and applies the output head **only** at positions whose
-  next token is a label, so no full-vocabulary logits are computed over the prompt.
+- :func:`answer_logits` runs the LM's base model and applies the output head **only** at positions whose
+  next token is a label, so no full-vocabulary logits are computed over the prompt; :func:`answer_nll`
+  (the answer loss) and the distillation term read them.
 """
 
 from __future__ import annotations
@@ -68,17 +69,16 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return limit if bool(same.all()) else int(same.long().cumprod(0).sum())
 
 
-def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-               labels: torch.Tensor, reduction: str = "mean", shared_prefix: int = 0) -> torch.Tensor:
-    """Cross-entropy of the label tokens, with the LM head applied only where a label follows.
+def answer_logits(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                  labels: torch.Tensor, shared_prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The LM's float logits at the positions whose next token is a label, with the LM head applied only there.
 
-    Equals the loss of the full-logits path (``lm(inputs_embeds=..., labels=...)``) while computing
-    ``[num_answer_tokens, vocab]`` logits instead of ``[B, T, vocab]``. ``reduction="none"`` gives the
-    per-row mean (rows without labels give 0) for per-sample reporting. ``shared_prefix`` = ``P`` > 0
-    says the first ``P`` columns are identical in every row and carry no labels (see
-    :func:`shared_prefix_length`): they run once, for one row and without gradients, as a key/value
-    cache the rest of the batch attends to; the loss is the same, the prefix costs ``1/B`` of its
-    forward and nothing in backward.
+    Returns ``(logits [N, vocab], targets [N], rows [N])``: the ``N`` label tokens of the batch in row
+    order, then column order (so the ``i``-th answer token of a row is its ``i``-th entry), each label's
+    logits, the label itself and its row. ``shared_prefix`` = ``P`` > 0 says the first ``P`` columns are
+    identical in every row and carry no labels (see :func:`shared_prefix_length`): they run once, for
+    one row and without gradients, as a key/value cache the rest of the batch attends to; the logits are
+    the same, the prefix costs ``1/B`` of its forward and nothing in backward.
     """
     decoder = base_model(lm)
     P = int(shared_prefix)
@@ -97,12 +97,23 @@ def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_
                          position_ids=position_ids, use_cache=False).last_hidden_state
     target = labels[:, 1:]
     keep = target != IGNORE_INDEX
-    head = lm.get_output_embeddings()
-    logits = head(hidden[:, :-1][keep]).float()
-    nll = F.cross_entropy(logits, target[keep], reduction="none")
+    logits = lm.get_output_embeddings()(hidden[:, :-1][keep]).float()
+    return logits, target[keep], keep.nonzero()[:, 0]
+
+
+def answer_nll(lm, embeds: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+               labels: torch.Tensor, reduction: str = "mean", shared_prefix: int = 0) -> torch.Tensor:
+    """Cross-entropy of the label tokens over :func:`answer_logits` (the LM head only where a label follows).
+
+    Equals the loss of the full-logits path (``lm(inputs_embeds=..., labels=...)``) while computing
+    ``[num_answer_tokens, vocab]`` logits instead of ``[B, T, vocab]``. ``reduction="none"`` gives the
+    per-row mean (rows without labels give 0) for per-sample reporting.
+    """
+    logits, target, rows = answer_logits(lm, embeds, attention_mask, position_ids, labels, shared_prefix)
+    nll = F.cross_entropy(logits, target, reduction="none")
     if reduction == "mean":
         return nll.mean()
-    per_row = torch.zeros(labels.size(0), device=nll.device, dtype=nll.dtype)
-    per_row.index_add_(0, keep.nonzero()[:, 0], nll)
-    return per_row / keep.sum(1).clamp(min=1)
-
+    B = labels.size(0)
+    total = torch.zeros(B, device=nll.device, dtype=nll.dtype).index_add_(0, rows, nll)
+    counts = torch.zeros(B, device=nll.device, dtype=nll.dtype).index_add_(0, rows, torch.ones_like(nll))
+    return total / counts.clamp(min=1)

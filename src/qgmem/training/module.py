@@ -21,19 +21,22 @@ from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
 from qgmem.model.graph_modes import empty_graph
+from qgmem.errors import SettingError
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model import checkpoint_keys as CK
 from qgmem.model.alignment import alignment_loss
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
-from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token, shared_prefix_length
+from qgmem.model.fusion import IGNORE_INDEX, answer_logits, answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.provenance import provenance
 from qgmem.training.metrics import AnswerScores
+from qgmem.training.distill import teacher_targets, topk_kl
 from qgmem.training.records import EvalRecords, by_category
+from qgmem.training.teacher import TEACHER_PROMPT_TOKENS, TeacherEntry, build_teacher
 
 # The frozen LM is absent from checkpoints and in eval mode during fit, both on purpose.
 warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
@@ -100,6 +103,15 @@ class QGMemModule(LightningModule):
             (0 = off), which keeps node tokens readable as words while the answer loss trains.
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
+        distill_weight: λ of the distillation term added to the answer loss, λ · KL(teacher ‖ student)
+            over the answer tokens, where the teacher is the same frozen LM reading every working-memory
+            unit as text and no graph tokens (:mod:`qgmem.training.distill`). 0 = off (answer loss
+            only); the named candidates are 2.0 (xRAG's) and 0.5.
+        distill_topk: ``k``, the teacher's most likely next tokens kept per answer token in the teacher
+            cache (its distribution is the softmax over them).
+        teacher_cache_dir: Folder of the teacher cache (:mod:`qgmem.training.teacher`; ``None`` =
+            ``<trainer.default_root_dir>/teacher``). Entries are content-addressed, so runs and folds that
+            share a folder share what they have in common.
         max_new_tokens: Greedy generation length for EM/F1.
         val_generate_batches: Validation batches (per process) that are also decoded and scored.
         test_generate_batches: Test batches (per process) that are decoded and scored (``None`` = all).
@@ -125,6 +137,7 @@ class QGMemModule(LightningModule):
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
                  align_steps: int = 300, align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
                  graph: GraphMode = "token",
+                 distill_weight: float = 0.0, distill_topk: int = 16, teacher_cache_dir: str | None = None,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
                  prompt: PromptSettings | None = None, match_embedding_scale: bool = True,
@@ -139,6 +152,7 @@ class QGMemModule(LightningModule):
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
         prompt = replace(prompt, num_graph_tokens=num_graph_tokens)  # the prompt holds as many slots as the readout gives
         check_mode(graph)
+        check_distill(distill_weight, distill_topk)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
         self.hparams["prompt"] = prompt.to_dict()
@@ -175,6 +189,7 @@ class QGMemModule(LightningModule):
         self.test_predictions: list[dict[str, Any]] = []  # the last test's rows (TestPredictionsWriter)
         self._examples: list[dict[str, str]] = []
         self.data_info: dict[str, Any] = {}
+        self.teacher: dict[str, TeacherEntry] | None = None  # the training samples' teacher targets, by qa_id
         self._keep_lm_frozen()
 
     # ----------------------------------------------------------------------------------------- modes
@@ -239,6 +254,15 @@ class QGMemModule(LightningModule):
             return 0
         return shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["graph_pos"])
 
+    def distill_losses(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's answer NLL (as ``forward``) and its KL(teacher ‖ student), from one student forward."""
+        embeds, mask, positions, labels = self.fused_inputs(batch)
+        logits, targets, rows = answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch))
+        if self.teacher is None:
+            raise RuntimeError("distill_weight > 0 but no teacher was built (QGMemModule.on_fit_start builds it)")
+        ids, teacher_logits = teacher_targets(self.teacher, batch["qa_id"], targets, rows)
+        return torch.nn.functional.cross_entropy(logits, targets), topk_kl(logits, ids, teacher_logits)
+
     def sample_nll(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample mean answer NLL ``[B]`` and answer-token counts ``[B]`` (their weighted mean = ``forward``)."""
         embeds, mask, positions, labels = self.fused_inputs(batch)
@@ -258,7 +282,9 @@ class QGMemModule(LightningModule):
     # -------------------------------------------------------------------------------------- steps
     def _step(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> torch.Tensor:
         B = batch["input_ids"].size(0)
-        if stage == "train":
+        if stage == "train" and self.hparams.distill_weight > 0:
+            (loss, kl), per_row = self.distill_losses(batch), None
+        elif stage == "train":
             loss, per_row = self(batch), None
         else:
             per_row, counts = self.sample_nll(batch)
@@ -282,6 +308,10 @@ class QGMemModule(LightningModule):
             align = alignment_loss(self.net.node_tokens(batch["graph"]), ids, self.lm.get_input_embeddings().weight)
             self.log("train/align", align, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
             loss = loss + self.hparams.align_weight * align
+        if stage == "train" and self.hparams.distill_weight > 0:
+            self.log("train/kl", kl, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
+            loss = loss + self.hparams.distill_weight * kl
+            self.log("train/loss", loss, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
         return loss
 
     def training_step(self, batch, batch_idx):
@@ -371,6 +401,36 @@ class QGMemModule(LightningModule):
         datamodule = getattr(self.trainer, "datamodule", None)
         self.data_info = describe_datamodule(datamodule)
         self.use_prompt_settings(getattr(datamodule, "prompt_settings", None))
+        if self.hparams.distill_weight > 0:
+            self.build_teacher(datamodule)
+
+    def build_teacher(self, datamodule) -> None:
+        """The training samples' teacher targets (:mod:`qgmem.training.teacher`): rank 0 computes the
+        missing ones, then every rank reads them from the cache folder."""
+        from lightning.pytorch.utilities import rank_zero_info
+
+        if datamodule is None:
+            raise SettingError("model.distill_weight > 0 needs a data module: the teacher is built over its "
+                               "training split at fit start")
+        folder = self.hparams.teacher_cache_dir or os.path.join(self.trainer.default_root_dir, "teacher")
+        dataset = datamodule.train_dataloader().dataset
+
+        def build():
+            return build_teacher(self.lm, self.hparams.lm, self.tokenizer, self.prompt_encoder.settings, dataset,
+                                 topk=self.hparams.distill_topk, folder=folder, progress=self.trainer.is_global_zero)
+
+        self.lm.eval()  # the teacher is the LM as it reads: no layer flagged for recomputation
+        try:
+            if self.trainer.world_size > 1:
+                if self.trainer.is_global_zero:
+                    build()
+                self.trainer.strategy.barrier("teacher")
+            self.teacher, stats = build()
+        finally:
+            self._keep_lm_frozen()
+        rank_zero_info(f"teacher: {stats['samples']} training samples, {stats['hits']} reused, {stats['misses']} "
+                       f"computed, {stats['corrupt']} corrupt rewritten, {stats['truncated']} over the "
+                       f"{TEACHER_PROMPT_TOKENS}-token cap, {stats['seconds']:.1f} s ({folder})")
 
     def on_train_start(self) -> None:
         """Run the node-token alignment stage once, at the start of a fresh fit (never on resume)."""
@@ -430,6 +490,14 @@ class QGMemModule(LightningModule):
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
         self.data_info = dict(checkpoint.get(CK.DATA_INFO) or {})
+
+
+def check_distill(weight: float, topk: int) -> None:
+    """Refuse a negative distillation weight or an empty top-k, naming the setting."""
+    if not weight >= 0:
+        raise SettingError(f"model.distill_weight must be >= 0 (0 = off), got {weight}")
+    if topk < 1:
+        raise SettingError(f"model.distill_topk must be >= 1, got {topk}")
 
 
 def _class_of(spec: dict[str, Any], base: type, what: str) -> type:
