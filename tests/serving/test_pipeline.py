@@ -157,3 +157,24 @@ def test_node_word_features_and_node_tokens_through_serving(tiny_lm_path, monkey
     assert ids.shape == (first.graph.num_nodes, 8)
     text = first.memory.graph.node_text[0]
     assert ids[0][ids[0] >= 0].tolist() == tokenizer(" " + text, add_special_tokens=False)["input_ids"][:8]
+
+
+def test_an_export_whose_text_budget_passes_its_graph_budget_is_refused(pipeline, tiny_lm_path):
+    from qgmem.prompting import PromptSettings
+    from qgmem.serving import ExportFormatError
+
+    encoder = make_encoder(tiny_lm_path, prompt=PromptSettings(max_prompt_tokens=256, memory_units=11).to_dict())
+    with pytest.raises(ExportFormatError, match=r"prompt.memory_units = 11 is more than activation.k = 10"):
+        QGMemPipeline(encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8))
+
+
+def test_the_exports_text_budget_cuts_the_answers_prompt(pipeline, tiny_lm_path):
+    from qgmem.prompting import PromptSettings
+
+    encoder = make_encoder(tiny_lm_path, prompt=PromptSettings(max_prompt_tokens=256, memory_units=1).to_dict())
+    compact = QGMemPipeline(encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8), max_new_tokens=4)
+    compact.remember(HISTORY)
+    [full] = pipeline.answer(QUESTIONS[:1])
+    [cut] = compact.answer(QUESTIONS[:1])
+    assert len(full.memory) > 1 and cut.memory == full.memory  # the graph's units are the same
+    assert 0 < cut.tokens["retrieved_context"] < full.tokens["retrieved_context"]

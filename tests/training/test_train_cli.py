@@ -278,3 +278,12 @@ def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsy
     err = capsys.readouterr().err
     assert "bad setting: split_ratios must be three non-negative numbers summing to 1" in err
     assert "Traceback" not in err
+
+
+def test_train_script_refuses_a_text_budget_above_the_graphs_naming_both(capsys):
+    """A real run of the default preset: m > k_graph is refused before any cache is built."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main(["--data.memory_units", "11"]) == 2
+    err = capsys.readouterr().err
+    assert "data.memory_units = 11 is more than data.activation.k = 10" in err and "Traceback" not in err
