@@ -2,7 +2,9 @@
 
 Checks that every usable question is scored once at every budget, that the budgets cut the prompt's
 text (m = 0 holds none), that the JSON holds each ``m − max`` contrast with its pooled figure without
-abstention and per category, and that a rerun scores nothing again. Nothing here says what a budget costs.
+abstention and per category, that a rerun scores nothing again, that ``--summary-only`` rewrites the
+same JSON and prints the tables, and that one budget's rows come back by ``qa_id``. Nothing here says
+what a budget costs.
 """
 
 from __future__ import annotations
@@ -45,12 +47,31 @@ def test_headroom_scores_every_question_at_every_budget_once(tmp_path, capsys):
     for metric in ("nll", "f1", "em", "judge"):
         r = result["contrasts"]["m1_vs_m2"][metric]
         assert r["n"] == result["n"] and r["design"] == "crossed" and r["seeds"] == 1
+        assert r["ci95"][0] <= r["mean"] <= r["ci95"][1]
         assert "without_abstention" in r and set(r["per_category"]) == set(result["per_category_n"])
     assert not list((tmp_path / "root").glob("headroom-*/*.lock"))  # every window's lock released
     capsys.readouterr()
     assert script.main(argv) == 0  # the rerun scores nothing: every question is recorded
     assert "scoring the rest" not in capsys.readouterr().out
     assert len(list((tmp_path / "root").glob("headroom-*/scores.jsonl"))[0].read_text().splitlines()) == len(lines)
+
+    # --summary-only: the same JSON and the markdown tables from the recorded scores, nothing scored
+    again = tmp_path / "again.json"
+    assert script.main([*argv[:-1], str(again), "--summary-only"]) == 0
+    printed = capsys.readouterr().out
+    assert "scoring the rest" not in printed and "| m | prompt tokens | answer NLL | F1 | EM | judge |" in printed
+    assert "m1 − m2 (95 % CI" in printed
+    summary_again = json.loads(again.read_text())
+    assert {k: v for k, v in summary_again.items() if k != "wall_s"} == {k: v for k, v in result.items() if k != "wall_s"}
+
+    # the largest budget's rows by qa_id: the text-only reference a matched-budget study pairs with
+    reference = script.per_question(tmp_path / "root" / result["scores"], 2)
+    assert set(reference) == {json.loads(x)["qa_id"] for x in lines}
+    row = next(iter(reference.values()))
+    assert {"group", "category", "nll", "f1", "em", "judge", "prompt_tokens"} <= set(row)
+    assert sum(r["nll"] for r in reference.values()) / len(reference) == pytest.approx(budgets["2"]["nll"]["all"])
+    with pytest.raises(KeyError, match="m=10 not scored"):
+        script.per_question(tmp_path / "root" / result["scores"], 10)
 
 
 def test_a_negative_budget_is_refused_naming_the_option(capsys):

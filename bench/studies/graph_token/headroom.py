@@ -16,7 +16,9 @@ prompts whose memory text was still trimmed.
 
 Resumable: every batch of questions is scored at every budget and appended to
 ``ROOT/headroom-KEY/scores.jsonl`` (KEY: the samples, the budgets, the cap and the LM's settings), so a
-run cut off by ``--max-minutes`` (or killed) loses at most one batch; the same command goes on. Two
+run cut off by ``--max-minutes`` (or killed) loses at most one batch; the same command goes on
+(``--summary-only`` then writes the JSON and prints the tables from what is recorded, scoring nothing;
+:func:`per_question` reads one budget's rows by ``qa_id``). Two
 copies of it (``--threads 1`` each, one per core) share the work::
 
     python -m bench.studies.graph_token.headroom --root checkpoints/crossfit --max-minutes 40 \\
@@ -88,6 +90,22 @@ def read_scores(path: Path) -> dict[str, dict[str, Any]]:
                 continue
             out[r["qa_id"]] = r
     return out
+
+
+def per_question(path: Path, m: int) -> dict[str, dict[str, Any]]:
+    """``{qa_id: scores}`` of the text-only prompt at budget ``m``, read from a scores file.
+
+    The matched-budget study's reference (``m = 10`` units of text, no graph token) pairs with its own
+    conditions by ``qa_id``; each row holds ``group`` and ``category`` with the budget's ``nll``, ``f1``,
+    ``em``, ``judge``, ``prediction`` and ``prompt_tokens``. The summary JSON names the file under
+    ``--root`` (``scores``): ``per_question(Path(root) / summary["scores"], 10)``.
+    A budget the file does not hold raises ``KeyError`` naming it.
+    """
+    rows = read_scores(path)
+    missing = [q for q, r in rows.items() if str(m) not in r["units"]]
+    if missing:
+        raise KeyError(f"{path}: budget m={m} not scored (e.g. question {missing[0]})")
+    return {q: {"group": r["group"], "category": r["category"], **r["units"][str(m)]} for q, r in rows.items()}
 
 
 #: questions per unit of work: two copies of one command share the windows (a window being scored is
@@ -225,7 +243,7 @@ def main(argv=None) -> int:
     print(f"[headroom] {len(chosen)} scored cases of {len(cases)}; samples in {folder}", flush=True)
     if not (args.summary_only or args.saved_only) and not X.build_samples(chosen, spec, folder, deadline):
         return 0
-    items = X.load_items([c for c in chosen if X.case_file(folder, c.id).exists()], folder)
+    items, _ = X.load_items([c for c in chosen if X.case_file(folder, c.id).exists()], folder)
     # a fixed hashed order, not the loader's (which runs category by category): a run cut off early has
     # scored a sample of every category
     questions = sorted((it for c in chosen if c.id in items for it in items[c.id]),
@@ -241,7 +259,7 @@ def main(argv=None) -> int:
     out = {**summary(records, args.units, args.n_boot), "max_prompt_tokens": args.max_prompt_tokens,
            "questions": len(questions), "complete": len(records) == len(questions) == len(scored),
            "interval": "crossed bootstrap of one row (nothing trained, no seeds): dialogues resampled",
-           "samples_key": spec.samples_key, "folds": args.folds, "fold_seed": args.fold_seed,
+           "samples_key": spec.samples_key, "scores": str(path.relative_to(args.root)), "folds": args.folds, "fold_seed": args.fold_seed,
            "wall_s": round(time.time() - started, 1)}
     print_table(out)
     if args.out:
