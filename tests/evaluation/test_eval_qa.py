@@ -117,6 +117,8 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     assert len(predictions) == 6 and {p["graph_mode"] for p in predictions} == {"token", "none", "shuffled"}
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["cases"].startswith("the test split of the training run")
+    assert results["budgets"] == {"text_units": None, "graph_units": 10}  # the export's, as it records them
+    assert "the export's budgets: all units of text, 10 in the graph" in printed
     overall = [r for r in results["table"] if r["category"] == "all"]
     assert set(overall[0]["nll"]) == {"own_vs_none", "own_vs_shuffled"}
     assert all(r["answer_nll"] is not None for r in overall)

@@ -178,3 +178,31 @@ def test_the_exports_text_budget_cuts_the_answers_prompt(pipeline, tiny_lm_path)
     [cut] = compact.answer(QUESTIONS[:1])
     assert len(full.memory) > 1 and cut.memory == full.memory  # the graph's units are the same
     assert 0 < cut.tokens["retrieved_context"] < full.tokens["retrieved_context"]
+
+
+@pytest.mark.slow  # the export's own sentence encoder (MiniLM) is loaded
+def test_the_exports_budgets_reach_answer_serve_and_eval_qa(tiny_lm_path, tmp_path):
+    """``load_models`` (the one loading path of ``qgmem answer``, ``qgmem serve`` and ``qgmem eval-qa``)
+    takes both budgets from the export: ``activation.k`` sizes the working memory, ``prompt.memory_units``
+    cuts the prompt's text to its top entries."""
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.prompting import PromptSettings
+    from qgmem.serving.export_models import load_models
+
+    from .helpers import make_export
+
+    def budgets(folder, k, m):
+        export = make_export(folder, tiny_lm_path, feature_dim=384, activation=ActivationConfig(k=k).to_dict(),
+                             prompt=PromptSettings(max_prompt_tokens=256, memory_units=m).to_dict())
+        pipe = load_models(str(export), device="cpu", max_new_tokens=2)
+        pipe.remember(HISTORY)
+        [retrieved] = pipe.retrieve(QUESTIONS[:1])
+        [prompt] = pipe.encode_prompts([retrieved])
+        return pipe, retrieved, pipe.tokenizer.decode(prompt.ids)
+
+    wide, wide_r, wide_text = budgets(tmp_path / "wide", 10, None)
+    compact, compact_r, compact_text = budgets(tmp_path / "compact", 2, 1)
+    assert (wide.activation.k, wide.prompt_settings.memory_units) == (10, None)
+    assert (compact.activation.k, compact.prompt_settings.memory_units) == (2, 1)
+    assert len(wide_r.memory.units) > 2 and len(compact_r.memory.units) == 2
+    assert "\n[M2]" in wide_text and "\n[M1]" in compact_text and "\n[M2]" not in compact_text

@@ -358,6 +358,12 @@ def format_table(table: list[dict[str, Any]], judge_name: str) -> str:
     return "\n".join(lines)
 
 
+def export_budgets(pipe) -> dict[str, int | None]:
+    """The export's text and graph budgets the answers were given (its ``prompt.memory_units`` and
+    ``activation.k``; eval-qa has no flag of its own for either): ``text_units`` ``None`` is all k."""
+    return {"text_units": pipe.prompt_settings.memory_units, "graph_units": pipe.activation.k}
+
+
 def make_judge(args: argparse.Namespace) -> Any:
     if args.judge == "rule":
         return MatchJudge()
@@ -406,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     summary = {"export": str(args.export), "dataset": args.dataset, "path": str(args.path), "cases": how,
                "questions": len(result["predictions"]) // len(modes), "graph_modes": modes,
-               "named_speakers": named, "judge": args.judge,
+               "named_speakers": named, "budgets": export_budgets(pipe), "judge": args.judge,
                "backbone": args.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
                "skipped_records": (loaded.report or {}).get("skipped", 0), "nll": result["nll"],
                "ablation": result["ablation"], "table": result["table"]}
@@ -415,8 +421,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=1))
         return 0
     named_note = f" in the named form ({', '.join(named)})" if named else ""
+    text_units = summary["budgets"]["text_units"]
     print(f"{summary['questions']} questions from {how}{named_note}; graph modes {', '.join(modes)}; "
-          f"judge {args.judge}; backbone {args.backbone}")
+          f"judge {args.judge}; backbone {args.backbone}; the export's budgets: "
+          f"{'all' if text_units is None else text_units} units of text, {summary['budgets']['graph_units']} in the graph")
     print(format_table(result["table"], args.judge))
     not_scored = sum(r["not_scored"] for r in result["table"] if r["category"] == "all")
     if not_scored:
