@@ -548,8 +548,6 @@ def test_the_training_order_follows_the_data_seed(smollm2_tokenizer):
     assert _dm(Path("unused"), Path("unused"), seed=3).order_seed == 3
 
 
-
-
 @pytest.mark.parametrize("units, k, message", [
     (11, None, "data.memory_units = 11 is more than data.activation.k = 10"),
     (3, 2, "data.memory_units = 3 is more than data.activation.k = 2"),
