@@ -276,3 +276,21 @@ def serving_pipeline(out, max_new_tokens):
         dim = encoder.config.feature_dim
 
     return QGMemPipeline(encoder, lm, tokenizer, Dim(), max_new_tokens=max_new_tokens)
+
+
+def test_the_export_records_the_text_and_the_graph_budget():
+    """The data module's two budgets reach config.json by the run's path: ``memory_units`` through the
+    prompt contract the model adopts (``prompt.memory_units``), ``activation.k`` through the data info."""
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.export import export_config
+    from qgmem.model import checkpoint_keys as CK
+    from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.training.module import describe_datamodule
+
+    data = QGMemDataModule(memory_units=3, activation=ActivationConfig(k=5))
+    net = GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=32, features="text", readout="mean", num_graph_tokens=1)
+    ckpt = {"hyper_parameters": {"prompt": data.prompt_settings.to_dict()}, "state_dict": {},
+            CK.DATA_INFO: describe_datamodule(data), CK.GRAPH_TOKEN: net.to_dict()}
+    config = export_config(Path("model.ckpt"), ckpt, None)
+    assert config["prompt"]["memory_units"] == 3
+    assert config["activation"]["k"] == config["activation_key_parameters"]["k"] == 5

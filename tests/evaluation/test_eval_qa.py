@@ -117,6 +117,8 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     assert len(predictions) == 6 and {p["graph_mode"] for p in predictions} == {"token", "none", "shuffled"}
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["cases"].startswith("the test split of the training run")
+    assert results["budgets"] == {"text_units": None, "graph_units": 10}  # the export's, as it records them
+    assert "the export's budgets: all units of text, 10 in the graph" in printed
     overall = [r for r in results["table"] if r["category"] == "all"]
     assert set(overall[0]["nll"]) == {"own_vs_none", "own_vs_shuffled"}
     assert all(r["answer_nll"] is not None for r in overall)
@@ -131,6 +133,38 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     assert main(["answer", "--export", str(export), "--history", str(tmp_path / "missing.json"),
                  "--question", "Q?"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_eval_qa_bad_speaker_names_exit_2_before_the_export_loads(tmp_path, convomem_path, capsys):
+    """A bad ``--name-speakers`` is reported naming the flag, before the (missing) export is read."""
+    assert main(["eval-qa", "--export", str(tmp_path / "no-export"), "--dataset", "convomem", "--path",
+                 str(convomem_path), "--name-speakers", "Ingrid,ingrid"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].endswith("--name-speakers: speaker names must be two different capitalized words, "
+                                        "as USER,ASSISTANT (got 'Ingrid,ingrid')")
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_eval_qa_named_speaker_form(tiny_lm_path, tmp_path, convomem_path, capsys):
+    """``--name-speakers`` asks the same questions of the same cases in the third person, speakers named."""
+    from qgmem.evaluation.named_form import third_person_question
+
+    export = make_export(tmp_path / "export", tiny_lm_path, feature_dim=384,
+                         data_split={"dataset": "convomem", "num_cases": None, "split_ratios": [0.5, 0.25, 0.25],
+                                     "group_key": "dialogue", "seed": 0, "distractor_conversations": 0})
+    runs = {}
+    for name, extra in (("plain", []), ("named", ["--name-speakers", "Ingrid,Tobias"])):
+        assert main(["eval-qa", "--export", str(export), "--dataset", "convomem", "--path", str(convomem_path),
+                     "--limit", "3", "--graph", "none", "--out", str(tmp_path / name), *extra]) == 0
+        runs[name] = [json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+    assert "in the named form (Ingrid, Tobias)" in capsys.readouterr().out
+    assert [r["qa_id"] for r in runs["named"]] == [r["qa_id"] for r in runs["plain"]] and len(runs["plain"]) == 3
+    assert [r["question"] for r in runs["named"]] == [third_person_question(r["question"], "Ingrid", "Tobias")
+                                                      for r in runs["plain"]]
+    assert any(r["question"] != p["question"] for r, p in zip(runs["named"], runs["plain"]))
+    assert json.loads((tmp_path / "named" / "results.json").read_text())["named_speakers"] == ["Ingrid", "Tobias"]
+    assert json.loads((tmp_path / "plain" / "results.json").read_text())["named_speakers"] is None
 
 
 def test_eval_qa_finds_the_training_runs_split(convomem_path):

@@ -80,6 +80,20 @@ def test_names_are_checked(names):
         check_names(names)
 
 
+def test_the_flag_value_is_checked_and_applied_by_one_function():
+    """eval-retrieval and eval-qa read ``--name-speakers`` through these; errors name the flag."""
+    from qgmem.errors import UserError
+    from qgmem.evaluation.named_form import cases_from_flag, names_from_flag
+
+    assert names_from_flag("Ingrid, Tobias") == ("Ingrid", "Tobias")
+    with pytest.raises(UserError, match="^--name-speakers: speaker names must be two different capitalized words"):
+        names_from_flag("Ingrid")
+    (out,), names = cases_from_flag([_case()], "Ingrid,Tobias")
+    assert names == ["Ingrid", "Tobias"] and out.qas[0].question == "What did Tobias suggest for Ingrid's trip?"
+    with pytest.raises(UserError, match=r"^--name-speakers: case 'c7': speakers \['Daniel', 'User'\]"):
+        cases_from_flag([_case(("User", "Daniel"))], "Ingrid,Tobias")
+
+
 def test_cli_bad_names_are_a_users_error(capsys):
     from qgmem.cli import main
 

@@ -33,3 +33,31 @@ def test_settings_round_trip_and_refuse_unknown_fields():
 def test_settings_refuse_non_positive_sizes(field, value):
     with pytest.raises(ValueError, match=field):
         PromptSettings(**{field: value})
+
+
+@pytest.mark.parametrize("text, graph, message", [
+    (-1, 10, "data.memory_units must be >= 0 (or null: every unit of data.activation.k), got -1"),
+    (11, 10, "data.memory_units = 11 is more than data.activation.k = 10"),
+    (None, 0, "data.activation.k must be >= 1 (units the graph is built over), got 0"),
+])
+def test_check_budgets_refuses_what_cannot_hold_together_naming_the_setting(text, graph, message):
+    from qgmem.errors import SettingError
+    from qgmem.prompting.contract import check_budgets
+
+    with pytest.raises(SettingError) as info:
+        check_budgets(text, graph)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("text, graph", [(None, 10), (0, 10), (3, 10), (10, 10), (3, None)])
+def test_check_budgets_accepts_a_text_budget_within_the_graphs(text, graph):
+    from qgmem.prompting.contract import check_budgets
+
+    check_budgets(text, graph)
+
+
+def test_prompt_settings_refuse_a_negative_text_budget_naming_the_export_field():
+    from qgmem.errors import SettingError
+
+    with pytest.raises(SettingError, match=r"prompt.memory_units must be >= 0"):
+        PromptSettings(memory_units=-1)

@@ -157,3 +157,52 @@ def test_node_word_features_and_node_tokens_through_serving(tiny_lm_path, monkey
     assert ids.shape == (first.graph.num_nodes, 8)
     text = first.memory.graph.node_text[0]
     assert ids[0][ids[0] >= 0].tolist() == tokenizer(" " + text, add_special_tokens=False)["input_ids"][:8]
+
+
+def test_an_export_whose_text_budget_passes_its_graph_budget_is_refused(pipeline, tiny_lm_path):
+    from qgmem.prompting import PromptSettings
+    from qgmem.serving import ExportFormatError
+
+    encoder = make_encoder(tiny_lm_path, prompt=PromptSettings(max_prompt_tokens=256, memory_units=11).to_dict())
+    with pytest.raises(ExportFormatError, match=r"prompt.memory_units = 11 is more than activation.k = 10"):
+        QGMemPipeline(encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8))
+
+
+def test_the_exports_text_budget_cuts_the_answers_prompt(pipeline, tiny_lm_path):
+    from qgmem.prompting import PromptSettings
+
+    encoder = make_encoder(tiny_lm_path, prompt=PromptSettings(max_prompt_tokens=256, memory_units=1).to_dict())
+    compact = QGMemPipeline(encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8), max_new_tokens=4)
+    compact.remember(HISTORY)
+    [full] = pipeline.answer(QUESTIONS[:1])
+    [cut] = compact.answer(QUESTIONS[:1])
+    assert len(full.memory) > 1 and cut.memory == full.memory  # the graph's units are the same
+    assert 0 < cut.tokens["retrieved_context"] < full.tokens["retrieved_context"]
+
+
+@pytest.mark.slow  # the export's own sentence encoder (MiniLM) is loaded
+def test_the_exports_budgets_reach_answer_serve_and_eval_qa(tiny_lm_path, tmp_path):
+    """``load_models`` (the one loading path of ``qgmem answer``, ``qgmem serve`` and ``qgmem eval-qa``)
+    takes both budgets from the export: ``activation.k`` sizes the working memory, ``prompt.memory_units``
+    cuts the prompt's text to its top entries."""
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.prompting import PromptSettings
+    from qgmem.serving.export_models import load_models
+
+    from .helpers import make_export
+
+    def budgets(folder, k, m):
+        export = make_export(folder, tiny_lm_path, feature_dim=384, activation=ActivationConfig(k=k).to_dict(),
+                             prompt=PromptSettings(max_prompt_tokens=256, memory_units=m).to_dict())
+        pipe = load_models(str(export), device="cpu", max_new_tokens=2)
+        pipe.remember(HISTORY)
+        [retrieved] = pipe.retrieve(QUESTIONS[:1])
+        [prompt] = pipe.encode_prompts([retrieved])
+        return pipe, retrieved, pipe.tokenizer.decode(prompt.ids)
+
+    wide, wide_r, wide_text = budgets(tmp_path / "wide", 10, None)
+    compact, compact_r, compact_text = budgets(tmp_path / "compact", 2, 1)
+    assert (wide.activation.k, wide.prompt_settings.memory_units) == (10, None)
+    assert (compact.activation.k, compact.prompt_settings.memory_units) == (2, 1)
+    assert len(wide_r.memory.units) > 2 and len(compact_r.memory.units) == 2
+    assert "\n[M2]" in wide_text and "\n[M1]" in compact_text and "\n[M2]" not in compact_text

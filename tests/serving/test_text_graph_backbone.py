@@ -102,3 +102,23 @@ def test_api_backbone_with_the_default_export(tiny_lm_path):
         answers = pipe.answer(QUESTIONS[:2])
     assert [a.answer for a in answers] == ["You live in Lisbon [M1]."] * 2 and len(server.requests) == 2
     assert all(a.error is None for a in answers)
+
+
+def test_the_exports_text_budget_cuts_the_api_backbones_memory_text(tiny_lm_path):
+    """``prompt.memory_units`` holds for ``--backbone api`` too: the text keeps the top m entries, the
+    serialized graph still covers every unit of the working memory."""
+    from qgmem.prompting import PromptSettings
+
+    backend = make_backend(LLMConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model="m",
+                                     api_key_env=None, max_retries=0, timeout_s=10))
+    pipe = QGMemPipeline(make_encoder(tiny_lm_path), None, None, HashEncoder(8),
+                         backbone=TextGraphBackbone(backend, PromptSettings(memory_units=1)))
+    pipe.remember(HISTORY)
+    [r] = pipe.retrieve(QUESTIONS[:1])
+    assert len(r.memory.units) > 1
+    block = pipe.backbone.memory_block(r, r)
+    memory, graph = block.split("\n\nLocal memory graph (subject; relation; object) [entry]:\n")
+    assert memory == r.memory.text.split("\n[M2]")[0] and "[M1]" in memory
+    from qgmem.activation.serialize import serialize_graph_triples
+
+    assert graph == serialize_graph_triples(r.memory.graph)

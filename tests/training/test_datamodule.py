@@ -548,3 +548,24 @@ def test_the_training_order_follows_the_data_seed(smollm2_tokenizer):
     assert _dm(Path("unused"), Path("unused"), seed=3).order_seed == 3
 
 
+@pytest.mark.parametrize("units, k, message", [
+    (11, None, "data.memory_units = 11 is more than data.activation.k = 10"),
+    (3, 2, "data.memory_units = 3 is more than data.activation.k = 2"),
+    (-1, None, "data.memory_units must be >= 0"),
+])
+def test_data_module_refuses_a_text_budget_outside_the_graphs_naming_it(units, k, message):
+    from qgmem.activation.config import ActivationConfig
+    from qgmem.errors import SettingError
+
+    with pytest.raises(SettingError) as info:
+        QGMemDataModule(memory_units=units, **({"activation": ActivationConfig(k=k)} if k else {}))
+    assert message in str(info.value)
+    QGMemDataModule(memory_units=k or 10, **({"activation": ActivationConfig(k=k)} if k else {}))  # m = k holds
+
+
+def test_in_memory_data_module_refuses_a_negative_text_budget():
+    from qgmem.errors import SettingError
+    from qgmem.training.datamodule import InMemoryDataModule
+
+    with pytest.raises(SettingError, match="data.memory_units must be >= 0"):
+        InMemoryDataModule([], feature_dim=4, tokenizer=object(), memory_units=-2)

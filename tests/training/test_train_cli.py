@@ -306,3 +306,12 @@ def test_distillation_without_the_teachers_text_is_a_setting_error(lm_path, tmp_
     with pytest.raises(SettingError, match=r"model\.distill_weight.*synthetic#0.*no field 'memory_text'"):
         main(tiny_args(tmp_path / "run", lm_path, "--model.distill_weight", "2.0", "--export", "false"),
              datamodule_class=NoMemoryTextData)
+
+
+def test_train_script_refuses_a_text_budget_above_the_graphs_naming_both(capsys):
+    """A real run of the default preset: m > k_graph is refused before any cache is built."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main(["--data.memory_units", "11"]) == 2
+    err = capsys.readouterr().err
+    assert "data.memory_units = 11 is more than data.activation.k = 10" in err and "Traceback" not in err

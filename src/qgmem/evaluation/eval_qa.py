@@ -15,6 +15,8 @@ grading rules of :mod:`qgmem.llm.judge`). Rubric categories (ConvoMem's preferen
 connection) have no reference answer: only the LLM judge scores them; otherwise they are counted as
 not scored. The efficiency columns are the paper's: retrieved-context tokens, total online tokens
 and seconds per QA by stage (memory construction amortized over the case's questions).
+``--name-speakers`` asks the same questions in the LoCoMo form (:mod:`qgmem.evaluation.named_form`,
+shared with ``eval-retrieval``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-model", default="gpt-4o-mini", help="model of the LLM judge")
     parser.add_argument("--judge-base-url", default="http://127.0.0.1:8000/v1",
                         help="OpenAI-compatible server of the LLM judge")
+    parser.add_argument("--name-speakers", default=None, metavar="USER,ASSISTANT",
+                        help="ConvoMem in the LoCoMo form: name its two speakers and ask every question in the "
+                             "third person (as eval-retrieval --name-speakers; docs/evaluation.md)")
     parser.add_argument("--out", default="checkpoints/eval-qa", help="folder for predictions.jsonl and results.json")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     add_load_arguments(parser)
@@ -353,6 +358,12 @@ def format_table(table: list[dict[str, Any]], judge_name: str) -> str:
     return "\n".join(lines)
 
 
+def export_budgets(pipe) -> dict[str, int | None]:
+    """The export's text and graph budgets the answers were given (its ``prompt.memory_units`` and
+    ``activation.k``; eval-qa has no flag of its own for either): ``text_units`` ``None`` is all k."""
+    return {"text_units": pipe.prompt_settings.memory_units, "graph_units": pipe.activation.k}
+
+
 def make_judge(args: argparse.Namespace) -> Any:
     if args.judge == "rule":
         return MatchJudge()
@@ -371,6 +382,10 @@ def run(args: argparse.Namespace) -> int:
     modes = parse_modes(args.graph)
     if args.limit < 0:
         raise UserError(f"--limit must be >= 0, got {args.limit}")
+    if args.name_speakers is not None:  # the names are checked before the (slow) export load
+        from qgmem.evaluation.named_form import names_from_flag
+
+        names_from_flag(args.name_speakers)
     judge = make_judge(args)
     pipe = load_pipeline(args)
     data_split = pipe.encoder.export_config.get("data_split")
@@ -382,6 +397,11 @@ def run(args: argparse.Namespace) -> int:
     cases, how = training_split_cases(list(loaded.cases), args.split, data_split, args.dataset)
     if not cases:
         raise UserError(f"no cases in {how} of {args.path}")
+    named = None
+    if args.name_speakers is not None:  # after the split: the rewrite keeps every case's id
+        from qgmem.evaluation.named_form import cases_from_flag
+
+        cases, named = cases_from_flag(cases, args.name_speakers)
     if "ablated" in modes and not any(qa.evidence_turn_ids for c in cases for qa in c.qas):
         raise UserError(f"--graph ablated needs gold evidence turns; no question of {how} in {args.path} has any")
     result = run_eval(pipe, cases, args.dataset, modes, args.limit, judge)
@@ -391,7 +411,8 @@ def run(args: argparse.Namespace) -> int:
         for row in result["predictions"]:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
     summary = {"export": str(args.export), "dataset": args.dataset, "path": str(args.path), "cases": how,
-               "questions": len(result["predictions"]) // len(modes), "graph_modes": modes, "judge": args.judge,
+               "questions": len(result["predictions"]) // len(modes), "graph_modes": modes,
+               "named_speakers": named, "budgets": export_budgets(pipe), "judge": args.judge,
                "backbone": args.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
                "skipped_records": (loaded.report or {}).get("skipped", 0), "nll": result["nll"],
                "ablation": result["ablation"], "table": result["table"]}
@@ -399,8 +420,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, indent=1))
         return 0
-    print(f"{summary['questions']} questions from {how}; graph modes {', '.join(modes)}; judge {args.judge}; "
-          f"backbone {args.backbone}")
+    named_note = f" in the named form ({', '.join(named)})" if named else ""
+    text_units = summary["budgets"]["text_units"]
+    print(f"{summary['questions']} questions from {how}{named_note}; graph modes {', '.join(modes)}; "
+          f"judge {args.judge}; backbone {args.backbone}; the export's budgets: "
+          f"{'all' if text_units is None else text_units} units of text, {summary['budgets']['graph_units']} in the graph")
     print(format_table(result["table"], args.judge))
     not_scored = sum(r["not_scored"] for r in result["table"] if r["category"] == "all")
     if not_scored:

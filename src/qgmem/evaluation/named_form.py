@@ -23,6 +23,7 @@ import re
 from dataclasses import replace
 
 from qgmem.data.records import QA, Case, Dialogue
+from qgmem.errors import as_user_error
 from qgmem.text.pronouns import pronouns
 
 #: the speakers a ConvoMem case has, in the order the two names are given
@@ -129,3 +130,23 @@ def named_speaker_cases(cases, names=DEFAULT_NAMES) -> list[Case]:
         out.append(Case(id=case.id, dialogue=dialogue, qas=qas,
                         source={**case.source, "speaker_names": [user, assistant]}))
     return out
+
+
+#: the flag of ``qgmem eval-retrieval`` and ``qgmem eval-qa`` that asks for this form
+FLAG = "--name-speakers"
+
+
+def names_from_flag(value: str) -> tuple[str, str]:
+    """``USER,ASSISTANT`` as given to :data:`FLAG`, checked; a bad value is a user's error naming the flag."""
+    with as_user_error(ValueError, prefix=f"{FLAG}: "):
+        return check_names(value.split(","))
+
+
+def cases_from_flag(cases, value: str) -> tuple[list[Case], list[str]]:
+    """The ``cases`` in the form :data:`FLAG` ``value`` asks for, and the names (as the commands record them).
+
+    A bad value, or a case whose speakers are not ConvoMem's, is a user's error naming the flag.
+    """
+    names = names_from_flag(value)
+    with as_user_error(ValueError, prefix=f"{FLAG}: "):
+        return named_speaker_cases(cases, names), list(names)

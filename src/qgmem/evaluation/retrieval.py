@@ -355,11 +355,9 @@ def run(args: argparse.Namespace) -> int:
     cases = loaded.cases[:settings.limit] if settings.limit is not None else loaded.cases
     named = None
     if settings.name_speakers is not None:
-        from qgmem.evaluation.named_form import check_names, named_speaker_cases
+        from qgmem.evaluation.named_form import cases_from_flag
 
-        with as_user_error(ValueError, prefix="--name-speakers: "):
-            named = list(check_names(settings.name_speakers.split(",")))
-            cases = named_speaker_cases(cases, named)
+        cases, named = cases_from_flag(cases, settings.name_speakers)
     swapped = None
     if settings.swap_speakers:
         from qgmem.evaluation.adversarial import swapped_speaker_cases

@@ -57,8 +57,7 @@ class PromptSettings:
     memory_units: int | None = None
 
     def __post_init__(self) -> None:
-        if self.memory_units is not None and self.memory_units < 0:
-            raise ValueError(f"memory_units must be >= 0 or None (all units), got {self.memory_units}")
+        check_budgets(self.memory_units, None, text_name="prompt.memory_units", graph_name="activation.k")
         if self.max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
         if self.max_answer_tokens < 1:
@@ -95,6 +94,27 @@ def first_entries(memory_text: str, m: int | None) -> str:
     starts = [(int(match.group(1)), match.start()) for match in _ENTRY.finditer(memory_text)]
     cut = next((pos for label, pos in starts if label > m), None)
     return memory_text if cut is None else memory_text[:cut].rstrip("\n")
+
+
+def check_budgets(text_units: int | None, graph_units: int | None, *, text_name: str = "data.memory_units",
+                  graph_name: str = "data.activation.k") -> None:
+    """Refuse text and graph budgets that cannot hold together, naming the setting.
+
+    The graph is built over the top ``graph_units`` units (the working memory, ``activation.k``); the
+    prompt's text holds the top ``text_units`` of them (``memory_units``; ``None``: all). A text budget
+    above the graph's would claim units the working memory never holds.
+    """
+    from qgmem.errors import SettingError
+
+    if graph_units is not None and graph_units < 1:
+        raise SettingError(f"{graph_name} must be >= 1 (units the graph is built over), got {graph_units}")
+    if text_units is None:
+        return
+    if text_units < 0:
+        raise SettingError(f"{text_name} must be >= 0 (or null: every unit of {graph_name}), got {text_units}")
+    if graph_units is not None and text_units > graph_units:
+        raise SettingError(f"{text_name} = {text_units} is more than {graph_name} = {graph_units}: the prompt's "
+                           "text holds the top units of the graph's, at most all of them")
 
 
 def user_content(memory_text: str, question: str, include_memory: bool = True) -> str:

@@ -27,13 +27,14 @@ from torch_geometric.data import Data
 from qgmem.activation.config import ActivationConfig
 from qgmem.activation.memory import Memory
 from qgmem.model.graph_modes import empty_graph
-from qgmem.errors import UserError
+from qgmem.errors import SettingError, UserError
 from qgmem.memory.config import ConstructionConfig
 from qgmem.memory.store import MemoryStore
 from qgmem.model.features import needs_words
 from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
+from qgmem.prompting.contract import check_budgets
 from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
 from qgmem.serving.remote_lm import RemoteLM
 
@@ -62,6 +63,11 @@ class QGMemPipeline:
                                                       encoder.source)
         self.activation = activation or _settings(ActivationConfig, cfg.get("activation"), "activation", encoder.source)
         self.prompt_settings = prompt or PromptSettings.from_dict(cfg.get("prompt"))
+        try:  # the text budget (prompt.memory_units) is the top m of the graph's k units (activation.k)
+            check_budgets(self.prompt_settings.memory_units, self.activation.k, text_name="prompt.memory_units",
+                          graph_name="activation.k")
+        except SettingError as exc:
+            raise ExportFormatError(f"{encoder.source}: {exc}") from exc
         self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.llm = llm  # construction / query-parsing LLM, when the export's settings need one

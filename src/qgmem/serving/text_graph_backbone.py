@@ -17,6 +17,7 @@ from typing import Any, Sequence
 from qgmem.activation.serialize import count_tokens, serialize_graph_triples
 from qgmem.model.graph_modes import shuffled
 from qgmem.prompting import PromptSettings, build_messages, final_answer, memory_with_graph_text
+from qgmem.prompting.contract import first_entries
 from qgmem.serving.records import Answer, cited_labels, graph_json, memory_json
 
 
@@ -32,7 +33,8 @@ class TextGraphBackbone:
 
     def memory_block(self, retrieved, graph_source) -> str:
         graph_text = serialize_graph_triples(graph_source.memory.graph) if graph_source is not None else ""
-        return memory_with_graph_text(retrieved.memory.text, graph_text)
+        # the text budget (prompt.memory_units) keeps the top m entries; the triples cover the graph's k units
+        return memory_with_graph_text(first_entries(retrieved.memory.text, self.prompt.memory_units), graph_text)
 
     def generate(self, retrieved: Sequence[Any], graph: str = "token") -> list[Any]:
         sources = list(retrieved) if graph != "none" else [None] * len(retrieved)

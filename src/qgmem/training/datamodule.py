@@ -27,6 +27,7 @@ from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
 from qgmem.prompting import PromptSettings
+from qgmem.prompting.contract import check_budgets
 from qgmem.samples import cache as C
 from qgmem.samples import build as cache_build
 from qgmem.samples.answer_filter import MatchRule
@@ -69,6 +70,7 @@ class GraphTextDataModule(L.LightningDataModule):
                  max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None,
                  memory_units: int | None = None):
         super().__init__()
+        check_budgets(memory_units, None)
         self.memory_units = memory_units  # the prompt's text holds the top m units; the graph keeps all k
         self.lm = lm
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
@@ -196,9 +198,10 @@ class QGMemDataModule(GraphTextDataModule):
         rebuild: Discard this key's dataset folder and build it again (not its shards or answers).
         prepare_data_per_node: Build the cache once per node (``False``: once, on global rank 0, for a
             cache folder shared by every node).
-        memory_units: The prompt's text holds only the top ``m`` working-memory units (``None``: all
-            ``k``); the graph still covers all ``k``. The context-budget sweep's setting; the cache is
-            the same.
+        memory_units: The text budget ``m``: the prompt's text holds only the top ``m`` working-memory
+            units (``None``: all ``k``) while the graph covers all ``k`` (``activation.k``, the graph
+            budget); ``0 <= m <= k``. Linked into the model's prompt settings, so the export records it
+            and ``qgmem answer``, ``qgmem serve`` and ``qgmem eval-qa`` apply it; the cache is the same.
     """
 
     def __init__(
@@ -237,10 +240,12 @@ class QGMemDataModule(GraphTextDataModule):
         prepare_data_per_node: bool = True,
         memory_units: int | None = None,
     ):
+        activation = activation or ActivationConfig()
+        check_budgets(memory_units, activation.k)  # the text's top m of the k units the graph is built over
         self.cache_spec = CacheSpec(
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
             group_key=group_key, seed=seed, distractor_conversations=distractor_conversations,
-            construction=construction or ConstructionConfig(), activation=activation or ActivationConfig(),
+            construction=construction or ConstructionConfig(), activation=activation,
             construction_llm=construction_llm, construction_cases_in_flight=construction_cases_in_flight,
             cache_processes=cache_processes,
             sentence_encoder=sentence_encoder, lm=lm,
