@@ -128,6 +128,23 @@ class SampleScores:
                             predictions={c: pick(v) for c, v in self.predictions.items() if v})
 
 
+def contrast(diff: Any, groups: Sequence[str], category: Sequence[str], *, n_boot: int = 10_000,
+             seed: int = 0) -> dict[str, Any]:
+    """A paired difference ``[seeds, samples]`` with its crossed interval, overall, per category and
+    without abstention (``NaN``: a sample without a score in that seed)."""
+    diff = np.atleast_2d(np.asarray(diff, dtype=np.float64))
+    groups, cat = np.asarray(groups), np.asarray(category)
+    result = hierarchical_bootstrap(diff, groups, design="crossed", n_boot=n_boot, seed=seed)
+    result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], design="crossed",
+                                                        n_boot=n_boot, seed=seed) for c in sorted(set(cat.tolist()))}
+    content = cat != ABSTENTION
+    result["without_abstention"] = hierarchical_bootstrap(diff[:, content], groups[content], design="crossed",
+                                                          n_boot=n_boot, seed=seed)
+    for r in [*result["per_category"].values(), result["without_abstention"]]:
+        r.pop("per_seed", None)
+    return result
+
+
 def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int = 0) -> dict[str, Any]:
     """Contrasts over seeds with the crossed :func:`hierarchical_bootstrap`, overall and per category.
 
@@ -159,17 +176,10 @@ def summarize(runs: Sequence[SampleScores], *, n_boot: int = 10_000, seed: int =
         if a not in nll or b not in nll:
             continue
         diff = nll[a] - nll[b]
-        result = hierarchical_bootstrap(diff, groups, design="crossed", n_boot=n_boot, seed=seed)
+        result = contrast(diff, groups, cat, n_boot=n_boot, seed=seed)
         result["per_seed_mean"] = [p["mean"] for p in result["per_seed"]]
         scored = np.isfinite(diff).any(0)
         result["share_below_zero"] = (float((np.nanmean(diff[:, scored], 0) < 0).mean()) if scored.any() else None)
-        result["per_category"] = {c: hierarchical_bootstrap(diff[:, cat == c], groups[cat == c], design="crossed",
-                                                            n_boot=n_boot, seed=seed) for c in categories}
-        content = cat != ABSTENTION
-        result["without_abstention"] = hierarchical_bootstrap(diff[:, content], groups[content], design="crossed",
-                                                              n_boot=n_boot, seed=seed)
-        for r in [*result["per_category"].values(), result["without_abstention"]]:
-            r.pop("per_seed", None)
         out[name] = result
     scores = {}
     for c in CONDITIONS:
