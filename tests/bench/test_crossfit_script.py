@@ -55,7 +55,15 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
     assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
     assert not list((tmp_path / "root" / "runs" / "product").glob("*.lock"))  # every unit's lock released
-    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 6  # train + 5 conditions
+    # train, the validation part's greedy answers, 5 conditions
+    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 7
+    unit = json.loads(runs[0].read_text())
+    assert unit["steps_run"] == unit["steps"] == 2 and [r["step"] for r in unit["train_curve"]] == [1, 2]
+    assert [r["step"] for r in unit["val_history"]] == [1, 2] and 0 <= unit["val_f1"] <= 1
+    assert unit["graph_tokens"] == 5 and len(unit["prompt_text_tokens"]) == len(unit["scores"]["qa_id"])
+    assert "named" not in unit  # the product is scored in the plain form only
+    assert s["text_units"] == s["graph_units"] == 10 and s["steps_run"] == {f"{f}-{x}": 2 for f in range(3) for x in (0, 1)}
+    assert s["prompt_tokens"]["own"]["all"] == s["prompt_tokens"]["none"]["all"] + 5
     stamps = [p.stat().st_mtime_ns for p in runs]
     assert script.main(argv) == 0  # the rerun trains nothing: every unit is recorded
     assert " seed 0: train " not in capsys.readouterr().out

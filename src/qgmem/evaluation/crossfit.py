@@ -291,7 +291,8 @@ def validation_choice(baseline: dict[str, float], candidates: dict[str, dict[str
             "decided": all(r["status"] != "open" for r in rows.values())}
 
 
-#: the compact prompt's rule, named before its runs (docs/graph_token.md, *Compact prompt study*)
+#: the compact prompt's rule, named before its runs (docs/graph_token.md, *Compact prompt study at matched
+#: budgets*)
 COMPACT_RULE = ("Validation parts only. Among the compact variants with every (fold, seed) unit recorded, the one "
                 "with the lowest mean best validation answer NLL is chosen. The compact prompt becomes the default "
                 "if the chosen variant is not worse than the product on the same units: its mean best validation "
@@ -320,8 +321,8 @@ def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, 
                            "comparison": None, "compact_default": None}
     if chosen is not None:
         shared = sorted(set(candidates[chosen]) & set(baseline))
-        pick = {k: {m: [src[u][k] for u in shared] for m, src in (("chosen", candidates[chosen]), ("product", baseline))}
-                for k in ("nll", "f1")}
+        sources = {"chosen": candidates[chosen], "product": baseline}
+        pick = {k: {m: [src[u][k] for u in shared] for m, src in sources.items()} for k in ("nll", "f1")}
         comparison = {"units": len(shared)}
         for k in ("nll", "f1"):
             a, b = (float(np.mean(pick[k][m])) if shared else None for m in ("chosen", "product"))
@@ -335,5 +336,5 @@ def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, 
     return out
 
 
-__all__ = ["COMPACT_RULE", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds", "compact_choice",
-           "conversation_of", "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
+__all__ = ["COMPACT_RULE", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
+           "compact_choice", "conversation_of", "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
