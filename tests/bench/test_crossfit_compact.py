@@ -149,3 +149,16 @@ def test_the_compact_choice_reads_the_units_and_writes_its_rule(tmp_path, capsys
     (tmp_path / "runs" / "m3-full" / "fold-1-seed-1.json").unlink()
     out = X.choose_compact(tmp_path, ["product", "m3-answer", "m3-full"], [0, 1], 2)
     assert out["chosen"] == "m3-answer" and out["compact_default"] is True and not out["decided"]
+
+
+def test_ablated_and_sham_graphs_without_edge_units_are_counted():
+    def graph(units):
+        g = Data(x=torch.zeros(2, 3), edge_index=torch.tensor([[0, 1], [1, 0]]))
+        if units is not None:
+            g.edge_unit = torch.tensor(units)
+        return g
+
+    table = {"a": {"ablated_graph": graph([0, 1]), "sham_graph": graph(None)},  # a table of before: no edge_unit
+             "b": {"ablated_graph": graph([-1, -1]), "sham_graph": graph([0, 0])},  # read back as unknown
+             "c": {}, "d": {"ablated_graph": Data(x=torch.zeros(1, 3), edge_index=torch.zeros(2, 0, dtype=torch.long))}}
+    assert X.without_edge_units(table) == 2  # a graph without edges has nothing to place

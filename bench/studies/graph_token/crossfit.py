@@ -281,6 +281,14 @@ def load_items(cases, folder: Path) -> tuple[dict[str, list[dict[str, Any]]], di
     return items, counterfactuals
 
 
+def without_edge_units(counterfactuals: dict[str, dict[str, Any]]) -> int:
+    """How many ablated or sham graphs lack their edges' working-memory positions (``edge_unit``), which
+    the per-unit readout (``summary_units``) reads: tables replayed before the table recorded them."""
+    return sum(1 for c in counterfactuals.values() for name in ("ablated_graph", "sham_graph")
+               if c.get(name) is not None and c[name].edge_index.shape[1] > 0
+               and (getattr(c[name], "edge_unit", None) is None or bool((c[name].edge_unit < 0).any())))
+
+
 # --------------------------------------------------------------------------------------------------
 # stage 2: one (variant, fold, seed)
 
@@ -782,6 +790,14 @@ def main(argv=None) -> int:
     if args.samples_only:
         return 0
     items, args.counterfactuals = load_items([c for c in cases if case_file(folder, c.id).exists()], folder)
+    stale = without_edge_units(args.counterfactuals) if any(v["model"].get("readout") == "summary_units"
+                                                              for v in variants) else 0
+    if stale and not (args.summary_only or args.graph_sizes):
+        print(f"error: {stale} ablated or sham graphs under {folder} lack edge_unit, which the summary_units "
+              "readout of the compact variants reads: those cases were replayed before the counterfactual table "
+              "recorded it; replay them (move the folder aside and rerun; the embedding memo makes it cheaper)",
+              file=sys.stderr)
+        return 2
     by_qa = {it["qa_id"]: it for v in items.values() for it in v}
     args.scored_qa = {q for cid in scored if cid in items for q in (it["qa_id"] for it in items[cid])}
     if args.measure:
