@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_torch_threads")]  
 
 
 
-def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys):
+def _config(tmp_path):
+    """A 2-step training of a random LM over a tiny ConvoMem-form set."""
     lm = save_random_lm(tmp_path / "lm", hidden_size=32, layers=1)
     cfg = {"trainer": {"accelerator": "cpu", "precision": "32-true", "gradient_clip_val": 1.0, "max_steps": 2,
                        "val_check_interval": 1},
@@ -33,6 +34,19 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
                     "max_prompt_tokens": 128, "max_answer_tokens": 8}}
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(cfg))
+    return config
+
+
+def _has_readout(name: str) -> bool:
+    from typing import get_args
+
+    from qgmem.model.readout import Readout
+
+    return name in get_args(Readout)
+
+
+def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys):
+    config = _config(tmp_path)
     script = load_bench_script("bench.studies.graph_token.crossfit")
     out = tmp_path / "summary.json"
     argv = ["--config", str(config), "--root", str(tmp_path / "root"), "--folds", "3", "--seeds", "0", "1",
@@ -55,7 +69,15 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
     assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
     assert not list((tmp_path / "root" / "runs" / "product").glob("*.lock"))  # every unit's lock released
-    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 6  # train + 5 conditions
+    # train, the validation part's greedy answers, 5 conditions
+    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 7
+    unit = json.loads(runs[0].read_text())
+    assert unit["steps_run"] == unit["steps"] == 2 and [r["step"] for r in unit["train_curve"]] == [1, 2]
+    assert [r["step"] for r in unit["val_history"]] == [1, 2] and 0 <= unit["val_f1"] <= 1
+    assert unit["graph_tokens"] == 5 and len(unit["prompt_text_tokens"]) == len(unit["scores"]["qa_id"])
+    assert "named" not in unit  # the product is scored in the plain form only
+    assert s["text_units"] == s["graph_units"] == 10 and s["steps_run"] == {f"{f}-{x}": 2 for f in range(3) for x in (0, 1)}
+    assert s["prompt_tokens"]["own"]["all"] == s["prompt_tokens"]["none"]["all"] + 5
     stamps = [p.stat().st_mtime_ns for p in runs]
     assert script.main(argv) == 0  # the rerun trains nothing: every unit is recorded
     assert " seed 0: train " not in capsys.readouterr().out
@@ -107,3 +129,42 @@ def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tm
     assert claim(lock) and lock.read_text() != str(other.pid)  # its holder died: taken over
     lock.write_text("not a pid")
     assert claim(lock)  # an unreadable lock is stale too
+
+
+@pytest.mark.skipif(not _has_readout("summary_units"), reason="the summary_units readout is not in the model yet")
+def test_a_compact_variant_stops_early_scores_both_forms_and_joins_text10(tmp_path, capsys):
+    config = _config(tmp_path)
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+    script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=6)  # the study's 10, 2, 120, made tiny
+    root, out = tmp_path / "root", tmp_path / "compact.json"
+    argv = ["--config", str(config), "--root", str(root), "--folds", "3", "--fold-list", "0", "--seeds", "0",
+            "--variants", "product", "m3-answer", "--n-boot", "200", "--threads", "1", "--out", str(out)]
+    assert script.main(argv) == 0
+    unit = json.loads((root / "runs" / "m3-answer" / "fold-0-seed-0.json").read_text())
+    assert unit["text_units"] == 3 and unit["graph_tokens"] == 11 and 1 <= unit["steps_run"] <= 6
+    assert unit["early_stop"] == {"val_check_interval": 1, "patience": 1, "max_steps": 6}
+    assert [r["step"] for r in unit["val_history"]] == list(range(1, unit["steps_run"] + 1))  # a validation a step
+    assert [r["step"] for r in unit["train_curve"]] == list(range(1, unit["steps_run"] + 1))
+    named = unit["named"]  # the held-out questions again, in the named-speaker form
+    assert named["qa_id"] == unit["scores"]["qa_id"] and set(named["predictions"]) == {"own", "none"}
+    result = json.loads(out.read_text())
+    s = result["summaries"]["m3-answer"]
+    assert (s["text_units"], s["graph_units"]) == (3, 10) and "f1" in s["answers_own_vs_none_named"]
+    assert s["prompt_tokens"]["own"]["graph"] == 11 and s["prompt_tokens"]["none"]["graph"] == 0
+    assert result["summaries"]["product"]["text_units"] == 10
+    assert result["variant_settings"]["m3-answer"]["model"]["readout"] == "summary_units"
+    choice = result["compact_choice"]  # 1 of the 3 units: nothing chosen yet
+    assert choice["candidates"]["m3-answer"]["units"] == 1 and choice["chosen"] is None and not choice["decided"]
+    # the text-10 reference joined by question id: one question without a row is counted and left out
+    qa = unit["scores"]["qa_id"]
+    text10 = tmp_path / "scores.jsonl"
+    text10.write_text("".join(json.dumps({"qa_id": q, "units": {"10": {"nll": 1.0, "f1": 0.0, "em": 0.0, "judge": 0.0,
+                                                                         "prompt_tokens": 120}}}) + "\n"
+                              for q in qa[1:]))
+    assert script.main(argv[:-2] + ["--summary-only", "--text10", str(text10), "--out", str(out)]) == 0
+    s = json.loads(out.read_text())["summaries"]["m3-answer"]
+    assert s["text10_missing"] == 1 and s["own_vs_text10"]["n"] == len(qa) - 1
+    assert s["prompt_tokens"]["text10"]["all"] == 120
+    # a graph budget the samples do not hold is refused, naming the setting
+    assert script.main(argv[:-2] + ["--variants", "m3-full-k20"]) == 2
+    assert "data.activation.k" in capsys.readouterr().err

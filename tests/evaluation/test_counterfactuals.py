@@ -23,7 +23,8 @@ def tiny_spec(tmp_path):
 
 def _graph(n: int, e: int, d: int = 3, fill: float = 1.0) -> Data:
     return Data(x=torch.full((n, d), fill), edge_index=torch.zeros((2, e), dtype=torch.long),
-                edge_attr=torch.full((e, d), fill), edge_fact=torch.full((e, d), fill))
+                edge_attr=torch.full((e, d), fill), edge_fact=torch.full((e, d), fill),
+                edge_unit=torch.arange(e, dtype=torch.long))
 
 
 class _QA:
@@ -65,8 +66,10 @@ def test_a_table_row_round_trips_both_graphs_and_is_empty_without_them():
     assert set(item) == {"ablated_graph", "ablated_node_text", "sham_graph", "sham_node_text"}
     assert item["ablated_graph"].x.shape == (2, 3) and torch.equal(item["ablated_graph"].x, torch.full((2, 3), 0.5))
     assert item["sham_graph"].edge_index.shape == (2, 2) and item["sham_node_text"] == ["c", "d", "e"]
+    assert (row["ablated_edge_unit"], row["sham_edge_unit"]) == ([0], [0, 1])  # the per-unit readout needs them
     empty = CF.table_row("q2", 3, ablation={"ablation_status": CF.UNCHANGED, "store_evidence_units": 1})
     assert (empty["ablated"], empty["sham"], empty["ablated_x"], empty["ablation_status"]) == (False, False, [], CF.UNCHANGED)
+    assert empty["ablated_edge_unit"] is None
     assert CF.table_row("q3", 3)["ablation_status"] == "none"
     assert CF.to_item(empty) == {}
 
@@ -138,3 +141,17 @@ def test_the_table_is_resumed_case_by_case(tiny_spec):
     assert again.complete and again.completion_info()["built"] == 1
     after = {r["qa_id"]: np.asarray(r["ablated_x"]) for r in again.load()}
     assert before.keys() == after.keys() and all(np.array_equal(before[q], after[q]) for q in before)
+
+
+def _reads_edge_unit() -> bool:
+    from qgmem.samples import cache as C
+
+    row = {"num_nodes": 2, "num_edges": 1, "feature_dim": 1, "x": [0.0, 0.0], "edge_index": [0, 1], "edge_attr": [0.0],
+           "edge_fact": [0.0], "edge_unit": [0]}
+    return hasattr(C.row_to_data(row), "edge_unit")
+
+
+@pytest.mark.skipif(not _reads_edge_unit(), reason="the cache's graphs do not carry edge_unit yet")
+def test_a_counterfactual_graph_keeps_its_edges_units():
+    item = CF.to_item(CF.table_row("q1", 3, ablated=_graph(2, 2), ablated_text=["a", "b"]))
+    assert item["ablated_graph"].edge_unit.tolist() == [0, 1]

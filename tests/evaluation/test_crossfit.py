@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
-from qgmem.evaluation.crossfit import (answer_scores, validation_choice, assign_folds, evidence_conversations,
+from qgmem.evaluation.crossfit import (COMPACT_RULE, answer_contrasts, answer_scores, compact_choice, validation_choice,
+                                       assign_folds, evidence_conversations,
                                        fold_parts, graph_sizes, leaks, same_size_removals, with_distractors)
 
 CATEGORIES = ["user_evidence", "changing_evidence", "preference_evidence"]
@@ -148,3 +149,51 @@ def test_validation_choice_on_partial_units_is_open_until_it_cannot_win():
     out = validation_choice(base, {"p": partial, "s": some}, units=10)
     assert out["candidates"]["p"]["status"] == "cannot win" and out["candidates"]["s"]["status"] == "open"
     assert not out["decided"] and out["chosen"] is None
+
+
+def _figures(nll, f1):
+    return {f"{i // 2}-{i % 2}": {"nll": a, "f1": b} for i, (a, b) in enumerate(zip(nll, f1))}
+
+
+def test_compact_choice_takes_the_lowest_validation_nll_then_compares_it_with_the_product():
+    product = _figures([2.0] * 4, [0.20] * 4)
+    answer = _figures([1.95, 2.0, 1.9, 2.05], [0.20, 0.22, 0.19, 0.21])  # mean NLL 1.975, F1 0.205
+    full = _figures([1.9, 1.9, 2.0, 2.0], [0.18, 0.18, 0.2, 0.2])  # mean NLL 1.95 (chosen), F1 0.19: worse
+    out = compact_choice(product, {"m3-answer": answer, "m3-full": full}, units=4)
+    assert out["rule"] == COMPACT_RULE and out["decided"] and out["chosen"] == "m3-full"
+    c = out["comparison"]
+    assert c["units"] == 4 and c["nll"]["chosen_minus_product"] == pytest.approx(-0.05)
+    assert c["f1"]["chosen"] == pytest.approx(0.19) and c["f1"]["chosen_minus_product"] == pytest.approx(-0.01)
+    assert out["compact_default"] is False  # lower NLL but lower F1: not the default
+    ties = compact_choice(product, {"m3-answer": _figures([2.0] * 4, [0.2] * 4)}, units=4)
+    assert ties["compact_default"] is True  # equal on both is "not worse"
+    worse_nll = compact_choice(product, {"m3-answer": _figures([2.01] * 4, [0.3] * 4)}, units=4)
+    assert worse_nll["compact_default"] is False
+
+
+def test_compact_choice_waits_for_every_unit():
+    product = _figures([2.0] * 4, [0.2] * 4)
+    partial = dict(list(_figures([1.0] * 4, [0.9] * 4).items())[:3])  # 3 of 4 units: not chosen yet
+    out = compact_choice(product, {"m3-full": partial, "m3-answer": _figures([2.1] * 4, [0.2] * 4)}, units=4)
+    assert out["chosen"] == "m3-answer" and not out["decided"] and out["compact_default"] is False
+    assert out["candidates"]["m3-full"] == {"units": 3, "complete": False, "val_nll_mean": 1.0,
+                                            "val_f1_mean": pytest.approx(0.9)}
+    short_product = compact_choice(dict(list(product.items())[:2]), {"m3-answer": _figures([1.0] * 4, [0.9] * 4)},
+                                   units=4)
+    assert short_product["comparison"]["units"] == 2 and short_product["compact_default"] is None
+    assert not short_product["decided"]
+
+
+def test_answer_contrasts_against_a_fixed_reference_per_question():
+    from qgmem.evaluation.protocol import SampleScores
+
+    runs = [SampleScores(qa_id=["a", "b", "c"], group=["g1", "g2", "g3"], category=["x", "abstention_evidence", "x"],
+                         answer=["red car", "no info", "blue"], nll={"own": [1.0, 1.0, 1.0]},
+                         predictions={"own": ["red car", "no", "green"]}) for _ in range(2)]
+    out = answer_contrasts(runs, "own", "text10", n_boot=200, against={"f1": [0.5, 1.0, 0.0], "em": [0, 0, 0],
+                                                                     "judge": [0, 0, 0]})
+    f1 = out["f1"]
+    assert f1["own"] == pytest.approx((1.0 + 2 / 3 + 0.0) / 3) and f1["text10"] == pytest.approx(0.5)
+    assert f1["diff"]["mean"] == pytest.approx((0.5 + (2 / 3 - 1.0) + 0.0) / 3) and f1["diff"]["n"] == 3
+    assert f1["diff"]["without_abstention"]["mean"] == pytest.approx(0.25)
+    assert set(f1["diff"]["per_category"]) == {"x", "abstention_evidence"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from qgmem.evaluation.adversarial import swapped_speaker_cases
-from qgmem.evaluation.named_form import check_names, named_speaker_cases, third_person_question
+from qgmem.evaluation.named_form import check_names, named_speaker_cases, named_speaker_item, third_person_question
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,3 +140,19 @@ def test_verb_rules_agree_as_construction_does():
         assert third_person_verb(verb) == agreed, (pattern, replacement)
         checked += 1
     assert checked == 21  # every verb rule was read (a rule the reading skipped would fail here)
+
+
+def test_a_stored_sample_takes_the_named_form_in_its_text_and_question_only():
+    item = {"memory_text": "[M1] User started in Hanoi. (User; turn 11)\n[M2] Assistant mentions: Users love it. "
+                           "(Assistant; turn 8)",
+            "question": "Where did I start, and what did you say?", "node_text": ["User", "Hanoi"],
+            "graph": object(), "qa_id": "q1"}
+    named = named_speaker_item(item)
+    assert named["memory_text"] == ("[M1] Ingrid started in Hanoi. (Ingrid; turn 11)\n[M2] Tobias mentions: Users "
+                                    "love it. (Tobias; turn 8)")  # whole words only
+    assert named["question"] == "Where did Ingrid start, and what did Tobias say?"
+    assert named["node_text"] == ["Ingrid", "Hanoi"] and named["graph"] is item["graph"] and named["qa_id"] == "q1"
+    assert item["memory_text"].startswith("[M1] User")  # the stored sample is left as it was
+    assert "node_text" not in named_speaker_item({k: v for k, v in item.items() if k != "node_text"})
+    with pytest.raises(ValueError, match="speaker names"):
+        named_speaker_item(item, ("Ingrid", "Ingrid"))

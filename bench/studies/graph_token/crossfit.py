@@ -25,6 +25,39 @@ configurations named in docs/graph_token.md before they ran::
 
     python -m bench.studies.graph_token.crossfit --root checkpoints/crossfit --variants product --seeds 0 1 --max-minutes 40 \\
         --out docs/results/crossfit_product.json
+
+**The compact prompt at matched budgets** (docs/graph_token.md, *Compact prompt study at matched budgets*).
+Variants named before any run, each with the prompt's text cut to the top m = 3 units (``data.memory_units``;
+every condition, validation included; the product's prompt cap of 288 tokens, which holds 3 units whole for
+most prompts, not all: each unit records how many of its held-out prompts were trimmed) and the
+``summary_units`` readout (one graph token per working-memory unit after the pooled one, K = 1 + k_graph):
+
+- ``m3-answer``: today's recipe: the node-word pre-stage (today's alignment settings) and answer CE;
+- ``m3-full``: stage 1, reconstruction of memory entries from the graph tokens (``align_objective:
+  reconstruct``, :data:`RECONSTRUCT_STEPS` steps, ``align_weight`` 0), then stage 2, answer CE +
+  :data:`DISTILL_WEIGHT` × KL(teacher ‖ student) over the answer tokens (teacher: the frozen LM reading the
+  full 10-unit text, its top-:data:`DISTILL_TOPK` logits cached under ``ROOT/teacher``);
+- ``m3-recon``: stage 1 alone (λ = 0), if time allows;
+- ``m3-full-k20``: the full recipe over a graph of k_graph = 20 units (K = 21), if time allows; its
+  samples are built with ``data.activation.k: 20`` (a config of its own, so a samples folder of its
+  own), and the command refuses it over the samples of k = 10.
+
+They train until validation stops improving (:data:`EARLY_STOP`: a validation every 10 steps, stop after
+2 without a lower answer NLL, at most 120 steps; best weights as always) and record the learning curve
+(the answer NLL of each training step, each validation's) and the steps run. Stage 1 is kept to 150
+steps so that a full-recipe unit is sized to stay within about twice a product unit (10–13 minutes with two side by
+side on 2 cores; ``--measure --variants m3-full`` times one on the saved cases before the study). Each
+held-out fold is scored under own, ablated, sham, shuffled and none at m = 3, and its greedy answers
+own and none also in ConvoMem's named-speaker form
+(:func:`qgmem.evaluation.named_form.named_speaker_item`). The reference text-10 without graph does not
+depend on training: ``--text10`` reads it per question from the headroom study's ``scores.jsonl``
+(:mod:`bench.studies.graph_token.headroom`), joined by question id (``own_vs_text10``; questions without
+a row are counted and left out of that contrast only). The choice, on the validation parts only, is
+:data:`qgmem.evaluation.crossfit.COMPACT_RULE` (written into the JSON as ``compact_choice``)::
+
+    python -m bench.studies.graph_token.crossfit --root checkpoints/crossfit --variants product m3-answer m3-full \\
+        --seeds 0 1 --max-minutes 40 --text10 checkpoints/crossfit/headroom-KEY/scores.jsonl \\
+        --out docs/results/crossfit_compact.json
 """
 
 from __future__ import annotations
@@ -66,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--measure", action="store_true",
                    help="time one unit on the cases saved so far (train, validate and score on them; nothing "
                         "is recorded under runs/): the cost of one (fold, seed) comes from it")
+    p.add_argument("--text10", default=None,
+                   help="the headroom study's scores.jsonl: the frozen LM reading 10 units and no graph, per question "
+                        "(own_vs_text10)")
     p.add_argument("--out", default=None, help="write the summary JSON here")
     p.add_argument("--n-boot", type=int, default=10_000)
     p.add_argument("--threads", type=int, default=2)
@@ -84,14 +120,65 @@ def product_setting(path: str) -> dict[str, Any]:
     return {"data": data, "model": model, "trainer": trainer}
 
 
+#: the compact prompt's training: validation every ``val_check_interval`` steps, stop after ``patience``
+#: validations without a lower answer NLL, at most ``max_steps`` (the product trains a fixed 30 steps)
+EARLY_STOP = {"val_check_interval": 10, "patience": 2, "max_steps": 120}
+#: stage 1 of the compact recipes: steps of reconstructing memory entries from the graph tokens
+RECONSTRUCT_STEPS = 150
+#: stage 2: the weight of KL(teacher ‖ student) over the answer tokens (xRAG's) and the teacher's cached top-k
+DISTILL_WEIGHT, DISTILL_TOPK = 2.0, 16
+#: the text-only reference of the compact variants: the frozen LM reading this many units, no graph
+TEXT_REFERENCE_UNITS = 10
+#: the compact variants, named before any run: text budget m, graph budget k_graph, the training recipe
+COMPACT = {
+    "m3-answer": {"text_units": 3, "graph_units": 10, "model": {}},
+    "m3-full": {"text_units": 3, "graph_units": 10,
+                "model": {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_weight": 0.0,
+                          "distill_weight": DISTILL_WEIGHT, "distill_topk": DISTILL_TOPK}},
+    "m3-recon": {"text_units": 3, "graph_units": 10,
+                 "model": {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_weight": 0.0}},
+    "m3-full-k20": {"text_units": 3, "graph_units": 20,
+                    "model": {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_weight": 0.0,
+                              "distill_weight": DISTILL_WEIGHT, "distill_topk": DISTILL_TOPK}},
+}
+
+
 def variant_of(name: str) -> dict[str, Any]:
-    """A variant's name and its data-module settings over the product's (``tdP-M``: text dropout)."""
+    """A variant's name and its settings over the product's: data-module settings (``tdP-M``: text dropout;
+    a compact variant's text budget), module settings (readout, stages), early stopping, and its budgets
+    (``None``: the samples' k for the graph, all of it for the text)."""
+    base = {"name": name, "data": {}, "model": {}, "early_stop": None, "text_units": None, "graph_units": None,
+            "named_form": False}
     if name == "product":
-        return {"name": name, "data": {}}
+        return base
     if name.startswith("td"):
         p, m = name[2:].split("-")
-        return {"name": name, "data": {"text_dropout": float(p), "text_dropout_units": int(m)}}
-    raise SystemExit(f"--variants: unknown variant {name!r} (product or tdP-M, e.g. td0.5-1)")
+        return {**base, "data": {"text_dropout": float(p), "text_dropout_units": int(m)}}
+    if name in COMPACT:
+        c = COMPACT[name]
+        return {**base, "data": {"memory_units": c["text_units"]}, "early_stop": dict(EARLY_STOP),
+                "model": {"readout": "summary_units", "num_graph_tokens": 1 + c["graph_units"], **c["model"]},
+                "text_units": c["text_units"], "graph_units": c["graph_units"], "named_form": True}
+    raise SystemExit(f"--variants: unknown variant {name!r} (product, tdP-M, e.g. td0.5-1, or {', '.join(COMPACT)})")
+
+
+def unit_settings(setting: dict[str, Any], variant: dict[str, Any], root: Path) -> dict[str, Any]:
+    """One unit's data-module and module keyword arguments and its training length (the seed aside)."""
+    data, model_cfg, trainer_cfg = {**setting["data"], **variant["data"]}, dict(setting["model"]), setting["trainer"]
+    model = {**model_cfg, **variant["model"]}
+    if model.get("distill_weight"):  # the teacher's answer-token distributions, cached once for every unit
+        model["teacher_cache_dir"] = str(root / "teacher")
+    early = variant["early_stop"]
+    return {"data": {"batch_size": int(data.get("batch_size", 4)),
+                     "eval_batch_size": int(data.get("eval_batch_size", 8)),
+                     "max_prompt_tokens": int(data["max_prompt_tokens"]),
+                     "max_answer_tokens": int(data["max_answer_tokens"]),
+                     **{k: data[k] for k in ("text_dropout", "text_dropout_units", "memory_units") if k in data},
+                     **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {})},
+            "model": model,
+            "max_steps": int(early["max_steps"] if early else trainer_cfg.get("max_steps", 30)),
+            "val_check_interval": early["val_check_interval"] if early else trainer_cfg.get("val_check_interval", 15),
+            "patience": early["patience"] if early else None}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -131,6 +218,10 @@ def sample_spec(setting: dict[str, Any], args):
     kwargs = {"distractor_conversations": int(data.get("distractor_conversations", 2))}
     if args.cache_dir or data.get("cache_dir"):
         kwargs["cache_dir"] = Path(args.cache_dir or data["cache_dir"])
+    if data.get("activation"):  # e.g. a graph budget of 20 units: its own samples folder (the key holds it)
+        from qgmem.activation.config import ActivationConfig
+
+        kwargs["activation"] = ActivationConfig(**data["activation"])
     return CacheSpec(dataset="convomem", data_path=data.get("data_path", "data/convomem"), num_cases=None, **kwargs)
 
 
@@ -190,18 +281,32 @@ def load_items(cases, folder: Path) -> tuple[dict[str, list[dict[str, Any]]], di
     return items, counterfactuals
 
 
+def without_edge_units(counterfactuals: dict[str, dict[str, Any]]) -> int:
+    """How many ablated or sham graphs lack their edges' working-memory positions (``edge_unit``), which
+    the per-unit readout (``summary_units``) reads: tables replayed before the table recorded them."""
+    return sum(1 for c in counterfactuals.values() for name in ("ablated_graph", "sham_graph")
+               if c.get(name) is not None and c[name].edge_index.shape[1] > 0
+               and (getattr(c[name], "edge_unit", None) is None or bool((c[name].edge_unit < 0).any())))
+
+
 # --------------------------------------------------------------------------------------------------
 # stage 2: one (variant, fold, seed)
 
 
 def best_weights_callback():
-    """Keeps the trainable weights of the validation with the lowest answer NLL (train.py's selection)."""
+    """Keeps the trainable weights of the validation with the lowest answer NLL (train.py's selection), and
+    the learning curve: the answer NLL the module logs for each training step, each validation's NLL."""
     import torch
     from lightning.pytorch.callbacks import Callback
 
     class BestWeights(Callback):
         def __init__(self):
-            self.best, self.state, self.history = float("inf"), None, []
+            self.best, self.state, self.history, self.train_curve = float("inf"), None, [], []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            value = trainer.callback_metrics.get("train/nll_step")
+            if value is not None:
+                self.train_curve.append({"step": int(trainer.global_step), "train_nll": float(value)})
 
         def on_validation_end(self, trainer, pl_module):
             value = trainer.callback_metrics.get("val/nll")
@@ -258,14 +363,19 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
              clock: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (checkpoint selection on the validation part), then score the held-out part per condition.
 
-    Each piece (the training, then each condition) is recorded under ``stem`` (``…train.json`` with its
-    ``…weights.pt``, ``…<condition>.json``) as soon as it ends, and reused by a rerun: one unit costs more
-    than a 40-minute part on the shared CPU, so a part may end between its pieces. ``clock`` holds the
-    deadline and the last piece's durations; :class:`OutOfTime` stops before a piece that would not fit.
+    Each piece (the training, the validation part's greedy answers, then each condition, then for a
+    compact variant the named-speaker form's own and none) is recorded under ``stem`` (``…train.json``
+    with its ``…weights.pt``, ``…val.json``, ``…<condition>.json``, ``…named-<condition>.json``) as soon as
+    it ends, and reused by a rerun: one unit costs more than a 40-minute part on the shared CPU, so a
+    part may end between its pieces. ``clock`` holds the deadline and the last piece's durations;
+    :class:`OutOfTime` stops before a piece that would not fit.
     """
     import torch
     from lightning.pytorch import Trainer, seed_everything
+    from lightning.pytorch.callbacks import EarlyStopping
 
+    from qgmem.evaluation.crossfit import answer_scores
+    from qgmem.evaluation.named_form import named_speaker_item
     from qgmem.evaluation.protocol import SampleScores, score_conditions
     from qgmem.evaluation.study_data import InMemoryStudyDataModule
     from qgmem.training.module import QGMemModule
@@ -279,30 +389,30 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     def piece(name: str) -> Path | None:
         return None if stem is None else stem.with_name(f"{stem.name}.{name}")
 
-    data, model_cfg, trainer_cfg = {**setting["data"], **variant["data"]}, dict(setting["model"]), setting["trainer"]
+    run = unit_settings(setting, variant, Path(args.root))
+    trainer_cfg = setting["trainer"]
     pick = {name: [it for cid in ids for it in items[cid]] for name, ids in parts.items()}
     scored = {name: [it for it in v if it["qa_id"] in args.scored_qa] for name, v in pick.items()}
     seed_everything(seed, verbose=False)
-    dm = InMemoryStudyDataModule(pick["train"], scored["val"], scored["test"], batch_size=int(data.get("batch_size", 4)),
-                            eval_batch_size=int(data.get("eval_batch_size", 8)),
-                            max_prompt_tokens=int(data["max_prompt_tokens"]),
-                            max_answer_tokens=int(data["max_answer_tokens"]), order_seed=seed,
-                            **{k: v for k, v in data.items() if k in ("text_dropout", "text_dropout_units")},
-                            **({"lm": model_cfg["lm"]} if model_cfg.get("lm") else {}))
-    module = QGMemModule(**{**model_cfg, "feature_dim": dm.feature_dim})
-    steps = int(trainer_cfg.get("max_steps", 30))
+    dm = InMemoryStudyDataModule(pick["train"], scored["val"], scored["test"], order_seed=seed, **run["data"])
+    module = QGMemModule(**{**run["model"], "feature_dim": dm.feature_dim})
+    steps = run["max_steps"]
     meta_path, weights_path = piece("train.json"), piece("weights.pt")
     if meta_path is not None and meta_path.exists() and weights_path.exists():
         meta, state = json.loads(meta_path.read_text()), torch.load(weights_path)
     else:
         fits("train")
         best = best_weights_callback()
+        callbacks = [best]
+        if run["patience"] is not None:  # train until validation stops improving (best weights kept as always)
+            callbacks.append(EarlyStopping(monitor="val/nll", mode="min", patience=run["patience"],
+                                           check_on_train_epoch_end=False))
         trainer = Trainer(accelerator=trainer_cfg.get("accelerator", "cpu"), devices=1, max_steps=steps, max_epochs=-1,
-                          val_check_interval=trainer_cfg.get("val_check_interval", 15), check_val_every_n_epoch=None,
+                          val_check_interval=run["val_check_interval"], check_val_every_n_epoch=None,
                           num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                           enable_model_summary=False, gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
                           precision=trainer_cfg.get("precision", "32-true"),
-                          default_root_dir=str(Path(args.root) / "trainer"), callbacks=[best])
+                          default_root_dir=str(Path(args.root) / "trainer"), callbacks=callbacks)
         t = time.perf_counter()
         trainer.fit(module, datamodule=dm)
         train_s = time.perf_counter() - t
@@ -310,9 +420,10 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
         if best.state is None:
             raise FloatingPointError(f"fold {fold} seed {seed}: no finite validation answer NLL")
         state = best.state
-        meta = {"val_nll_best": best.best, "val_history": best.history, "train_samples": len(pick["train"]),
-                "val_samples": len(scored["val"]), "steps": steps, "train_s": round(train_s, 1),
-                "text_dropout_share": getattr(dm.split("train"), "share", None),
+        meta = {"val_nll_best": best.best, "val_history": best.history, "train_curve": best.train_curve,
+                "train_samples": len(pick["train"]), "val_samples": len(scored["val"]), "steps": steps,
+                "steps_run": int(trainer.global_step), "early_stop": variant["early_stop"],
+                "train_s": round(train_s, 1), "text_dropout_share": getattr(dm.split("train"), "share", None),
                 "load": os.getloadavg()[0]}
         if meta_path is not None:
             torch.save(state, weights_path)
@@ -323,45 +434,136 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
             params[k].copy_(v)
     test = scored["test"]
     pieces = {}
-    for condition in CONDITIONS:
-        path = piece(f"{condition}.json")
+
+    def score_piece(name: str, chosen: list[dict[str, Any]], condition: str, generate: bool) -> dict[str, Any]:
+        path = piece(f"{name}.json")
         if path is not None and path.exists():
-            pieces[condition] = json.loads(path.read_text())
-            continue
-        kind = "generate" if condition in GENERATE else "score"
+            return json.loads(path.read_text())
+        kind = "generate" if generate else "score"
         fits(kind)
         t = time.perf_counter()
-        scores, pairing = score_conditions(module, test, dm.collator, groups=[it["group"] for it in test],
+        scores, pairing = score_conditions(module, chosen, dm.collator, groups=[it["group"] for it in chosen],
                                            batch_size=dm.eval_batch_size, seed=seed,
-                                           generate=[condition] if condition in GENERATE else [],
+                                           generate=[condition] if generate else [],
                                            conditions=[condition], counterfactuals=args.counterfactuals)
         clock[kind] = time.perf_counter() - t
-        pieces[condition] = {"scores": scores.to_dict(), "pairing": pairing, "score_s": round(clock[kind], 1)}
+        out = {"scores": scores.to_dict(), "pairing": pairing, "score_s": round(clock[kind], 1)}
         if path is not None:
-            path.write_text(json.dumps(pieces[condition]) + "\n")
-        print(f"  [{variant['name']} fold {fold} seed {seed}] {condition}: {clock[kind]:.0f} s", flush=True)
+            path.write_text(json.dumps(out) + "\n")
+        print(f"  [{variant['name']} fold {fold} seed {seed}] {name}: {clock[kind]:.0f} s", flush=True)
+        return out
+
+    # the validation part's greedy answers with the selected weights: the compact prompt's rule reads their F1
+    val = score_piece("val", scored["val"], "own", True)
+    val_f1 = answer_scores(val["scores"]["predictions"]["own"], val["scores"]["answer"])["f1"]
+    for condition in CONDITIONS:
+        pieces[condition] = score_piece(condition, test, condition, condition in GENERATE)
     first = SampleScores.from_dict(pieces[CONDITIONS[0]]["scores"])
-    scores = SampleScores(qa_id=first.qa_id, group=first.group, category=first.category, answer=first.answer,
-                          nll={c: pieces[c]["scores"]["nll"][c] for c in CONDITIONS},
-                          predictions={c: pieces[c]["scores"]["predictions"][c] for c in CONDITIONS
-                                       if c in pieces[c]["scores"]["predictions"]})
+
+    def joined(names: dict[str, str]) -> SampleScores:
+        return SampleScores(qa_id=first.qa_id, group=first.group, category=first.category, answer=first.answer,
+                            nll={c: pieces[p]["scores"]["nll"][c] for c, p in names.items()},
+                            predictions={c: pieces[p]["scores"]["predictions"][c] for c, p in names.items()
+                                         if c in pieces[p]["scores"]["predictions"]})
+
+    scores = joined({c: c for c in CONDITIONS})
+    named = None
+    if variant["named_form"]:  # ConvoMem's named-speaker form of the same held-out questions
+        renamed = [named_speaker_item(it) for it in test]
+        for condition in GENERATE:
+            pieces[f"named-{condition}"] = score_piece(f"named-{condition}", renamed, condition, True)
+        named = joined({c: f"named-{c}" for c in GENERATE}).to_dict()
     pairing = {**pieces["shuffled"]["pairing"], **{k: v for c in CONDITIONS for k, v in pieces[c]["pairing"].items()
                                                    if v is not None}}
+    prompts = [dm.collator.encoder.prompt(it["memory_text"], it["question"]) for it in test]
     return {"variant": variant["name"], "fold": fold, "seed": seed, "scores": scores.to_dict(), "pairing": pairing,
-            **meta, "score_s": round(sum(pieces[c]["score_s"] for c in CONDITIONS), 1)}
+            **({"named": named} if named is not None else {}), **meta,
+            "val_f1": sum(val_f1) / max(1, len(val_f1)),
+            "text_units": variant["text_units"], "graph_tokens": int(module.hparams.num_graph_tokens),
+            "prompt_text_tokens": [len(p.ids) for p in prompts],
+            "prompts_trimmed": sum(p.memory_tokens_dropped > 0 for p in prompts),
+            "score_s": round(sum(p["score_s"] for p in pieces.values()) + val["score_s"], 1)}
 
 
 # --------------------------------------------------------------------------------------------------
 # stage 3: summary
 
 
-def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa, counterfactuals,
-            n_boot: int) -> dict[str, Any] | None:
+def seed_rows(runs: dict[tuple[int, int], dict[str, Any]], done: list[int], seeds: list[int], key: str = "scores"):
+    """Seed ``s`` of every fold done: one row over all their questions (the crossed design)."""
+    from qgmem.evaluation.protocol import SampleScores
+
+    rows = []
+    for s in seeds:
+        parts = [SampleScores.from_dict(runs[(f, s)][key]) for f in done]
+        rows.append(SampleScores(qa_id=sum((p.qa_id for p in parts), []), group=sum((p.group for p in parts), []),
+                                 category=sum((p.category for p in parts), []), answer=sum((p.answer for p in parts), []),
+                                 nll={c: sum((p.nll[c] for p in parts), []) for c in parts[0].nll},
+                                 predictions={c: sum((p.predictions[c] for p in parts), []) for c in parts[0].predictions}))
+    return rows
+
+
+def read_text10(path: Path) -> dict[str, dict[str, Any]]:
+    """``{qa_id: scores}`` of the frozen LM reading :data:`TEXT_REFERENCE_UNITS` units of text and no graph,
+    from the headroom study's ``scores.jsonl`` (:mod:`bench.studies.graph_token.headroom`)."""
+    out = {}
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        print(f"error: --text10 {path}: {exc.strerror}", file=sys.stderr)
+        raise SystemExit(2)
+    for n, line in enumerate(lines, 1):
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines):  # a torn last line: the headroom run was cut off there
+                continue
+            print(f"error: --text10 {path}: line {n} is not JSON", file=sys.stderr)
+            raise SystemExit(2)
+        ref = (r.get("units") or {}).get(str(TEXT_REFERENCE_UNITS))
+        if ref is None:
+            print(f"error: --text10 {path}: question {r.get('qa_id')!r} has no {TEXT_REFERENCE_UNITS}-unit score "
+                  "(units)", file=sys.stderr)
+            raise SystemExit(2)
+        out[r["qa_id"]] = ref
+    return out
+
+
+def text10_contrasts(rows, text10: dict[str, dict[str, Any]], n_boot: int) -> dict[str, Any]:
+    """``own − text10`` (the own graph at the variant's text budget against the frozen LM reading 10 units
+    and no graph) in answer NLL and in the greedy answers' scores, on the questions with a text-10 row; the
+    others are counted and left out of this contrast only."""
+    import numpy as np
+
+    from qgmem.evaluation.crossfit import answer_contrasts
+    from qgmem.evaluation.protocol import contrast
+
+    have = [q for q in rows[0].qa_id if q in text10]
+    missing = len(rows[0].qa_id) - len(have)
+    out: dict[str, Any] = {"text10_joined": len(have), "text10_missing": missing}
+    if not have:
+        return out
+    rows = [r.only(have) for r in rows]
+    ref = [text10[q] for q in rows[0].qa_id]
+    own = np.asarray([r.nll["own"] for r in rows], dtype=np.float64)
+    result = contrast(own - np.asarray([x["nll"] for x in ref]), rows[0].group, rows[0].category, n_boot=n_boot)
+    result.pop("per_seed", None)
+    out["own_vs_text10"] = result
+    out["answers_own_vs_text10"] = answer_contrasts(rows, "own", "text10", n_boot=n_boot,
+                                                    against={m: [x[m] for x in ref] for m in ("f1", "em", "judge")})
+    tokens = [x.get("prompt_tokens") for x in ref]
+    out["text10_prompt_tokens"] = float(np.mean(tokens)) if None not in tokens else None
+    return out
+
+
+def summary(root: Path, variant: dict[str, Any], seeds: list[int], folds: int, items_by_qa, counterfactuals,
+            n_boot: int, graph_units: int, text10: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The crossed contrasts of one variant over the folds done for every seed (``None``: no fold yet)."""
     from qgmem.evaluation.crossfit import answer_contrasts, graph_sizes, same_size_removals
-    from qgmem.evaluation.protocol import ABSTENTION, SampleScores, summarize
+    from qgmem.evaluation.protocol import ABSTENTION, summarize
 
     runs = {}
-    for path in sorted((root / "runs" / variant).glob("fold-*-seed-*.json")):
+    for path in sorted((root / "runs" / variant["name"]).glob("fold-*-seed-*.json")):
         if not UNIT_FILE.fullmatch(path.name):  # a unit's pieces sit beside it
             continue
         r = json.loads(path.read_text())
@@ -369,19 +571,19 @@ def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa,
     done = [f for f in range(folds) if all((f, s) in runs for s in seeds)]
     if not done:
         return None
-    rows = []
-    for s in seeds:  # seed s of every fold done: one row over all their questions (the crossed design)
-        parts = [SampleScores.from_dict(runs[(f, s)]["scores"]) for f in done]
-        rows.append(SampleScores(qa_id=sum((p.qa_id for p in parts), []), group=sum((p.group for p in parts), []),
-                                 category=sum((p.category for p in parts), []), answer=sum((p.answer for p in parts), []),
-                                 nll={c: sum((p.nll[c] for p in parts), []) for c in parts[0].nll},
-                                 predictions={c: sum((p.predictions[c] for p in parts), []) for c in parts[0].predictions}))
+    units = [runs[(f, s)] for f in done for s in seeds]
+    rows = seed_rows(runs, done, seeds)
     out = summarize(rows, n_boot=n_boot)
     for key in [k for k in out if k.endswith(tuple(f"_vs_{c}" for c in CONDITIONS))]:
         out[key].pop("per_seed", None)
     out["answers_own_vs_none"] = answer_contrasts(rows, "own", "none", n_boot=n_boot)
     out["answers_own_vs_none_without_abstention"] = answer_contrasts(rows, "own", "none", categories_out=[ABSTENTION],
                                                                      n_boot=n_boot)
+    if all("named" in u for u in units):  # the same questions in ConvoMem's named-speaker form
+        out["answers_own_vs_none_named"] = answer_contrasts(seed_rows(runs, done, seeds, "named"), "own", "none",
+                                                            n_boot=n_boot)
+    if text10 is not None:
+        out.update(text10_contrasts(rows, text10, n_boot))
     scored = [items_by_qa[q] for q in rows[0].qa_id]
     out["graph_sizes"] = graph_sizes(scored, counterfactuals)
     same = same_size_removals(scored, counterfactuals)
@@ -392,9 +594,22 @@ def summary(root: Path, variant: str, seeds: list[int], folds: int, items_by_qa,
         for r in out["same_size_removals"].values():
             if isinstance(r, dict):
                 r.pop("per_seed", None)
-    out.update(variant=variant, folds_done=done, seeds=seeds,
+    first = [runs[(f, seeds[0])] for f in done]  # the seeds of a fold read the same prompts
+    if all("prompt_text_tokens" in u for u in first):
+        text = sum(sum(u["prompt_text_tokens"]) for u in first) / sum(len(u["prompt_text_tokens"]) for u in first)
+        graph = {c: 0 if c == "none" else first[0]["graph_tokens"] for c in CONDITIONS}
+        out["prompt_tokens"] = {c: {"text": text, "graph": graph[c], "all": text + graph[c]} for c in CONDITIONS}
+        if out.get("text10_prompt_tokens") is not None:
+            out["prompt_tokens"]["text10"] = {"text": out["text10_prompt_tokens"], "graph": 0,
+                                              "all": out["text10_prompt_tokens"]}
+        out["prompts_trimmed"] = sum(u["prompts_trimmed"] for u in first)
+    out.update(variant=variant["name"], folds_done=done, seeds=seeds,
+               text_units=variant["text_units"] if variant["text_units"] is not None else graph_units,
+               graph_units=variant["graph_units"] if variant["graph_units"] is not None else graph_units,
                val_nll_best={f"{f}-{s}": runs[(f, s)]["val_nll_best"] for f in done for s in seeds},
-               val_nll_mean=sum(runs[(f, s)]["val_nll_best"] for f in done for s in seeds) / (len(done) * len(seeds)),
+               val_nll_mean=sum(u["val_nll_best"] for u in units) / len(units),
+               val_f1={f"{f}-{s}": runs[(f, s)].get("val_f1") for f in done for s in seeds},
+               steps_run={f"{f}-{s}": runs[(f, s)].get("steps_run", runs[(f, s)]["steps"]) for f in done for s in seeds},
                unit_s={f"{f}-{s}": runs[(f, s)]["train_s"] + runs[(f, s)]["score_s"] for f in done for s in seeds})
     return out
 
@@ -414,7 +629,7 @@ def choose_on_validation(root: Path, names: list[str], seeds: list[int], folds: 
     """The named rule (:func:`~qgmem.evaluation.crossfit.validation_choice`): candidates against ``product``."""
     from qgmem.evaluation.crossfit import validation_choice
 
-    candidates = {n: unit_val_nll(root, n, seeds, folds) for n in names if n != "product"}
+    candidates = {n: unit_val_nll(root, n, seeds, folds) for n in names if n != "product" and n not in COMPACT}
     if not candidates:
         return None
     out = validation_choice(unit_val_nll(root, "product", seeds, folds), candidates, units=folds * len(seeds))
@@ -428,16 +643,51 @@ def choose_on_validation(root: Path, names: list[str], seeds: list[int], folds: 
     return out
 
 
+def unit_val_figures(root: Path, variant: str, seeds: list[int], folds: int) -> dict[str, dict[str, float]]:
+    """``"fold-seed" -> {"nll": best validation answer NLL, "f1": validation greedy F1}`` of every finished unit."""
+    out = {}
+    for f in range(folds):
+        for s in seeds:
+            path = root / "runs" / variant / f"fold-{f}-seed-{s}.json"
+            if path.exists():
+                r = json.loads(path.read_text())
+                if r.get("val_f1") is not None:
+                    out[f"{f}-{s}"] = {"nll": r["val_nll_best"], "f1": r["val_f1"]}
+    return out
+
+
+def choose_compact(root: Path, names: list[str], seeds: list[int], folds: int) -> dict[str, Any] | None:
+    """The compact prompt's named rule (:func:`~qgmem.evaluation.crossfit.compact_choice`) against ``product``."""
+    from qgmem.evaluation.crossfit import compact_choice
+
+    candidates = {n: unit_val_figures(root, n, seeds, folds) for n in names if n in COMPACT}
+    if not candidates:
+        return None
+    out = compact_choice(unit_val_figures(root, "product", seeds, folds), candidates, units=folds * len(seeds))
+    print(f"\ncompact prompt: {out['rule']}")
+    print("| variant | units | mean val NLL | mean val F1 |\n| --- | --- | --- | --- |")
+    for n, r in out["candidates"].items():
+        print(f"| {n} | {r['units']} | " + " | ".join("-" if r[k] is None else f"{r[k]:.4f}"
+                                                       for k in ("val_nll_mean", "val_f1_mean")) + " |")
+    c = out["comparison"]
+    if c is not None and c["units"]:
+        print(f"chosen {out['chosen']} against product on {c['units']} paired units: val NLL "
+              f"{c['nll']['chosen_minus_product']:+.4f}, val F1 {c['f1']['chosen_minus_product']:+.4f}")
+    print(f"compact prompt the default: {out['compact_default']}" + ("" if out["decided"] else " (not decided yet)"))
+    return out
+
+
 def print_table(s: dict[str, Any]) -> None:
     cats = sorted(s["per_category_n"])
-    print(f"\n### {s['variant']}: {s['n']} questions (folds {s['folds_done']}), seeds {s['seeds']}\n")
+    print(f"\n### {s['variant']}: {s['n']} questions (folds {s['folds_done']}), seeds {s['seeds']}; text "
+          f"{s['text_units']} units, graph {s['graph_units']} units\n")
     print("| condition | answer NLL |\n| --- | --- |")
     for c, v in s["nll"].items():
         print(f"| {c} | {v:.3f} |" if v is not None else f"| {c} | - |")
     print("\n| contrast (95 % CI, crossed) | all | without abstention | "
           + " | ".join(f"{c} (n={s['per_category_n'][c]})" for c in cats) + " |")
     print("| --- | --- | --- |" + " --- |" * len(cats))
-    for key in ("own_vs_none", "own_vs_ablated", "own_vs_sham", "sham_vs_ablated", "own_vs_shuffled"):
+    for key in ("own_vs_none", "own_vs_ablated", "own_vs_sham", "sham_vs_ablated", "own_vs_shuffled", "own_vs_text10"):
         if key in s:
             r = s[key]
             print(f"| {key.replace('_', ' ')} (n={r['n']}) | {ci(r)} | {ci(r['without_abstention'])} | "
@@ -446,6 +696,17 @@ def print_table(s: dict[str, Any]) -> None:
     for m in ("f1", "em", "judge"):
         a, b = s["answers_own_vs_none"][m], s["answers_own_vs_none_without_abstention"][m]
         print(f"| {m} | {a['own']:.3f} | {a['none']:.3f} | {ci(a['diff'])} | {ci(b['diff'])} |")
+    if "answers_own_vs_none_named" in s:
+        a, b = s["answers_own_vs_none"]["f1"], s["answers_own_vs_none_named"]["f1"]
+        print(f"\ngreedy F1 own − none: plain form {ci(a['diff'])}, named-speaker form {ci(b['diff'])} "
+              f"(named: own {b['own']:.3f}, none {b['none']:.3f})")
+    if "answers_own_vs_text10" in s:
+        a = s["answers_own_vs_text10"]["f1"]
+        print(f"greedy F1 own − text10: {ci(a['diff'])} (without abstention {ci(a['diff']['without_abstention'])}; "
+              f"own {a['own']:.3f}, text10 {a['text10']:.3f}; {s['text10_missing']} questions without a text-10 row)")
+    if "prompt_tokens" in s:
+        print("prompt tokens (text + graph): " + ", ".join(f"{c} {v['all']:.0f}" for c, v in s["prompt_tokens"].items())
+              + f"; {s['prompts_trimmed']} prompts trimmed to the cap")
     g = s["graph_sizes"]
     print(f"\ngraph sizes over {g['n']} questions with all three graphs: "
           + "; ".join(f"{w} own {g[w]['own']:.2f}, ablated {g[w]['ablated']:.2f}, sham {g[w]['sham']:.2f} "
@@ -455,7 +716,8 @@ def print_table(s: dict[str, Any]) -> None:
         print(f"\nablated and sham graphs of equal size (n={m['n']}): "
               + "; ".join(f"{k.replace('_', ' ')} {ci(m[k])} (without abstention {ci(m[k]['without_abstention'])})"
                           for k in ("own_vs_ablated", "own_vs_sham", "sham_vs_ablated") if k in m))
-    print(f"validation answer NLL (best checkpoint), mean over units: {s['val_nll_mean']:.4f}")
+    print(f"validation answer NLL (best checkpoint), mean over units: {s['val_nll_mean']:.4f}; steps run: "
+          + ", ".join(f"{u} {n}" for u, n in s["steps_run"].items()))
 
 
 def report_graph_sizes(items, scored, args) -> int:
@@ -485,15 +747,17 @@ def report_graph_sizes(items, scored, args) -> int:
     return 0
 
 
-def measure(setting, items, args) -> int:
-    """One unit over the saved cases only, for its cost: seconds of training (all steps, both validations)
-    per validation item, and of scoring per held-out item (every condition plus two greedy answers)."""
+def measure(setting, variant, items, args) -> int:
+    """One unit of ``variant`` (the first of ``--variants``) over the saved cases only, for its cost: seconds
+    of training (both stages, every validation) and of scoring per held-out item (every condition plus the
+    greedy answers)."""
     ids = sorted(items)
     parts = {"train": ids, "val": ids[:2], "test": ids}
-    result = run_unit(setting, variant_of("product"), -1, 0, parts, items, args)
+    result = run_unit(setting, variant, -1, 0, parts, items, args)
     n_test = len(result["scores"]["qa_id"])
     n_val = result["val_samples"]
     out = {"cases": len(ids), "train_samples": result["train_samples"], "val_items": n_val, "test_items": n_test,
+           "variant": variant["name"], "steps_run": result["steps_run"],
            "train_s": result["train_s"], "score_s": result["score_s"],
            "score_s_per_item": result["score_s"] / max(1, n_test), "load": result["load"]}
     print(json.dumps(out))
@@ -512,6 +776,13 @@ def main(argv=None) -> int:
     cases, folds, scored = fold_cases(setting, args)
     spec = sample_spec(setting, args)
     folder = samples_folder(spec, args)
+    for v in variants:  # a graph budget is the samples' activation.k: another one needs its own samples
+        if v["graph_units"] is not None and v["graph_units"] != spec.activation.k:
+            print(f"error: --variants {v['name']}: its graph holds {v['graph_units']} units, the samples of "
+                  f"{args.config} {spec.activation.k} (data.activation.k); run it with a config whose "
+                  f"data.activation.k is {v['graph_units']} (its own samples folder)", file=sys.stderr)
+            return 2
+    text10 = read_text10(Path(args.text10)) if args.text10 else None
     print(f"[crossfit] {len(cases)} cases, {len(scored)} scored in {args.folds} folds "
           f"({[list(folds.values()).count(f) for f in range(args.folds)]}); samples in {folder}", flush=True)
     if not (args.summary_only or args.measure) and not build_samples(cases, spec, folder, deadline):
@@ -519,10 +790,18 @@ def main(argv=None) -> int:
     if args.samples_only:
         return 0
     items, args.counterfactuals = load_items([c for c in cases if case_file(folder, c.id).exists()], folder)
+    stale = without_edge_units(args.counterfactuals) if any(v["model"].get("readout") == "summary_units"
+                                                              for v in variants) else 0
+    if stale and not (args.summary_only or args.graph_sizes):
+        print(f"error: {stale} ablated or sham graphs under {folder} lack edge_unit, which the summary_units "
+              "readout of the compact variants reads: those cases were replayed before the counterfactual table "
+              "recorded it; replay them (move the folder aside and rerun; the embedding memo makes it cheaper)",
+              file=sys.stderr)
+        return 2
     by_qa = {it["qa_id"]: it for v in items.values() for it in v}
     args.scored_qa = {q for cid in scored if cid in items for q in (it["qa_id"] for it in items[cid])}
     if args.measure:
-        return measure(setting, items, args)
+        return measure(setting, variants[0], items, args)
     if args.graph_sizes:
         return report_graph_sizes(items, scored, args)
     from qgmem.evaluation.crossfit import fold_parts
@@ -540,7 +819,8 @@ def main(argv=None) -> int:
             for seed in args.seeds:
                 path = out / f"fold-{fold}-seed-{seed}.json"
                 lock = out / f"fold-{fold}-seed-{seed}.lock"
-                if path.exists() or not claim(lock):  # done, or another process is running it now
+                if (path.exists() and path.with_name(f"fold-{fold}-seed-{seed}.val.json").exists()) \
+                        or not claim(lock):  # done, or another process is running it now
                     continue
                 parts = fold_parts(folds, fold, args.folds, list(items))
                 try:
@@ -559,12 +839,18 @@ def main(argv=None) -> int:
                       flush=True)
     summaries = {}
     for variant in variants:
-        s = summary(Path(args.root), variant["name"], args.seeds, args.folds, by_qa, args.counterfactuals, args.n_boot)
+        s = summary(Path(args.root), variant, args.seeds, args.folds, by_qa, args.counterfactuals, args.n_boot,
+                    graph_units=spec.activation.k, text10=text10)
         if s is not None:
             summaries[variant["name"]] = s
             print_table(s)
     choice = choose_on_validation(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
-    final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}), "folds": args.folds,
+    compact = choose_compact(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
+    final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}),
+             **({"compact_choice": compact} if compact else {}),
+             "variant_settings": {v["name"]: {k: v[k] for k in ("data", "model", "early_stop", "text_units",
+                                                                 "graph_units", "named_form")} for v in variants},
+             **({"text10": str(args.text10)} if args.text10 else {}), "folds": args.folds,
              "seeds": args.seeds, "fold_seed": args.fold_seed,
              "cases": len(cases), "scored_cases": len(scored), "samples_key": spec.samples_key,
              "fold_sizes": [list(folds.values()).count(f) for f in range(args.folds)],

@@ -77,6 +77,7 @@ def table_features():
         columns[name] = Value("bool")
         columns.update({f"{name}_{k}": v for k, v in C.graph_features().items() if k != "feature_dim"})
         columns[f"{name}_node_text"] = List(Value("string"))
+        columns[f"{name}_edge_unit"] = List(Value("int32"))  # each edge's working-memory position
     columns["feature_dim"] = Value("int32")
     columns["ablation_status"] = Value("string")
     columns.update({k: Value("int32") for k in (*ABLATION_COUNTS, *SHAM_COUNTS)})
@@ -99,17 +100,22 @@ def table_row(qa_id: str, feature_dim: int, *, ablated: Any = None, ablated_text
                                        "edge_fact": []}
         row.update({f"{name}_{k}": v for k, v in columns.items() if k != "feature_dim"})
         row[f"{name}_node_text"] = list(texts) if graph is not None else []
+        units = getattr(graph, "edge_unit", None)
+        row[f"{name}_edge_unit"] = [int(u) for u in units] if units is not None else None
     return row
 
 
 def to_item(row: dict[str, Any]) -> dict[str, Any]:
     """A table row to what the protocol scores: ``ablated_graph``/``ablated_node_text`` and
-    ``sham_graph``/``sham_node_text``, each only when the question has that graph."""
+    ``sham_graph``/``sham_node_text``, each only when the question has that graph; each edge's
+    working-memory position (``edge_unit``) goes with its graph where the table recorded it (tables
+    written before it was recorded have none)."""
     item: dict[str, Any] = {}
     for name in GRAPHS:
         if row.get(name):
             item[f"{name}_graph"] = C.row_to_data({k: row[f"{name}_{k}"] for k in (
-                "num_nodes", "num_edges", "x", "edge_index", "edge_attr", "edge_fact")} | {"feature_dim": row["feature_dim"]})
+                "num_nodes", "num_edges", "x", "edge_index", "edge_attr", "edge_fact")} | {"feature_dim": row["feature_dim"]}
+                | ({"edge_unit": row[f"{name}_edge_unit"]} if row.get(f"{name}_edge_unit") is not None else {}))
             item[f"{name}_node_text"] = list(row.get(f"{name}_node_text") or [])
     return item
 

@@ -183,20 +183,28 @@ def answer_scores(predictions: Sequence[str], references: Sequence[str]) -> dict
 
 
 def answer_contrasts(runs: Sequence[Any], a: str = "own", b: str = "none", *, categories_out: Iterable[str] = (),
-                     n_boot: int = 10_000) -> dict[str, Any]:
+                     n_boot: int = 10_000, against: Mapping[str, Sequence[float]] | None = None) -> dict[str, Any]:
     """Paired ``a − b`` of each answer score per question (crossed bootstrap over seeds and groups).
 
     ``runs`` are :class:`~qgmem.evaluation.protocol.SampleScores` of one question order with greedy
-    answers under ``a`` and ``b``; questions of ``categories_out`` are left out.
+    answers under ``a`` and ``b``; questions of ``categories_out`` are left out. ``against`` gives ``b``'s
+    scores instead (``{metric: [per question]}``, the same in every seed: a reference that is not trained,
+    such as the frozen LM reading more text). Each ``diff`` is also given per category and without
+    abstention (:func:`~qgmem.evaluation.protocol.contrast`).
     """
+    from qgmem.evaluation.protocol import contrast
+
     base = runs[0]
     keep = np.asarray([c not in set(categories_out) for c in base.category])
-    groups = np.asarray(base.group)[keep]
+    groups, cats = np.asarray(base.group)[keep], np.asarray(base.category)[keep]
     out: dict[str, Any] = {}
     for metric in ("f1", "em", "judge"):
         rows_a = np.asarray([answer_scores(r.predictions[a], r.answer)[metric] for r in runs])[:, keep]
-        rows_b = np.asarray([answer_scores(r.predictions[b], r.answer)[metric] for r in runs])[:, keep]
-        diff = hierarchical_bootstrap(rows_a - rows_b, groups, design="crossed", n_boot=n_boot)
+        if against is not None:
+            rows_b = np.tile(np.asarray(against[metric], dtype=np.float64)[keep], (len(runs), 1))
+        else:
+            rows_b = np.asarray([answer_scores(r.predictions[b], r.answer)[metric] for r in runs])[:, keep]
+        diff = contrast(rows_a - rows_b, groups, cats, n_boot=n_boot)
         diff.pop("per_seed", None)
         out[metric] = {a: float(rows_a.mean()), b: float(rows_b.mean()), "diff": diff}
     return out
@@ -283,5 +291,50 @@ def validation_choice(baseline: dict[str, float], candidates: dict[str, dict[str
             "decided": all(r["status"] != "open" for r in rows.values())}
 
 
-__all__ = ["validation_choice", "answer_contrasts", "answer_scores", "assign_folds", "conversation_of",
-           "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
+#: the compact prompt's rule, named before its runs (docs/graph_token.md, *Compact prompt study at matched
+#: budgets*)
+COMPACT_RULE = ("Validation parts only. Among the compact variants with every (fold, seed) unit recorded, the one "
+                "with the lowest mean best validation answer NLL is chosen. The compact prompt becomes the default "
+                "if the chosen variant is not worse than the product on the same units: its mean best validation "
+                "answer NLL is not higher and its mean validation greedy F1 (own graph, best weights) is not lower, "
+                "paired by (fold, seed). Otherwise it ships as a preset.")
+
+
+def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, dict[str, dict[str, float]]],
+                   units: int) -> dict[str, Any]:
+    """:data:`COMPACT_RULE` applied to per-unit validation figures.
+
+    ``baseline`` (the product) and each candidate map a unit (``"fold-seed"``) to ``{"nll": best validation
+    answer NLL, "f1": validation greedy F1}``; ``units`` is how many units the study has. ``chosen`` is
+    ``None`` until some candidate has all its units; ``compact_default`` is ``None`` until the chosen one
+    and the baseline share all of them, then whether the compact prompt becomes the default.
+    """
+    rows: dict[str, Any] = {}
+    for name, values in candidates.items():
+        rows[name] = {"units": len(values), "complete": len(values) >= units,
+                      "val_nll_mean": float(np.mean([v["nll"] for v in values.values()])) if values else None,
+                      "val_f1_mean": float(np.mean([v["f1"] for v in values.values()])) if values else None}
+    complete = [n for n, r in rows.items() if r["complete"]]
+    chosen = min(complete, key=lambda n: rows[n]["val_nll_mean"]) if complete else None
+    out: dict[str, Any] = {"rule": COMPACT_RULE, "units": units, "candidates": rows, "chosen": chosen,
+                           "decided": bool(rows) and all(r["complete"] for r in rows.values()),
+                           "comparison": None, "compact_default": None}
+    if chosen is not None:
+        shared = sorted(set(candidates[chosen]) & set(baseline))
+        sources = {"chosen": candidates[chosen], "product": baseline}
+        pick = {k: {m: [src[u][k] for u in shared] for m, src in sources.items()} for k in ("nll", "f1")}
+        comparison = {"units": len(shared)}
+        for k in ("nll", "f1"):
+            a, b = (float(np.mean(pick[k][m])) if shared else None for m in ("chosen", "product"))
+            comparison[k] = {"chosen": a, "product": b, "chosen_minus_product": None if a is None else a - b}
+        out["comparison"] = comparison
+        if len(shared) >= units:
+            out["compact_default"] = bool(comparison["nll"]["chosen_minus_product"] <= 0
+                                          and comparison["f1"]["chosen_minus_product"] >= 0)
+        else:
+            out["decided"] = False
+    return out
+
+
+__all__ = ["COMPACT_RULE", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
+           "compact_choice", "conversation_of", "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]

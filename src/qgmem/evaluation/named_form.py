@@ -150,3 +150,27 @@ def cases_from_flag(cases, value: str) -> tuple[list[Case], list[str]]:
     names = names_from_flag(value)
     with as_user_error(ValueError, prefix=f"{FLAG}: "):
         return named_speaker_cases(cases, names), list(names)
+
+
+_SPEAKER_WORD = re.compile(r"\b(?:" + "|".join(CONVOMEM_SPEAKERS) + r")\b")
+
+
+def named_speaker_item(item: dict, names=DEFAULT_NAMES) -> dict:
+    """A stored ConvoMem sample (a contract item) in the same form, without replaying its case.
+
+    Construction writes a speaker's name where it refers to them ("User started in Hanoi", "(User; turn
+    11)", "Assistant mentions: ..."), so the memory text and the node texts get the two names where
+    they hold the words *User* and *Assistant*; the question is rewritten by :func:`third_person_question`.
+    The graph's features stay those of the plain sample (embedded from the plain text): the form reaches
+    the prompt's text and the node words, not the sentence embeddings. A replay of
+    :func:`named_speaker_cases` gives the whole form.
+    """
+    user, assistant = check_names(names)
+    rename = dict(zip(CONVOMEM_SPEAKERS, (user, assistant)))
+
+    def named(text: str) -> str:
+        return _SPEAKER_WORD.sub(lambda m: rename[m.group(0)], text)
+
+    return {**item, "memory_text": named(item["memory_text"]),
+            "question": third_person_question(item["question"], user, assistant),
+            **({"node_text": [named(t) for t in item["node_text"]]} if "node_text" in item else {})}
