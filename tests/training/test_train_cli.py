@@ -278,3 +278,13 @@ def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsy
     err = capsys.readouterr().err
     assert "bad setting: split_ratios must be three non-negative numbers summing to 1" in err
     assert "Traceback" not in err
+
+
+def test_train_script_refuses_the_word_alignment_weight_with_the_reconstruct_objective(capsys):
+    """The auxiliary word loss belongs to the ``words`` objective: asking for both is one message and exit 2."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main(["--model.align_objective", "reconstruct", "--model.align_weight", "1.0"]) == 2
+    err = capsys.readouterr().err
+    assert "model.align_weight = 1.0" in err and "model.align_objective = 'reconstruct'" in err
+    assert "Traceback" not in err
