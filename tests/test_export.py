@@ -54,7 +54,8 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
 
 NETS = {"mean": {}, "queries": {"readout": "queries", "num_graph_tokens": 2, "features": "edge_fact_sum"},
         "nodes": {"readout": "nodes", "num_graph_tokens": 3, "features": "node_words"},
-        "summary_nodes": {"readout": "summary_nodes", "num_graph_tokens": 3, "features": "node_words"}}
+        "summary_nodes": {"readout": "summary_nodes", "num_graph_tokens": 3, "features": "node_words"},
+        "summary_units": {"readout": "summary_units", "num_graph_tokens": 4, "features": "text"}}
 ALIGN = {"align_steps": 3, "align_weight": 0.5}
 TRAINING = {"nodes": ALIGN, "summary_nodes": ALIGN}  # module settings that are not the network's
 

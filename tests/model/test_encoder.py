@@ -12,7 +12,7 @@ from qgmem.model import (GRAPH_FEATURES, EncoderConfig, GraphProjector, GraphRea
                          RelationalGraphEncoder)
 
 D = 6
-READOUTS = [("mean", 1), ("queries", 1), ("queries", 3), ("nodes", 4), ("summary_nodes", 5)]
+READOUTS = [("mean", 1), ("queries", 1), ("queries", 3), ("nodes", 4), ("summary_nodes", 5), ("summary_units", 4)]
 VOCAB = 20
 WORDS = torch.randn(VOCAB, 10, generator=torch.Generator().manual_seed(99))  # a stand-in for the LM's embeddings
 
@@ -23,7 +23,7 @@ def graph(n: int, e: int, seed: int) -> Data:
     words[:, 2] = PAD_PIECE  # two word pieces per node
     return Data(x=torch.randn(n, D, generator=g), edge_index=torch.randint(0, n, (2, e), generator=g),
                 edge_attr=torch.randn(e, D, generator=g), edge_fact=torch.randn(e, D, generator=g),
-                node_word_ids=words)
+                node_word_ids=words, edge_unit=torch.randint(0, 4, (e,), generator=g))
 
 
 def make_net(readout="mean", k=1, features="text", layers=2, seed=0):
@@ -119,7 +119,7 @@ def test_fact_features_without_edge_fact_are_refused(features):
 
 @pytest.mark.parametrize("kind,k,match", [("mean", 2, "cannot give"), ("sum", 1, "readout must be"),
                                           ("queries", 0, "cannot give"), ("nodes", 0, "cannot give"),
-                                          ("summary_nodes", 1, "cannot give")])
+                                          ("summary_nodes", 1, "cannot give"), ("summary_units", 1, "cannot give")])
 def test_invalid_readout(kind, k, match):
     with pytest.raises(ValueError, match=match):
         GraphReadout(kind, 8, k)

@@ -61,3 +61,13 @@ def test_prompt_settings_refuse_a_negative_text_budget_naming_the_export_field()
 
     with pytest.raises(SettingError, match=r"prompt.memory_units must be >= 0"):
         PromptSettings(memory_units=-1)
+
+
+def test_memory_entries_are_the_labelled_lines_in_order():
+    from qgmem.prompting.contract import first_entries, memory_entries
+
+    text = "[M1] Ana is the user's sister (user; turn 2)\n[M2] The user keeps bees.\n  more of M2\n[M10] Last one"
+    assert memory_entries(text) == [(1, "Ana is the user's sister (user; turn 2)"),
+                                    (2, "The user keeps bees.\n  more of M2"), (10, "Last one")]
+    assert memory_entries(first_entries(text, 1)) == memory_entries(text)[:1]  # one parser for both
+    assert memory_entries("no entries here") == [] and memory_entries("") == []

@@ -11,6 +11,7 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from qgmem.samples import cache as C
+from qgmem.model.graph_modes import UNKNOWN_UNIT
 
 
 @dataclass
@@ -83,7 +84,10 @@ def test_row_round_trips_to_pyg_with_exact_shapes(tmp_path, n, e, d):
     assert torch.equal(back.x, graph.x) and torch.equal(back.edge_index, graph.edge_index)
     assert torch.equal(back.edge_attr, graph.edge_attr)
     assert back.edge_fact.shape == (e, d) and torch.equal(back.edge_fact, graph.edge_fact)
+    assert back.edge_unit.dtype == torch.long and back.edge_unit.tolist() == list(range(e))  # the units' positions
     assert row["node_text"] == [f"n{i}" for i in range(n)] and row["num_edges"] == e
+    del row["edge_unit"]  # a graph table that does not record the units: every edge's unit is unknown
+    assert C.row_to_data(row).edge_unit.tolist() == [UNKNOWN_UNIT] * e
 
 
 def test_empty_graph_becomes_one_zero_node():
@@ -104,6 +108,7 @@ def test_items_batch_with_pyg():
     batch = Batch.from_data_list([it["graph"] for it in items])
     assert batch.x.shape == (7, 6) and batch.edge_index.shape == (2, 4) and batch.num_graphs == 3
     assert batch.edge_index.max() < 7
+    assert batch.edge_unit.tolist() == [0, 0, 1, 2]  # each graph's own positions, not offset
 
 
 @pytest.mark.parametrize("bad", ["x_width", "edge_out_of_range", "attr_rows", "fact_rows"])

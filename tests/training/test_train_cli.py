@@ -315,3 +315,13 @@ def test_train_script_refuses_a_text_budget_above_the_graphs_naming_both(capsys)
     assert training_cli.script_main(["--data.memory_units", "11"]) == 2
     err = capsys.readouterr().err
     assert "data.memory_units = 11 is more than data.activation.k = 10" in err and "Traceback" not in err
+
+
+def test_train_script_refuses_the_word_alignment_weight_with_the_reconstruct_objective(capsys):
+    """The auxiliary word loss belongs to the ``words`` objective: asking for both is one message and exit 2."""
+    from qgmem import job as training_cli
+
+    assert training_cli.script_main(["--model.align_objective", "reconstruct", "--model.align_weight", "1.0"]) == 2
+    err = capsys.readouterr().err
+    assert "model.align_weight = 1.0" in err and "model.align_objective = 'reconstruct'" in err
+    assert "Traceback" not in err

@@ -88,7 +88,7 @@ def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,
     dim = int(encoder.dim)
     if graph.num_nodes == 0:
         empty = empty_graph(dim, facts=facts is not None)
-        empty.edge_unit, empty.node_text, empty.edge_text = torch.zeros(0, dtype=torch.long), [""], []
+        empty.node_text, empty.edge_text = [""], []
         return empty
     x = torch.from_numpy(np.ascontiguousarray(encoder.encode(graph.node_text), dtype=np.float32))
     if graph.num_edges:

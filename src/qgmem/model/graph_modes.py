@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from torch_geometric.data import Data
 
 GraphMode = Literal["token", "none", "shuffled"]
+#: ``edge_unit`` of an edge whose working-memory unit was not recorded (a graph table written without it)
+UNKNOWN_UNIT = -1
 GRAPH_MODES: tuple[str, ...] = get_args(GraphMode)
 
 T = TypeVar("T")
@@ -34,11 +36,13 @@ def check_mode(mode: str) -> str:
 
 def empty_graph(feature_dim: int, edge_dim: int | None = None, facts: bool = False) -> Data:
     """The graph of an empty working memory: one all-zero node and no edges (the encoder pools over at
-    least one node). The one home of that rule: the cache, the local graph, the export's encoder and the ablations use it."""
+    least one node). The one home of that rule: the cache, the local graph, the export's encoder and the ablations use it.
+    It carries an empty ``edge_unit``, so it batches with graphs that record their edges' units."""
     import torch
     from torch_geometric.data import Data
 
     edge_dim = feature_dim if edge_dim is None else edge_dim
     extra = {"edge_fact": torch.zeros((0, edge_dim), dtype=torch.float32)} if facts else {}
     return Data(x=torch.zeros((1, feature_dim), dtype=torch.float32), edge_index=torch.zeros((2, 0), dtype=torch.long),
-                edge_attr=torch.zeros((0, edge_dim), dtype=torch.float32), num_nodes=1, **extra)
+                edge_attr=torch.zeros((0, edge_dim), dtype=torch.float32), edge_unit=torch.zeros(0, dtype=torch.long),
+                num_nodes=1, **extra)

@@ -16,7 +16,7 @@ from qgmem.model.encoder import EncoderConfig, RelationalGraphEncoder
 from qgmem.model.alignment import MAX_WORD_PIECES, PAD_PIECE, word_targets
 from qgmem.model.features import compose, edge_width, needs_fact, needs_words, node_width
 from qgmem.model.projector import GraphProjector
-from qgmem.model.readout import GraphReadout
+from qgmem.model.readout import GraphReadout, check_readout
 from qgmem.older_records import read_graph_token
 
 
@@ -25,8 +25,9 @@ class GraphTokenConfig:
     """Everything needed to rebuild the network: input widths, features, encoder shape, readout, LM hidden size.
 
     ``features``: which memory content the encoder reads (see :mod:`qgmem.model.features`).
-    ``readout``: ``mean`` (one token), ``queries``, ``nodes`` or ``summary_nodes`` (``num_graph_tokens``
-    tokens, see :mod:`qgmem.model.readout`).
+    ``readout``: ``mean`` (one token), ``queries``, ``nodes``, ``summary_nodes`` or ``summary_units``
+    (``num_graph_tokens`` tokens, see :mod:`qgmem.model.readout`; ``summary_units`` over a graph of
+    ``k_graph`` units takes ``num_graph_tokens = 1 + k_graph``).
     """
 
     feature_dim: int
@@ -40,8 +41,7 @@ class GraphTokenConfig:
 
     def __post_init__(self) -> None:
         edge_width(self.features, self.edge_dim)  # validates the option
-        if self.readout == "mean" and self.num_graph_tokens != 1:
-            raise ValueError(f"readout 'mean' gives one token; num_graph_tokens must be 1, got {self.num_graph_tokens}")
+        check_readout(self.readout, self.num_graph_tokens)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,9 +90,9 @@ class GraphTokenNet(nn.Module):
 
     def forward(self, graph) -> torch.Tensor:
         """``graph``: a PyG ``Data`` or ``Batch`` with ``x``, ``edge_index``, ``edge_attr`` (and ``edge_fact``
-        when the features need it)."""
+        when the features need it, ``edge_unit`` with the ``summary_units`` readout)."""
         h, batch, num_graphs = self.node_states(graph)
-        return self.projector(self.readout(h, batch, num_graphs))
+        return self.projector(self.readout(h, batch, num_graphs, graph.edge_index, getattr(graph, "edge_unit", None)))
 
     def node_tokens(self, graph) -> torch.Tensor:
         """Every node's state through the projector, ``[N, lm_hidden]``: what a ``nodes`` readout inserts

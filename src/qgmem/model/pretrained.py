@@ -32,7 +32,7 @@ from huggingface_hub import ModelHubMixin
 from safetensors.torch import load_file, save_file
 from torch_geometric.data import Batch, Data
 
-from qgmem.model.graph_modes import empty_graph
+from qgmem.model.graph_modes import UNKNOWN_UNIT, empty_graph
 from qgmem.errors import ExportFormatError, InputPathError, IntegrityError
 from qgmem.finite import nonfinite_names
 from qgmem.integrity import plain_mode, restore_replaced, seal, verify_sealed
@@ -253,11 +253,15 @@ class GraphTokenEncoder(GraphTokenNet, ModelHubMixin, library_name="qgmem",
 
 
 def _non_empty(graph: Data, dim: int, edge_dim: int) -> Data:
-    """The tensors the encoder reads (``edge_fact`` too when present); an empty graph is one zero node."""
+    """The tensors the encoder reads (``edge_fact`` too when present, ``edge_unit`` always: unknown where the
+    graph lacks it); an empty graph is one zero node."""
     if graph.x is not None and graph.x.size(0) > 0:
         edge_attr = graph.edge_attr if graph.edge_attr is not None else graph.x.new_zeros((0, edge_dim))
         fact = getattr(graph, "edge_fact", None)
         extra = {"edge_fact": fact.float()} if fact is not None else {}
+        units = getattr(graph, "edge_unit", None)
+        extra["edge_unit"] = units.long() if units is not None else \
+            torch.full((graph.edge_index.size(1),), UNKNOWN_UNIT, dtype=torch.long)
         words = getattr(graph, "node_word_ids", None)
         if words is not None:
             extra["node_word_ids"] = words.long()

@@ -83,6 +83,14 @@ class PromptSettings:
 _ENTRY = re.compile(r"^\[M(\d+)\] ", re.MULTILINE)
 
 
+def memory_entries(memory_text: str) -> list[tuple[int, str]]:
+    """The labelled entries of a textual working memory, in order: ``(i, text)`` for each ``[Mi] text``
+    (the text without its label, up to the next entry); text ahead of the first entry is not an entry."""
+    found = list(_ENTRY.finditer(memory_text))
+    ends = [match.start() for match in found[1:]] + [len(memory_text)]
+    return [(int(match.group(1)), memory_text[match.end():end].strip()) for match, end in zip(found, ends)]
+
+
 def first_entries(memory_text: str, m: int | None) -> str:
     """The textual working memory cut to its entries ``[M1]`` .. ``[Mm]`` (``None``: all of it).
 

@@ -201,24 +201,28 @@ def _as_array(value: Any, dtype: Any, empty_shape: tuple[int, int]) -> np.ndarra
 
 
 def row_to_data(row: dict[str, Any]):
-    """A cached row back to ``Data(x [N, D], edge_index [2, E], edge_attr [E, D], edge_fact [E, D])``.
+    """A cached row back to ``Data(x [N, D], edge_index [2, E], edge_attr [E, D], edge_fact [E, D], edge_unit [E])``.
 
     An empty working memory (no nodes) becomes one all-zero node with no edges, so every sample has a
-    graph token to pool.
+    graph token to pool. A row without ``edge_unit`` (a graph table that does not record it) gets
+    :data:`~qgmem.model.graph_modes.UNKNOWN_UNIT` on every edge, so all graphs still batch together.
     """
     import torch
     from torch_geometric.data import Data
 
-    from qgmem.model.graph_modes import empty_graph
+    from qgmem.model.graph_modes import UNKNOWN_UNIT, empty_graph
 
     n, e, d = int(row["num_nodes"]), int(row["num_edges"]), int(row["feature_dim"])
     x = torch.as_tensor(np.asarray(row["x"], dtype=np.float32)).reshape(n, d)
     edge_index = torch.as_tensor(np.asarray(row["edge_index"], dtype=np.int64)).reshape(2, e)
     edge_attr = torch.as_tensor(np.asarray(row["edge_attr"], dtype=np.float32)).reshape(e, d)
     edge_fact = torch.as_tensor(np.asarray(row["edge_fact"], dtype=np.float32)).reshape(e, d)
+    units = row.get("edge_unit")
+    edge_unit = torch.as_tensor(np.asarray(units, dtype=np.int64)).reshape(e) if units is not None \
+        else torch.full((e,), UNKNOWN_UNIT, dtype=torch.long)
     if n == 0:
         return empty_graph(d, facts=True)
-    return Data(x=x, edge_index=edge_index, edge_attr=edge_attr, edge_fact=edge_fact)
+    return Data(x=x, edge_index=edge_index, edge_attr=edge_attr, edge_fact=edge_fact, edge_unit=edge_unit)
 
 
 def row_to_item(row: dict[str, Any]) -> dict[str, Any]:

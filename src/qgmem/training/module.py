@@ -13,7 +13,7 @@ import inspect
 import os
 import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch import LightningModule
@@ -93,14 +93,20 @@ class QGMemModule(LightningModule):
             the nodes → that many graph tokens), ``nodes`` (the first ``num_graph_tokens`` nodes in
             working-memory order, one token each) or ``summary_nodes`` (the mean token, then the first
             ``num_graph_tokens - 1`` nodes).
-        num_graph_tokens: Graph tokens of the ``queries``, ``nodes`` and ``summary_nodes`` readouts (1 with ``mean``).
-        align_steps: Steps of the node-token alignment stage run before answer training (0 = off): the
-            projector's per-node output is fitted to the LM's word embedding of each node's text
-            (:mod:`qgmem.training.alignment`); no LM forward pass (on 2 CPU cores 0.2–0.3 s a step, the graph encoder and projector).
-        align_batch_size: Graphs per alignment step.
-        align_lr: Adam learning rate of the alignment stage.
-        align_weight: Weight of the same alignment loss added to the answer loss in every training step
-            (0 = off), which keeps node tokens readable as words while the answer loss trains.
+        num_graph_tokens: Graph tokens of the ``queries``, ``nodes``, ``summary_nodes`` and ``summary_units``
+            readouts (1 with ``mean``; ``summary_units`` over ``k_graph`` units: ``1 + k_graph``).
+        align_steps: Steps of the pre-training stage run before answer training (0 = off), with the
+            objective ``align_objective`` (:mod:`qgmem.training.alignment`).
+        align_objective: ``words``: the projector's per-node output is fitted to the LM's word embedding of
+            each node's text, no LM forward pass (on 2 CPU cores 0.2–0.3 s a step, the graph encoder and
+            projector); ``reconstruct``: the frozen LM regenerates working-memory entries the prompt's text
+            leaves out from the graph tokens alone (:mod:`qgmem.training.reconstruction`; an LM forward
+            and backward pass a step).
+        align_batch_size: Graphs per pre-training step.
+        align_lr: Adam learning rate of the pre-training stage.
+        align_weight: Weight of the ``words`` alignment loss added to the answer loss in every training step
+            (0 = off), which keeps node tokens readable as words while the answer loss trains; the
+            ``reconstruct`` objective refuses a nonzero weight.
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
         distill_weight: λ of the distillation term added to the answer loss, λ · KL(teacher ‖ student)
@@ -135,7 +141,8 @@ class QGMemModule(LightningModule):
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
-                 align_steps: int = 300, align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
+                 align_steps: int = 300, align_objective: Literal["words", "reconstruct"] = "words",
+                 align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
                  graph: GraphMode = "token",
                  distill_weight: float = 0.0, distill_topk: int = 16, teacher_cache_dir: str | None = None,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
@@ -144,6 +151,7 @@ class QGMemModule(LightningModule):
                  optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
                  init_from: str | None = None):
         super().__init__()
+        _check_align(align_objective, align_weight)
         # a misspelt class fails here, not after the cache build
         _class_of(optimizer or DEFAULT_OPTIMIZER, torch.optim.Optimizer, "optimizer")
         _class_of(lr_scheduler or DEFAULT_LR_SCHEDULER, torch.optim.lr_scheduler.LRScheduler, "lr_scheduler")
@@ -433,21 +441,25 @@ class QGMemModule(LightningModule):
                        f"{TEACHER_PROMPT_TOKENS}-token cap, {stats['seconds']:.1f} s ({folder})")
 
     def on_train_start(self) -> None:
-        """Run the node-token alignment stage once, at the start of a fresh fit (never on resume)."""
+        """Run the pre-training stage once, at the start of a fresh fit (never on resume)."""
         steps = int(self.hparams.align_steps)
         if steps <= 0 or self.global_step > 0:
             return
         import time
 
         from qgmem.training.alignment import align_node_tokens
+        from qgmem.training.reconstruction import reconstruct_memory
 
         started = time.perf_counter()
         loader = self.trainer.train_dataloader
         collate = getattr(loader.collate_fn, "graphs", loader.collate_fn)  # the stage reads the graphs only
-        result = align_node_tokens(self.net, loader.dataset, collate, self.lm.get_input_embeddings().weight,
-                                   steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
-                                   seed=_order_seed(getattr(self.trainer, "datamodule", None)),
-                                   device=self.device)
+        stage = dict(steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
+                     seed=_order_seed(getattr(self.trainer, "datamodule", None)), device=self.device)
+        if self.hparams.align_objective == "reconstruct":
+            result = reconstruct_memory(self.net, self.lm, self.tokenizer, loader.dataset, collate,
+                                        memory_units=self.prompt_encoder.settings.memory_units, **stage)
+        else:
+            result = align_node_tokens(self.net, loader.dataset, collate, self.lm.get_input_embeddings().weight, **stage)
         if self.trainer.world_size > 1:  # ranks aligned on their own draws: keep rank 0's weights everywhere
             state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
             self.net.load_state_dict(state)
@@ -498,6 +510,15 @@ def check_distill(weight: float, topk: int) -> None:
         raise SettingError(f"model.distill_weight must be >= 0 (0 = off), got {weight}")
     if topk < 1:
         raise SettingError(f"model.distill_topk must be >= 1, got {topk}")
+
+
+def _check_align(objective: str, weight: float) -> None:
+    """The pre-training objective is known, and the auxiliary word loss is only asked of ``words``."""
+    if objective not in ("words", "reconstruct"):
+        raise SettingError(f"model.align_objective must be 'words' or 'reconstruct', got {objective!r}")
+    if objective == "reconstruct" and weight != 0:
+        raise SettingError(f"model.align_weight = {weight} adds the word-alignment loss, which model.align_objective "
+                           "= 'reconstruct' does not train: set model.align_weight: 0 (or align_objective: words)")
 
 
 def _class_of(spec: dict[str, Any], base: type, what: str) -> type:

@@ -6,15 +6,18 @@ from typing import Any, Sequence
 
 import torch
 
+SYNTHETIC_UNITS = 3  # working-memory positions the synthetic edges are drawn from
+
 
 def synthetic_items(n: int, feature_dim: int = 8, *, seed: int = 0, max_nodes: int = 5,
                     categories: Sequence[str] = ("user_evidence", "changing_evidence")) -> list[dict[str, Any]]:
-    """``n`` seeded items in the data↔model contract: ``Data(x [N, D], edge_index [2, E], edge_attr [E, D])``
-    plus one short ``node_text`` per node (the targets of the node-token alignment)."""
+    """``n`` seeded items in the data↔model contract: ``Data(x [N, D], edge_index [2, E], edge_attr [E, D],
+    edge_unit [E])`` plus one short ``node_text`` per node (the targets of the node-token alignment)."""
     from torch_geometric.data import Data
 
     gen = torch.Generator().manual_seed(seed)
     fact_gen = torch.Generator().manual_seed(seed + 7919)  # its own stream: the graphs do not depend on it
+    unit_gen = torch.Generator().manual_seed(seed + 104729)  # the edges' working-memory units, likewise
     items = []
     for i in range(n):
         nodes = int(torch.randint(1, max_nodes + 1, (1,), generator=gen))
@@ -22,7 +25,8 @@ def synthetic_items(n: int, feature_dim: int = 8, *, seed: int = 0, max_nodes: i
         graph = Data(x=torch.randn(nodes, feature_dim, generator=gen),
                      edge_index=torch.randint(0, nodes, (2, edges), generator=gen),
                      edge_attr=torch.randn(edges, feature_dim, generator=gen),
-                     edge_fact=torch.randn(edges, feature_dim, generator=fact_gen))
+                     edge_fact=torch.randn(edges, feature_dim, generator=fact_gen),
+                     edge_unit=torch.randint(0, SYNTHETIC_UNITS, (edges,), generator=unit_gen))
         color = ["green", "blue", "red", "amber"][i % 4]
         names = ["user", color, "hot leads", "the spreadsheet", "Monday"]
         node_text = [names[j] if j < len(names) else f"entity {j}" for j in range(nodes)]
