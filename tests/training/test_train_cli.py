@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -23,10 +24,10 @@ class TinyData(InMemoryDataModule):
     """Synthetic items behind the real data module's loaders (no memory building, no cache)."""
 
     def __init__(self, lm: str = EMBEDDED_LM, n_train: int = 6, n_eval: int = 4, feature_dim: int = 8,
-                 batch_size: int = 2):
+                 batch_size: int = 2, memory_units: int | None = None):
         super().__init__(synthetic_items(n_train, feature_dim, seed=1), synthetic_items(n_eval, feature_dim, seed=2),
                          synthetic_items(n_eval, feature_dim, seed=3), lm=lm, batch_size=batch_size,
-                         max_prompt_tokens=96, max_answer_tokens=8)
+                         max_prompt_tokens=96, max_answer_tokens=8, memory_units=memory_units)
 
 
 @pytest.fixture(scope="module")
@@ -325,3 +326,17 @@ def test_train_script_refuses_the_word_alignment_weight_with_the_reconstruct_obj
     err = capsys.readouterr().err
     assert "model.align_weight = 1.0" in err and "model.align_objective = 'reconstruct'" in err
     assert "Traceback" not in err
+
+
+def test_the_compact_recipe_trains_and_exports_with_both_stages(lm_path, tmp_path, capsys):
+    """The compact preset's recipe at tiny scale: per-unit tokens, stage 1 (reconstruction) and stage 2
+    (distillation) in one run, and an export that records the text budget."""
+    root = tmp_path / "run"
+    metrics = main(tiny_args(root, lm_path, "--model.readout", "summary_units", "--model.num_graph_tokens", "4",
+                             "--model.align_objective", "reconstruct", "--model.align_steps", "2",
+                             "--model.align_batch_size", "2", "--model.distill_weight", "2.0",
+                             "--data.memory_units", "0"), datamodule_class=TinyData)
+    assert any((root / "teacher").iterdir())  # the teacher cache was built under the run
+    assert math.isfinite(metrics["val"]["val/nll"])
+    config = json.loads((root / "export" / "config.json").read_text())
+    assert config["prompt"]["memory_units"] == 0 and config["graph_token"]["readout"] == "summary_units"
