@@ -33,10 +33,10 @@ def test_the_named_variants_resolve_to_their_module_data_and_training_settings(t
     assert not {"align_objective", "distill_weight", "teacher_cache_dir"} & set(answer["model"])  # today's recipe
     assert (answer["max_steps"], answer["val_check_interval"], answer["patience"]) == (120, 10, 2)
     full = X.unit_settings(setting, X.variant_of("m3-full"), tmp_path)
-    assert {k: full["model"][k] for k in ("align_objective", "align_steps", "align_weight", "distill_weight",
-                                          "distill_topk", "teacher_cache_dir")} == {
-        "align_objective": "reconstruct", "align_steps": 150, "align_weight": 0.0, "distill_weight": 2.0,
-        "distill_topk": 16, "teacher_cache_dir": str(tmp_path / "teacher")}
+    assert {k: full["model"][k] for k in ("align_objective", "align_steps", "align_batch_size", "align_weight",
+                                          "distill_weight", "distill_topk", "teacher_cache_dir")} == {
+        "align_objective": "reconstruct", "align_steps": 150, "align_batch_size": 8, "align_weight": 0.0,
+        "distill_weight": 2.0, "distill_topk": 16, "teacher_cache_dir": str(tmp_path / "teacher")}
     recon = X.unit_settings(setting, X.variant_of("m3-recon"), tmp_path)
     assert recon["model"]["align_objective"] == "reconstruct" and "distill_weight" not in recon["model"]
     k20 = X.variant_of("m3-full-k20")

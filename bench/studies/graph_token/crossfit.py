@@ -125,21 +125,21 @@ def product_setting(path: str) -> dict[str, Any]:
 EARLY_STOP = {"val_check_interval": 10, "patience": 2, "max_steps": 120}
 #: stage 1 of the compact recipes: steps of reconstructing memory entries from the graph tokens
 RECONSTRUCT_STEPS = 150
+RECONSTRUCT_BATCH = 8  # entries per reconstruction step, as the compact preset (an LM forward + backward each)
 #: stage 2: the weight of KL(teacher ‖ student) over the answer tokens (xRAG's) and the teacher's cached top-k
 DISTILL_WEIGHT, DISTILL_TOPK = 2.0, 16
 #: the text-only reference of the compact variants: the frozen LM reading this many units, no graph
 TEXT_REFERENCE_UNITS = 10
+#: stage 1 (reconstruction) and stage 2 (distillation) as the compact variants set them
+STAGE1 = {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_batch_size": RECONSTRUCT_BATCH,
+          "align_weight": 0.0}
+STAGE2 = {"distill_weight": DISTILL_WEIGHT, "distill_topk": DISTILL_TOPK}
 #: the compact variants, named before any run: text budget m, graph budget k_graph, the training recipe
 COMPACT = {
     "m3-answer": {"text_units": 3, "graph_units": 10, "model": {}},
-    "m3-full": {"text_units": 3, "graph_units": 10,
-                "model": {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_weight": 0.0,
-                          "distill_weight": DISTILL_WEIGHT, "distill_topk": DISTILL_TOPK}},
-    "m3-recon": {"text_units": 3, "graph_units": 10,
-                 "model": {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_weight": 0.0}},
-    "m3-full-k20": {"text_units": 3, "graph_units": 20,
-                    "model": {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_weight": 0.0,
-                              "distill_weight": DISTILL_WEIGHT, "distill_topk": DISTILL_TOPK}},
+    "m3-full": {"text_units": 3, "graph_units": 10, "model": {**STAGE1, **STAGE2}},
+    "m3-recon": {"text_units": 3, "graph_units": 10, "model": dict(STAGE1)},
+    "m3-full-k20": {"text_units": 3, "graph_units": 20, "model": {**STAGE1, **STAGE2}},
 }
 
 
