@@ -168,3 +168,52 @@ def test_a_compact_variant_stops_early_scores_both_forms_and_joins_text10(tmp_pa
     # a graph budget the samples do not hold is refused, naming the setting
     assert script.main(argv[:-2] + ["--variants", "m3-full-k20"]) == 2
     assert "data.activation.k" in capsys.readouterr().err
+
+
+def test_the_full_recipes_stage_1_is_a_piece_of_its_own_recorded_and_reused(tmp_path, monkeypatch):
+    """Stage 1 runs before the fit, its weights are recorded, the fit starts from them with the stage off,
+    and a rerun reuses them instead of reconstructing again."""
+    import torch
+
+    import qgmem.training.reconstruction as reconstruction
+
+    config = tmp_path / "config.yaml"
+    cfg = yaml.safe_load(_config(tmp_path).read_text())
+    cfg["model"]["align_steps"] = 0  # the product's word stage off: the variant sets its own
+    config.write_text(yaml.safe_dump(cfg))
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+    script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=2)
+    monkeypatch.setitem(script.COMPACT["m3-full"]["model"], "align_steps", 3)
+    monkeypatch.setitem(script.COMPACT["m3-full"]["model"], "align_batch_size", 2)
+    real, seen = reconstruction.reconstruct_memory, {}
+
+    def spy(net, *a, **k):  # the weights before and after the real stage
+        seen["before"] = {n: v.detach().clone() for n, v in net.state_dict().items()}
+        out = real(net, *a, **k)
+        seen["after"] = {n: v.detach().clone() for n, v in net.state_dict().items()}
+        return out
+
+    monkeypatch.setattr(reconstruction, "reconstruct_memory", spy)
+    root = tmp_path / "root"
+    argv = ["--config", str(config), "--root", str(root), "--folds", "3", "--fold-list", "0", "--seeds", "0",
+            "--variants", "m3-full", "--n-boot", "100", "--threads", "1"]
+    assert script.main(argv) == 0
+    runs = root / "runs" / "m3-full"
+    saved = torch.load(runs / "fold-0-seed-0.stage1.pt")
+    assert saved["result"]["steps"] == 3 and set(saved["result"]) >= {"first_loss", "last_loss", "seconds"}
+    unit = json.loads((runs / "fold-0-seed-0.json").read_text())
+    assert unit["stage1"] == saved["result"] and unit["steps_run"] >= 1
+    # the stage changed the weights, and what was recorded is what it left
+    assert any(not torch.equal(v, seen["before"][k]) for k, v in seen["after"].items())
+    assert all(torch.equal(v, seen["after"][k]) for k, v in saved["state"].items())
+    # a rerun that lost everything after stage 1 reuses it: reconstructing again would fail here
+    for f in runs.iterdir():
+        if f.name != "fold-0-seed-0.stage1.pt":
+            f.unlink()
+
+    def refuse(*a, **k):
+        raise AssertionError("stage 1 ran again")
+
+    monkeypatch.setattr(reconstruction, "reconstruct_memory", refuse)
+    assert script.main(argv) == 0
+    assert json.loads((runs / "fold-0-seed-0.json").read_text())["stage1"] == saved["result"]

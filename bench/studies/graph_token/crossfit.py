@@ -44,7 +44,8 @@ most prompts, not all: each unit records how many of its held-out prompts were t
 
 They train until validation stops improving (:data:`EARLY_STOP`: a validation every 10 steps, stop after
 2 without a lower answer NLL, at most 120 steps; best weights as always) and record the learning curve
-(the answer NLL of each training step, each validation's) and the steps run. Stage 1 is kept to 150
+(the answer NLL of each training step, each validation's) and the steps run. Stage 1 runs before the fit
+as a piece of its own (``…stage1.pt``, reused by a rerun; :func:`reconstruction_piece`) and is kept to 150
 steps so that a full-recipe unit is sized to stay within about twice a product unit (10–13 minutes with two side by
 side on 2 cores; ``--measure --variants m3-full`` times one on the saved cases before the study). Each
 held-out fold is scored under own, ablated, sham, shuffled and none at m = 3, and its greedy answers
@@ -321,6 +322,42 @@ def best_weights_callback():
     return BestWeights()
 
 
+def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, Any], name: str) -> dict[str, Any]:
+    """Stage 1 (``align_objective: reconstruct``) as a piece of its own, before the fit: the module's
+    pre-training stage, run as :meth:`QGMemModule.on_train_start` runs it (same function, settings, draw
+    order), its weights recorded at ``path`` and reused by a rerun; the fit then starts from them with the
+    stage off. A full-recipe unit is then two pieces of under 40 minutes each, not one of over an hour.
+    ``{}`` when the variant has no such stage."""
+    import torch
+
+    from qgmem.training.reconstruction import reconstruct_memory
+
+    hp = module.hparams
+    if hp.align_objective != "reconstruct" or int(hp.align_steps) <= 0:
+        return {}
+    if path is not None and path.exists():
+        saved = torch.load(path)
+    else:
+        fits("stage1")
+        dm.setup("fit")
+        module.use_prompt_settings(dm.prompt_settings)
+        loader = dm.train_dataloader()
+        t = time.perf_counter()
+        result = reconstruct_memory(module.net, module.lm, module.tokenizer, loader.dataset, loader.collate_fn.graphs,
+                                    memory_units=dm.prompt_settings.memory_units, steps=int(hp.align_steps),
+                                    batch_size=hp.align_batch_size, lr=hp.align_lr, seed=dm.order_seed)
+        clock["stage1"] = time.perf_counter() - t
+        saved = {"state": {k: v.detach().clone() for k, v in module.net.state_dict().items()},
+                 "result": {**result, "steps": int(hp.align_steps), "seconds": round(clock["stage1"], 1)}}
+        if path is not None:
+            torch.save(saved, path)
+        print(f"  [{name}] stage 1: {clock['stage1']:.0f} s, loss {result.get('first_loss', float('nan')):.3f} -> "
+              f"{result.get('last_loss', float('nan')):.3f}", flush=True)
+    module.net.load_state_dict(saved["state"])
+    hp.align_steps = 0  # the fit starts from stage 1's weights
+    return saved["result"]
+
+
 class OutOfTime(Exception):
     """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
 
@@ -401,6 +438,8 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     if meta_path is not None and meta_path.exists() and weights_path.exists():
         meta, state = json.loads(meta_path.read_text()), torch.load(weights_path)
     else:
+        stage1 = reconstruction_piece(module, dm, piece("stage1.pt"), fits, clock, f"{variant['name']} fold {fold} "
+                                      f"seed {seed}")
         fits("train")
         best = best_weights_callback()
         callbacks = [best]
@@ -412,7 +451,8 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
                           num_sanity_val_steps=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                           enable_model_summary=False, gradient_clip_val=trainer_cfg.get("gradient_clip_val"),
                           precision=trainer_cfg.get("precision", "32-true"),
-                          default_root_dir=str(Path(args.root) / "trainer"), callbacks=callbacks)
+                          default_root_dir=str(Path(args.root) / "trainer" / f"{variant['name']}-fold-{fold}-seed-{seed}"),
+                          callbacks=callbacks)
         t = time.perf_counter()
         trainer.fit(module, datamodule=dm)
         train_s = time.perf_counter() - t
@@ -424,7 +464,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
                 "train_samples": len(pick["train"]), "val_samples": len(scored["val"]), "steps": steps,
                 "steps_run": int(trainer.global_step), "early_stop": variant["early_stop"],
                 "train_s": round(train_s, 1), "text_dropout_share": getattr(dm.split("train"), "share", None),
-                "load": os.getloadavg()[0]}
+                "load": os.getloadavg()[0], **({"stage1": stage1} if stage1 else {})}
         if meta_path is not None:
             torch.save(state, weights_path)
             meta_path.write_text(json.dumps(meta) + "\n")
