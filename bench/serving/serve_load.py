@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench.common import free_port, rss_mb
+from bench.common import REPO, free_port, rss_mb
 
 TURNS_PER_SESSION = 20
 
@@ -66,9 +66,14 @@ def pcts(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": float(p[0]), "p95": float(p[1]), "p99": float(p[2])}
 
 
-def untrained_export(folder: Path) -> Path:
-    """An export with the default preset's shapes and settings and random graph-encoder weights."""
+def untrained_export(folder: Path, preset: str = "default") -> Path:
+    """An export with a preset's shapes and settings (``configs/<preset>.yaml`` over the module's signature
+    defaults: features, readout, graph tokens, prompt cap and text budget, answer cap) and random
+    graph-encoder weights: the LM's work per answer, hence the latency, is that of the preset's trained export."""
+    import inspect
+
     import torch
+    import yaml
 
     from qgmem.activation.config import ActivationConfig
     from qgmem.embed import DEFAULT_ENCODER
@@ -77,15 +82,22 @@ def untrained_export(folder: Path) -> Path:
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import GraphTokenEncoder
     from qgmem.prompting import PromptSettings
+    from qgmem.training.module import QGMemModule
 
     if (folder / "config.json").is_file():
         return folder
+    cfg = yaml.safe_load((REPO / "configs" / f"{preset}.yaml").read_text())
+    signature = inspect.signature(QGMemModule.__init__).parameters
+    model = {k: (cfg.get("model") or {}).get(k, signature[k].default)
+             for k in ("features", "readout", "num_graph_tokens", "max_new_tokens")}
+    data = cfg.get("data") or {}
     torch.manual_seed(0)
-    config = GraphTokenConfig(feature_dim=384, edge_dim=384, lm_hidden=576, features="node_words",
-                              readout="summary_nodes", num_graph_tokens=17)
-    prompt = PromptSettings(max_prompt_tokens=288, max_answer_tokens=48, num_graph_tokens=17)
+    config = GraphTokenConfig(feature_dim=384, edge_dim=384, lm_hidden=576, features=model["features"],
+                              readout=model["readout"], num_graph_tokens=model["num_graph_tokens"])
+    prompt = PromptSettings(max_prompt_tokens=data["max_prompt_tokens"], max_answer_tokens=data["max_answer_tokens"],
+                            num_graph_tokens=model["num_graph_tokens"], memory_units=data.get("memory_units"))
     export_config = {"lm": {"id": EMBEDDED_LM, "hidden_size": 576, "load_dtype": "auto"},
-                     "prompt": prompt.to_dict(), "generation": {"max_new_tokens": 24},
+                     "prompt": prompt.to_dict(), "generation": {"max_new_tokens": model["max_new_tokens"]},
                      "sentence_encoder": {"id": DEFAULT_ENCODER, "dim": 384},
                      "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),
                      "dataset": "convomem", "graph_mode": "token", "metrics": None}
@@ -99,13 +111,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def start_server(export: str, threads: int | None = None, serve_args: list[str] = ()) \
+        -> tuple[subprocess.Popen, str, httpx.Client]:
+    """``qgmem serve --export EXPORT`` on a free port of 127.0.0.1 over a fresh store root, once it answers
+    ``/healthz``: the process, its URL and a client (the caller stops the process)."""
+    port, root = free_port(), tempfile.mkdtemp(prefix="qgmem-serve-load-")
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", export, "--store-root", root,
+                             "--port", str(port), "--log-level", "warning",
+                             *(["--threads", str(threads)] if threads else []), *serve_args],
+                            stderr=subprocess.PIPE, text=True)
+    client = httpx.Client(timeout=120)
+    while True:
+        if proc.poll() is not None:
+            sys.exit(f"qgmem serve exited: {proc.stderr.read()}")
+        try:
+            if client.get(f"{url}/healthz").status_code == 200:
+                return proc, url, client
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
 def single(client: httpx.Client, url: str, data: list[dict], n: int, server_pid: int) -> dict:
     """``n`` warm answers one after the other (after one warm-up), the users' questions in a fixed order;
     the wall seconds of each and the server's CPU seconds for each."""
     questions = [(u, h["questions"][i]) for i in range(max(len(h["questions"]) for h in data))
                  for u, h in enumerate(data) if i < len(h["questions"])]
     client.post(f"{url}/v1/users/u0/answer", json={"question": questions[0][1]}).raise_for_status()
-    seconds, cpu, answers, stages = [], [], [], []
+    seconds, cpu, answers, stages, tokens = [], [], [], [], []
     for u, question in (questions * (1 + n // max(1, len(questions))))[:n]:
         t, c = time.perf_counter(), cpu_seconds(server_pid)
         r = client.post(f"{url}/v1/users/u{u}/answer", json={"question": question})
@@ -115,8 +148,10 @@ def single(client: httpx.Client, url: str, data: list[dict], n: int, server_pid:
         body = r.json()
         answers.append(body["answer"])
         stages.append(body["seconds"])
+        tokens.append(body.get("tokens") or {})
     per_stage = {k: pcts([s.get(k, 0.0) for s in stages]) for k in stages[0]} if stages else {}
-    return {"answer_s": pcts(seconds), "server_cpu_s": pcts(cpu), "stages_s": per_stage, "answers": answers}
+    return {"answer_s": pcts(seconds), "server_cpu_s": pcts(cpu), "stages_s": per_stage, "answers": answers,
+            "each": {"answer_s": seconds, "server_cpu_s": cpu, "stages_s": stages, "tokens": tokens}}
 
 
 def profile_answer(export: str, data: list[dict], sessions: int, threads: int | None, top: int = 30) -> None:
@@ -203,22 +238,8 @@ def main() -> None:
     if args.profile:
         profile_answer(args.export, data, args.setup_sessions, args.threads)
         return
-    port, root = free_port(), tempfile.mkdtemp(prefix="qgmem-serve-load-")
-    url = f"http://127.0.0.1:{port}"
     started = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", args.export, "--store-root", root,
-                             "--port", str(port), "--log-level", "warning",
-                             *(["--threads", str(args.threads)] if args.threads else []), *args.serve_arg],
-                            stderr=subprocess.PIPE, text=True)
-    client = httpx.Client(timeout=120)
-    while True:
-        if proc.poll() is not None:
-            sys.exit(f"qgmem serve exited: {proc.stderr.read()}")
-        try:
-            if client.get(f"{url}/healthz").status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
+    proc, url, client = start_server(args.export, args.threads, args.serve_arg)
     startup = time.perf_counter() - started
     lat: dict[str, list[float]] = {"append (setup)": [], "answer": [], "chat stream (total)": [],
                                    "chat stream (first token)": [], "append (under load)": []}
