@@ -24,7 +24,7 @@ import qgmem
 #: (``python train.py``'s whole job) and the command line. ``qgmem`` is the package's own ``__init__``;
 #: ``__main__`` runs the command line.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("qgmem", "errors", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting",
+    ("qgmem", "errors", "ranks", "integrity", "timeexpr", "finite", "lm", "embed", "configs", "text", "prompting",
      "provenance", "omp", "older_records", "settings_flags"),
     ("data",),
     ("llm",),

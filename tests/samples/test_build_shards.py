@@ -96,18 +96,56 @@ def test_a_killed_slice_resumes_and_keeps_its_finished_cases(tmp_path):
 def test_build_on_ranks_waits_and_only_rank_zero_filters(tmp_path):
     data = write_convomem(tmp_path / "convomem")
     dm = _dm(data, tmp_path / "cache")
-    calls: list[str] = []
-    # rank 1 of 2 alone: its slice, the barriers, no filtering (that is rank 0's)
-    out = build_on_ranks(dm.cache_spec, 1, 2, barrier=calls.append, any_rank=lambda flag: flag,
-                         encoder=HashEncoder(), progress=False)
-    assert out is None and calls == ["qgmem-cache-slices", "qgmem-cache-dataset"]
+    calls: list[bool] = []
+
+    def any_rank(flag: bool) -> bool:  # one process stands for all: the collectives it joins, in order
+        calls.append(flag)
+        return flag
+
+    # rank 1 of 2 alone: "anything to build?", its slice, the barrier after the slices and after the
+    # merge (each carrying "did a rank fail?": no), no filtering (that is rank 0's)
+    out = build_on_ranks(dm.cache_spec, 1, 2, any_rank=any_rank, encoder=HashEncoder(), progress=False)
+    assert out is None and calls == [True, False, False]
     assert not C.DatasetCache(dm.dataset_dir).complete
-    summary = build_on_ranks(dm.cache_spec, 0, 2, barrier=calls.append, any_rank=lambda flag: flag,
-                             encoder=HashEncoder(), answerer=StubAnswerer(), progress=False)
+    summary = build_on_ranks(dm.cache_spec, 0, 2, any_rank=any_rank, encoder=HashEncoder(), answerer=StubAnswerer(),
+                             progress=False)
     assert C.DatasetCache(dm.dataset_dir).complete and summary["cache_key"] == dm.cache_key
-    calls.clear()  # a complete dataset: no rank builds, nobody waits
-    assert build_on_ranks(dm.cache_spec, 0, 2, barrier=calls.append, any_rank=lambda flag: flag) is None
-    assert calls == []
+    calls.clear()  # a complete dataset: no rank builds, nobody waits past the first question
+    assert build_on_ranks(dm.cache_spec, 0, 2, any_rank=any_rank) is None
+    assert calls == [False]
+
+
+def test_a_rank_that_fails_its_step_stops_every_rank_instead_of_hanging_them(tmp_path, monkeypatch):
+    """Rank 0's merge fails: rank 0 raises its own error, the other ranks (told through the collective
+    that stands for the barrier) raise OtherRankFailed instead of waiting at it."""
+    from qgmem.ranks import OtherRankFailed
+    from qgmem.samples import build as cache_build
+
+    data = write_convomem(tmp_path / "convomem")
+    dm = _dm(data, tmp_path / "cache")
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(cache_build, "build_cache", broken)
+    flags: list[bool] = []
+
+    def rank0_any(flag: bool) -> bool:
+        flags.append(flag)
+        return flag
+
+    with pytest.raises(OSError, match="disk full"):
+        build_on_ranks(dm.cache_spec, 0, 2, any_rank=rank0_any, encoder=HashEncoder(), progress=False)
+    assert flags == [True, False, True]  # the failure went into the collective the others wait in
+    # rank 1's view: its own steps succeed, the collective after the merge reports rank 0's failure
+    answers = iter([True, False, True])
+    with pytest.raises(OtherRankFailed, match="merge on rank 0"):
+        build_on_ranks(dm.cache_spec, 1, 2, any_rank=lambda flag: next(answers), encoder=HashEncoder(),
+                       progress=False)
+    # negative control: no rank failed, nobody raises
+    answers = iter([True, False, False])
+    assert build_on_ranks(dm.cache_spec, 1, 2, any_rank=lambda flag: next(answers), encoder=HashEncoder(),
+                          progress=False) is None
 
 
 def _config(tmp_path: Path, data: Path, cache: Path) -> Path:
@@ -209,6 +247,6 @@ def test_data_module_shards_over_the_trainers_ranks(tmp_path, monkeypatch, per_n
     with pytest.raises(RuntimeError, match="no complete cache"):  # the stand-in built nothing
         dm.setup("fit")
     [(rank, world, kw)] = seen
-    assert (rank, world) == expected and kw["barrier"] == strategy.barrier and kw["any_rank"](True)
+    assert (rank, world) == expected and "barrier" not in kw and kw["any_rank"](True)
     dm.trainer = None
     assert dm._cache_ranks() is None

@@ -113,3 +113,38 @@ def test_fit_builds_the_teacher_under_the_run_root_and_logs_each_term(lm_path, t
     assert len(list((tmp_path / "teacher").glob("*.safetensors"))) == 4
     metrics = trainer.callback_metrics  # the last step's: train/loss = answer NLL + λ · KL
     torch.testing.assert_close(metrics["train/loss"], metrics["train/nll"] + 0.5 * metrics["train/kl"])
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_teacher_build_that_fails_on_rank_0_stops_every_rank(lm_path, tmp_path, monkeypatch, rank):
+    """Rank 0 builds the cache while the others wait: its failure reaches them through the collective
+    they wait in (they raise OtherRankFailed instead of waiting at a barrier until the timeout)."""
+    from types import SimpleNamespace
+
+    import qgmem.training.module as M
+    from qgmem.ranks import OtherRankFailed
+
+    def broken(*a, **k):
+        raise OSError("teacher folder not writable")
+
+    flags: list[bool] = []
+
+    def any_rank(flag, all=True):  # the other rank's word: rank 0 failed
+        flags.append(flag)
+        return True
+
+    module = make_module(lm_path, distill_weight=0.5, distill_topk=4)
+    data = make_data(lm_path, batch_size=2)
+    data.setup("fit")
+    monkeypatch.setattr(M, "build_teacher", broken)
+    fake = SimpleNamespace(world_size=2, is_global_zero=rank == 0, default_root_dir=str(tmp_path),
+                           strategy=SimpleNamespace(reduce_boolean_decision=any_rank))
+    monkeypatch.setattr(M.QGMemModule, "trainer", property(lambda self: fake))
+    with pytest.raises(OSError if rank == 0 else OtherRankFailed, match="not writable" if rank == 0 else "rank 0"):
+        module.build_teacher(data)
+    assert flags == [rank == 0]  # rank 0 reported its failure; rank 1 had nothing to report and did not build
+    # negative control: nobody failed, every rank reads the cache rank 0 filled
+    monkeypatch.setattr(M, "build_teacher", build_teacher)
+    fake.is_global_zero, fake.strategy = True, SimpleNamespace(reduce_boolean_decision=lambda flag, all=True: flag)
+    module.build_teacher(data)
+    assert len(module.teacher) == len(data.split("train"))

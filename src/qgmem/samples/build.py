@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from qgmem.ranks import raise_on_every_rank
 from qgmem.samples import cache as C
 from qgmem.samples.answer_filter import RUBRIC_CATEGORIES, FilterReport, JudgeItem, decide, make_judge
 from qgmem.samples.spec import DEFAULT_SENTENCE_ENCODER, CacheSpec
@@ -451,27 +452,37 @@ def _turns(case: Any) -> int:
     return int(case.dialogue.num_turns())
 
 
-def build_on_ranks(spec: CacheSpec, rank: int, world: int, *, barrier: Callable[[str], None],
-                   any_rank: Callable[[bool], bool], rebuild: bool = False, progress: bool = True,
-                   **models: Any) -> dict[str, Any] | None:
+def build_on_ranks(spec: CacheSpec, rank: int, world: int, *, any_rank: Callable[[bool], bool],
+                   rebuild: bool = False, progress: bool = True, **models: Any) -> dict[str, Any] | None:
     """The cache build of one distributed run: every rank builds its slice, rank 0 merges and filters.
 
     ``rank``/``world`` index the processes that share one cache folder (all ranks on a shared file
-    system, the local ranks of a node on a node-local one). ``barrier(name)`` and ``any_rank(flag)``
-    come from the run's strategy (Lightning's, so torchrun, SLURM and ``devices × num_nodes`` all
-    work). Every rank returns only after the dataset exists; rank 0 returns its summary.
+    system, the local ranks of a node on a node-local one). ``any_rank(flag)`` ("is ``flag`` true on any
+    rank", every rank calling it) comes from the run's strategy (Lightning's, so torchrun, SLURM and
+    ``devices × num_nodes`` all work); it is also the barrier between the steps, and it carries their
+    failures (:func:`qgmem.ranks.raise_on_every_rank`): a rank whose step fails raises its error, every
+    other rank :class:`~qgmem.ranks.OtherRankFailed`, and none waits for a rank that will not come.
+    Every rank returns only after the dataset exists; rank 0 returns its summary.
     ``models`` (``encoder``, ``answerer``, ``judge``) are test stand-ins, as in :func:`build_cache`.
     """
     spec = as_spec(spec)
     need = rebuild or not C.DatasetCache(spec.dataset_dir).complete
     if not any_rank(need):
         return None
-    if need:
-        build_samples(spec, C.SampleCache(spec.samples_dir), encoder=models.get("encoder"), progress=progress,
-                      shard=Shard(rank, world), processes=1)  # each rank is already one of the processes
-    barrier("qgmem-cache-slices")
-    summary = build_cache(spec, progress=progress, **models) if rank == 0 and need else None
-    barrier("qgmem-cache-dataset")
+    error, summary = None, None
+    try:
+        if need:
+            build_samples(spec, C.SampleCache(spec.samples_dir), encoder=models.get("encoder"), progress=progress,
+                          shard=Shard(rank, world), processes=1)  # each rank is already one of the processes
+    except Exception as exc:  # noqa: BLE001 -- raised below, on this rank and (as OtherRankFailed) on the others
+        error = exc
+    raise_on_every_rank(error, any_rank, "the sample cache's slices")  # the barrier before the merge
+    try:
+        if rank == 0 and need:
+            summary = build_cache(spec, progress=progress, **models)
+    except Exception as exc:  # noqa: BLE001
+        error = exc
+    raise_on_every_rank(error, any_rank, "the sample cache's merge on rank 0")
     return summary
 
 

@@ -119,8 +119,7 @@ def build_with_fabric(spec, per_node: bool, rebuild: bool, progress: bool) -> tu
     def any_rank(flag: bool) -> bool:
         return bool(fabric.all_reduce(torch.tensor(float(flag)), reduce_op="sum").item() > 0)
 
-    summary = build_on_ranks(spec, rank, world, barrier=fabric.barrier, any_rank=any_rank, rebuild=rebuild,
-                             progress=progress)
+    summary = build_on_ranks(spec, rank, world, any_rank=any_rank, rebuild=rebuild, progress=progress)
     return summary, fabric.global_rank == 0
 
 

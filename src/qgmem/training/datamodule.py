@@ -312,7 +312,7 @@ class QGMemDataModule(GraphTextDataModule):
         ranks = self._cache_ranks()
         if ranks is not None:
             strategy = self.trainer.strategy
-            cache_build.build_on_ranks(self.cache_spec, *ranks, barrier=strategy.barrier, rebuild=self.rebuild,
+            cache_build.build_on_ranks(self.cache_spec, *ranks, rebuild=self.rebuild,
                                        any_rank=lambda flag: strategy.reduce_boolean_decision(flag, all=False))
         final = C.DatasetCache(self.dataset_dir)
         if not final.complete:

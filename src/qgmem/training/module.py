@@ -429,10 +429,17 @@ class QGMemModule(LightningModule):
 
         self.lm.eval()  # the teacher is the LM as it reads: no layer flagged for recomputation
         try:
-            if self.trainer.world_size > 1:
+            if self.trainer.world_size > 1:  # rank 0 fills the cache, the others wait (and stop if it failed)
+                from qgmem.ranks import raise_on_every_rank
+
+                error = None
                 if self.trainer.is_global_zero:
-                    build()
-                self.trainer.strategy.barrier("teacher")
+                    try:
+                        build()
+                    except Exception as exc:  # noqa: BLE001 -- raised below, on every rank
+                        error = exc
+                raise_on_every_rank(error, lambda flag: self.trainer.strategy.reduce_boolean_decision(flag, all=False),
+                                    "the teacher cache's build on rank 0")
             self.teacher, stats = build()
         finally:
             self._keep_lm_frozen()
