@@ -177,10 +177,16 @@ def test_compact_choice_waits_for_every_unit():
     out = compact_choice(product, {"m3-full": partial, "m3-answer": _figures([2.1] * 4, [0.2] * 4)}, units=4)
     assert out["chosen"] == "m3-answer" and not out["decided"] and out["compact_default"] is False
     assert out["candidates"]["m3-full"] == {"units": 3, "complete": False, "val_nll_mean": 1.0,
-                                            "val_f1_mean": pytest.approx(0.9)}
+                                            "val_f1_mean": pytest.approx(0.9),
+                                            "paired_with_product": {"units": 3, "nll_minus_product": -1.0,
+                                                                    "f1_minus_product": pytest.approx(0.7)}}
     short_product = compact_choice(dict(list(product.items())[:2]), {"m3-answer": _figures([1.0] * 4, [0.9] * 4)},
                                    units=4)
     assert short_product["comparison"]["units"] == 2 and short_product["compact_default"] is None
+    paired = short_product["candidates"]["m3-answer"]["paired_with_product"]  # over the 2 shared units only
+    assert paired == {"units": 2, "nll_minus_product": -1.0, "f1_minus_product": pytest.approx(0.7)}
+    none_shared = compact_choice({}, {"m3-answer": partial}, units=4)["candidates"]["m3-answer"]
+    assert none_shared["paired_with_product"] == {"units": 0, "nll_minus_product": None, "f1_minus_product": None}
     assert not short_product["decided"]
 
 

@@ -705,10 +705,14 @@ def choose_compact(root: Path, names: list[str], seeds: list[int], folds: int) -
         return None
     out = compact_choice(unit_val_figures(root, "product", seeds, folds), candidates, units=folds * len(seeds))
     print(f"\ncompact prompt: {out['rule']}")
-    print("| variant | units | mean val NLL | mean val F1 |\n| --- | --- | --- | --- |")
+    print("| variant | units | mean val NLL | mean val F1 | paired with product so far (units): val NLL, val F1 "
+          "(a diagnostic; the rule waits for every unit) |\n| --- | --- | --- | --- | --- |")
     for n, r in out["candidates"].items():
+        p = r["paired_with_product"]
         print(f"| {n} | {r['units']} | " + " | ".join("-" if r[k] is None else f"{r[k]:.4f}"
-                                                       for k in ("val_nll_mean", "val_f1_mean")) + " |")
+                                                       for k in ("val_nll_mean", "val_f1_mean")) + " | "
+              + ("-" if not p["units"] else f"({p['units']}) {p['nll_minus_product']:+.4f}, "
+                                            f"{p['f1_minus_product']:+.4f}") + " |")
     c = out["comparison"]
     if c is not None and c["units"]:
         print(f"chosen {out['chosen']} against product on {c['units']} paired units: val NLL "

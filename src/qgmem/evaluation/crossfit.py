@@ -307,13 +307,19 @@ def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, 
     ``baseline`` (the product) and each candidate map a unit (``"fold-seed"``) to ``{"nll": best validation
     answer NLL, "f1": validation greedy F1}``; ``units`` is how many units the study has. ``chosen`` is
     ``None`` until some candidate has all its units; ``compact_default`` is ``None`` until the chosen one
-    and the baseline share all of them, then whether the compact prompt becomes the default.
+    and the baseline share all of them, then whether the compact prompt becomes the default. Each
+    candidate's ``paired_with_product`` (its mean differences over the units it shares with the product
+    so far) describes a study in progress; the rule never reads it.
     """
     rows: dict[str, Any] = {}
     for name, values in candidates.items():
+        shared = sorted(set(values) & set(baseline))  # a diagnostic while units are missing: chooses nothing
         rows[name] = {"units": len(values), "complete": len(values) >= units,
                       "val_nll_mean": float(np.mean([v["nll"] for v in values.values()])) if values else None,
-                      "val_f1_mean": float(np.mean([v["f1"] for v in values.values()])) if values else None}
+                      "val_f1_mean": float(np.mean([v["f1"] for v in values.values()])) if values else None,
+                      "paired_with_product": {"units": len(shared), **{
+                          f"{k}_minus_product": float(np.mean([values[u][k] - baseline[u][k] for u in shared]))
+                          if shared else None for k in ("nll", "f1")}}}
     complete = [n for n, r in rows.items() if r["complete"]]
     chosen = min(complete, key=lambda n: rows[n]["val_nll_mean"]) if complete else None
     out: dict[str, Any] = {"rule": COMPACT_RULE, "units": units, "candidates": rows, "chosen": chosen,
