@@ -88,3 +88,16 @@ def test_fit_runs_the_alignment_stage_first(lm_path, tmp_path):
     assert "train/align" in trainer.callback_metrics  # the auxiliary loss of every answer step
     plain, trainer, _ = fit(lm_path, tmp_path / "plain")
     assert not getattr(plain, "alignment_result", None) and "train/align" not in trainer.callback_metrics
+
+
+def test_the_stage_shows_its_steps_out_of_the_total_only_when_asked(lm_path, capsys):
+    collator = GraphTextCollator(load_tokenizer(lm_path), max_prompt_tokens=96, max_answer_tokens=8)
+    items = synthetic_items(4, D, seed=1)
+    table = torch.randn(load_tokenizer(lm_path).vocab_size, 32)
+    net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features="node_words", readout="nodes", num_graph_tokens=4))
+    net.use_word_embedding(table)
+    align_node_tokens(net, items, collator, table, steps=3, batch_size=2, progress=True)
+    err = capsys.readouterr().err
+    assert "node-token alignment" in err and "3/3" in err and "loss=" in err
+    align_node_tokens(net, items, collator, table, steps=3, batch_size=2)  # rank > 0, tests: quiet
+    assert "node-token alignment" not in capsys.readouterr().err

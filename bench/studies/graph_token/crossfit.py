@@ -345,7 +345,8 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
         t = time.perf_counter()
         result = reconstruct_memory(module.net, module.lm, module.tokenizer, loader.dataset, loader.collate_fn.graphs,
                                     memory_units=dm.prompt_settings.memory_units, steps=int(hp.align_steps),
-                                    batch_size=hp.align_batch_size, lr=hp.align_lr, seed=dm.order_seed)
+                                    batch_size=hp.align_batch_size, lr=hp.align_lr, seed=dm.order_seed,
+                                    progress=True)
         clock["stage1"] = time.perf_counter() - t
         saved = {"state": {k: v.detach().clone() for k, v in module.net.state_dict().items()},
                  "result": {**result, "steps": int(hp.align_steps), "seconds": round(clock["stage1"], 1)}}

@@ -34,20 +34,24 @@ def seeded_loader(dataset: Sequence[dict[str, Any]], collate: Callable, batch_si
 
 
 def run_stage(net: torch.nn.Module, loader: Iterable[Any], loss_of: Callable[[Any], torch.Tensor | None], *,
-              steps: int, lr: float, what: str, idle: str = "") -> dict[str, float]:
+              steps: int, lr: float, what: str, idle: str = "", progress: bool = False) -> dict[str, float]:
     """``steps`` Adam steps of ``loss_of(batch)`` on ``net``'s trainable parameters (in place), epochs of
     ``loader`` repeated as needed; a batch whose loss is ``None`` has nothing to learn and is skipped.
 
     Gradients go into ``net`` only (a LoRA adapter on the LM gets none). Returns the loss of the first
     and the last step; a non-finite loss stops the stage with an error naming ``what`` and the step, and
     a whole pass without a step with one naming ``what`` and ``idle`` (why a batch can have nothing).
+    ``progress``: a bar of the steps done out of ``steps``, with the last loss (rank 0 of a run shows it).
     """
+    from tqdm.auto import tqdm
+
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(params, lr=lr)
     was_training = net.training
     net.train()
     first = last = math.nan
     step = 0
+    bar = tqdm(total=steps, desc=what, unit="step", disable=not progress, mininterval=10.0)
     try:
         while step < steps:
             stepped = False
@@ -64,18 +68,21 @@ def run_stage(net: torch.nn.Module, loader: Iterable[Any], loss_of: Callable[[An
                 last = loss.item()
                 first = last if step == 0 else first
                 step, stepped = step + 1, True
+                bar.update(1)
+                bar.set_postfix(loss=f"{last:.3f}", refresh=False)
                 if step >= steps:
                     break
             if not stepped:
                 raise ValueError(f"{what}: no batch of the training split had anything to learn{idle}")
     finally:
+        bar.close()
         net.train(was_training)
     return {"first_loss": first, "last_loss": last, "steps": step}
 
 
 def align_node_tokens(net: torch.nn.Module, dataset: Sequence[dict[str, Any]], collate: Callable, embedding: torch.Tensor,
                       *, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
-                      device: torch.device | str = "cpu") -> dict[str, float]:
+                      device: torch.device | str = "cpu", progress: bool = False) -> dict[str, float]:
     """``steps`` Adam steps of :func:`~qgmem.model.alignment.alignment_loss` on ``net`` (in place).
 
     Batches are drawn from ``dataset`` in an order fixed by ``seed`` (epochs repeat as needed) with
@@ -93,4 +100,4 @@ def align_node_tokens(net: torch.nn.Module, dataset: Sequence[dict[str, Any]], c
                              "rebuild the data cache or set model.align_steps: 0")
         return alignment_loss(net.node_tokens(graph), graph.node_word_ids, embedding)
 
-    return run_stage(net, loader, loss_of, steps=steps, lr=lr, what="node-token alignment")
+    return run_stage(net, loader, loss_of, steps=steps, lr=lr, what="node-token alignment", progress=progress)

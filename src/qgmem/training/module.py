@@ -461,7 +461,8 @@ class QGMemModule(LightningModule):
         loader = self.trainer.train_dataloader
         collate = getattr(loader.collate_fn, "graphs", loader.collate_fn)  # the stage reads the graphs only
         stage = dict(steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
-                     seed=_order_seed(getattr(self.trainer, "datamodule", None)), device=self.device)
+                     seed=_order_seed(getattr(self.trainer, "datamodule", None)), device=self.device,
+                     progress=self.trainer.is_global_zero)
         if self.hparams.align_objective == "reconstruct":
             result = reconstruct_memory(self.net, self.lm, self.tokenizer, loader.dataset, collate,
                                         memory_units=self.prompt_encoder.settings.memory_units, **stage)

@@ -92,7 +92,7 @@ def reconstruction_loss(net: torch.nn.Module, lm, batch: dict[str, Any]) -> torc
 
 def reconstruct_memory(net: torch.nn.Module, lm, tokenizer, dataset: Sequence[dict[str, Any]], graphs: Callable, *,
                        memory_units: int | None, steps: int, batch_size: int = 32, lr: float = 3e-3, seed: int = 0,
-                       device: torch.device | str = "cpu") -> dict[str, float]:
+                       device: torch.device | str = "cpu", progress: bool = False) -> dict[str, float]:
     """``steps`` Adam steps of :func:`reconstruction_loss` on ``net`` (in place; ``lm`` stays as it is).
 
     Batches are drawn from ``dataset`` in an order fixed by ``seed``; ``graphs`` is the run's graph
@@ -109,4 +109,4 @@ def reconstruct_memory(net: torch.nn.Module, lm, tokenizer, dataset: Sequence[di
         return reconstruction_loss(net, lm, moved)
 
     return run_stage(net, loader, loss_of, steps=steps, lr=lr, what="memory reconstruction",
-                     idle=f" (no sample has a memory entry past data.memory_units = {memory_units})")
+                     idle=f" (no sample has a memory entry past data.memory_units = {memory_units})", progress=progress)
