@@ -330,8 +330,6 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
     ``{}`` when the variant has no such stage."""
     import torch
 
-    from qgmem.training.reconstruction import reconstruct_memory
-
     hp = module.hparams
     if hp.align_objective != "reconstruct" or int(hp.align_steps) <= 0:
         return {}
@@ -343,10 +341,7 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
         module.use_prompt_settings(dm.prompt_settings)
         loader = dm.train_dataloader()
         t = time.perf_counter()
-        result = reconstruct_memory(module.net, module.lm, module.tokenizer, loader.dataset, loader.collate_fn.graphs,
-                                    memory_units=dm.prompt_settings.memory_units, steps=int(hp.align_steps),
-                                    batch_size=hp.align_batch_size, lr=hp.align_lr, seed=dm.order_seed,
-                                    progress=True)
+        result = module.pretrain(loader.dataset, loader.collate_fn.graphs, seed=dm.order_seed, progress=True)
         clock["stage1"] = time.perf_counter() - t
         saved = {"state": {k: v.detach().clone() for k, v in module.net.state_dict().items()},
                  "result": {**result, "steps": int(hp.align_steps), "seconds": round(clock["stage1"], 1)}}

@@ -454,20 +454,11 @@ class QGMemModule(LightningModule):
             return
         import time
 
-        from qgmem.training.alignment import align_node_tokens
-        from qgmem.training.reconstruction import reconstruct_memory
-
         started = time.perf_counter()
         loader = self.trainer.train_dataloader
         collate = getattr(loader.collate_fn, "graphs", loader.collate_fn)  # the stage reads the graphs only
-        stage = dict(steps=steps, batch_size=self.hparams.align_batch_size, lr=self.hparams.align_lr,
-                     seed=_order_seed(getattr(self.trainer, "datamodule", None)), device=self.device,
-                     progress=self.trainer.is_global_zero)
-        if self.hparams.align_objective == "reconstruct":
-            result = reconstruct_memory(self.net, self.lm, self.tokenizer, loader.dataset, collate,
-                                        memory_units=self.prompt_encoder.settings.memory_units, **stage)
-        else:
-            result = align_node_tokens(self.net, loader.dataset, collate, self.lm.get_input_embeddings().weight, **stage)
+        result = self.pretrain(loader.dataset, collate, seed=_order_seed(getattr(self.trainer, "datamodule", None)),
+                               progress=self.trainer.is_global_zero)
         if self.trainer.world_size > 1:  # ranks aligned on their own draws: keep rank 0's weights everywhere
             state = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in self.net.state_dict().items()}, 0)
             self.net.load_state_dict(state)
@@ -483,6 +474,19 @@ class QGMemModule(LightningModule):
         if result:
             self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
                           sync_dist=True)
+
+    def pretrain(self, dataset, graphs, *, seed: int, progress: bool = False) -> dict[str, float]:
+        """The pre-training stage (``align_objective``, ``align_steps`` and their settings) on ``net``, in
+        place, over ``dataset`` collated by ``graphs`` in the order of ``seed``; returns its losses."""
+        from qgmem.training.alignment import align_node_tokens
+        from qgmem.training.reconstruction import reconstruct_memory
+
+        stage = dict(steps=int(self.hparams.align_steps), batch_size=self.hparams.align_batch_size,
+                     lr=self.hparams.align_lr, seed=seed, device=self.device, progress=progress)
+        if self.hparams.align_objective == "reconstruct":
+            return reconstruct_memory(self.net, self.lm, self.tokenizer, dataset, graphs,
+                                      memory_units=self.prompt_encoder.settings.memory_units, **stage)
+        return align_node_tokens(self.net, dataset, graphs, self.lm.get_input_embeddings().weight, **stage)
 
     def use_prompt_settings(self, settings: PromptSettings | None) -> None:
         """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
