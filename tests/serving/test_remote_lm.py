@@ -16,7 +16,10 @@ from qgmem.memory.config import ConstructionConfig
 from qgmem.model.pretrained import ExportFormatError
 from qgmem.serving.batcher import Batcher
 from qgmem.serving.pipeline import QGMemPipeline, load_lm_for
-from qgmem.serving.remote_lm import RemoteLM, engine_config, served_model_name
+from qgmem.errors import UserError
+from qgmem.llm.http import OpenAIChatBackend
+from qgmem.serving import remote_lm
+from qgmem.serving.remote_lm import RemoteLM, engine_config, served_model_name, wait_for_engine
 
 from .engine_double import EngineDouble, RunningEngine
 from .helpers import HashEncoder, make_encoder, make_export
@@ -120,6 +123,76 @@ def test_the_engine_model_name_defaults_to_the_lm_id(tiny_lm_path):
 
     assert served_model_name(tiny_lm_path) == tiny_lm_path
     assert served_model_name(EMBEDDED_LM) == EMBEDDED_LM_HUB_ID
+
+
+# --- start-up: the engine is checked when the export loads ------------------------------------------------------
+
+def test_loading_returns_once_the_engine_lists_the_model(engine):
+    client = PromptEmbedsClient(engine_config(engine[1], "tiny", None))
+    assert client.served_models() == ["tiny"]
+    wait_for_engine(client, wait_s=0.0)  # positive control: a live engine serving the model passes at once
+
+
+def test_an_engine_serving_another_model_stops_loading_at_once_naming_both(engine):
+    client = PromptEmbedsClient(engine_config(engine[1], "Llama-3.1-8B", None))
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"serves \['tiny'\], not 'Llama-3.1-8B': give --lm-model"):
+        wait_for_engine(client, wait_s=30.0)
+    assert time.monotonic() - started < 5.0  # answered: no waiting
+
+
+class _StartingEngine:
+    """A client whose engine refuses connections ``down`` times, then lists ``served``."""
+
+    def __init__(self, down: int, served=("m",)):
+        self.config = engine_config("http://127.0.0.1:9/v1", "m", None)
+        self.down, self.served, self.calls = down, list(served), 0
+
+    def served_models(self):
+        self.calls += 1
+        if self.calls <= self.down:
+            raise httpx.ConnectError("connection refused")
+        return self.served
+
+
+def test_an_engine_still_loading_is_waited_for_with_one_line(capsys):
+    slept = []
+    client = _StartingEngine(down=3)
+    wait_for_engine(client, wait_s=60.0, poll_s=2.0, sleep=slept.append)
+    assert client.calls == 4 and slept == [2.0, 2.0, 2.0]
+    assert capsys.readouterr().err.count("waiting up to 60 s for the LM engine at http://127.0.0.1:9/v1") == 1
+
+
+def test_no_engine_stops_loading_after_the_wait_with_exit_2(tmp_path, tiny_lm_path, capsys, monkeypatch):
+    monkeypatch.setattr(remote_lm, "ENGINE_START_WAIT_S", 0.3)
+    export = make_export(tmp_path / "export", tiny_lm_path)
+    history = tmp_path / "history.json"
+    history.write_text(json.dumps(HISTORY))
+    started = time.monotonic()
+    code = main(["answer", "--export", str(export), "--history", str(history), "--question", "Where?",
+                 "--lm-url", "http://127.0.0.1:9/v1", "--lm-model", "tiny"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "no LM engine answers at http://127.0.0.1:9/v1 (ConnectError for 0.3 s)" in err
+    assert time.monotonic() - started < 30.0
+
+
+def test_an_engine_refusing_the_key_stops_loading_naming_the_status_without_the_key(monkeypatch):
+    monkeypatch.setenv("QGMEM_TEST_ENGINE_KEY", "sk-secret-123")
+    config = engine_config("http://engine.test/v1", "m", "QGMEM_TEST_ENGINE_KEY")
+    seen = []
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("authorization")))
+        return httpx.Response(401, json={"error": "bad key Bearer sk-secret-123"})
+
+    backend = OpenAIChatBackend(config, client=httpx.Client(base_url=config.base_url,
+                                                            headers={"Authorization": "Bearer sk-secret-123"},
+                                                            transport=httpx.MockTransport(refuse)))
+    with pytest.raises(EngineError, match="answered GET /models with HTTP 401") as caught:
+        wait_for_engine(PromptEmbedsClient(config, transport=backend), wait_s=30.0)
+    assert seen == [("/v1/models", "Bearer sk-secret-123")]
+    assert isinstance(caught.value, UserError) and "sk-secret-123" not in str(caught.value)
 
 
 # --- failures reach the client as 502/504 -----------------------------------------------------------------------

@@ -219,5 +219,23 @@ class PromptEmbedsClient:
                                 problem=None, sink=sink, may_retry=lambda: not (streams and streams[-1].text))
         return self.http._redacted(result)
 
+    def served_models(self) -> list[str]:
+        """The model ids the engine lists at ``GET {base_url}/models``.
+
+        Raises ``httpx.TransportError`` when nothing answers there, and :class:`EngineError` naming the
+        status (and the body's start, redacted) when the engine answers anything but a model list.
+        """
+        reply = self.http._client.get("/models")
+        if reply.status_code != 200:
+            raise EngineError(f"the LM engine at {self.config.base_url} answered GET /models with HTTP "
+                              f"{reply.status_code}: {_excerpt(reply.content, self.http._secrets)}",
+                              reply.status_code)
+        try:
+            listed = json.loads(reply.content)["data"]
+            return [str(item["id"]) for item in listed]
+        except (ValueError, KeyError, TypeError):
+            raise EngineError(f"the LM engine at {self.config.base_url} answered GET /models with no model list: "
+                              f"{_excerpt(reply.content, self.http._secrets)}") from None
+
     def close(self) -> None:
         self.http.close()

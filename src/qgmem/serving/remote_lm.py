@@ -11,12 +11,16 @@ to the answer cap and the first line break; its errors and time-outs raise
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import torch
 
+from qgmem.errors import UserError
 from qgmem.lm import EMBEDDED_LM_HUB_ID, load_input_embeddings, resolve_lm_path
 from qgmem.llm.base import LLMConfig
 from qgmem.llm.prompt_embeds import PromptEmbedsClient
@@ -25,6 +29,8 @@ from qgmem.llm.prompt_embeds import PromptEmbedsClient
 ENGINE_TIMEOUT_S = 60.0
 ENGINE_DEADLINE_S = 120.0
 ENGINE_RETRIES = 2
+#: how long loading waits for an engine that does not answer yet (one still loading its weights)
+ENGINE_START_WAIT_S = 60.0
 
 
 def engine_config(url: str, model: str | None, api_key_env: str | None) -> LLMConfig:
@@ -37,6 +43,36 @@ def engine_config(url: str, model: str | None, api_key_env: str | None) -> LLMCo
 def served_model_name(lm_id: str) -> str:
     """The name an engine serves the LM ``lm_id`` under by default (``vllm serve`` names it by its hub id)."""
     return EMBEDDED_LM_HUB_ID if resolve_lm_path(lm_id) != lm_id else lm_id
+
+
+def wait_for_engine(client: PromptEmbedsClient, *, wait_s: float | None = None, poll_s: float = 2.0,
+                    sleep: Callable[[float], None] = time.sleep) -> None:
+    """Return once the engine lists ``client``'s model; :class:`~qgmem.errors.UserError` (exit 2) otherwise.
+
+    Checked when the export loads, so a wrong ``--lm-url``, ``--lm-model`` or key stops ``qgmem serve``,
+    ``answer`` and ``eval-qa`` at start-up with its reason, not at the first answer as a 502. An engine that
+    does not answer yet is polled every ``poll_s`` for up to ``wait_s`` (default :data:`ENGINE_START_WAIT_S`; it may still be loading); one that
+    answers without the model, or with an error, stops at once.
+    """
+    wait_s = ENGINE_START_WAIT_S if wait_s is None else wait_s
+    url, model = client.config.base_url, client.config.model
+    deadline = time.monotonic() + wait_s
+    announced = False
+    while True:
+        try:
+            served = client.served_models()
+            break
+        except httpx.TransportError as exc:
+            if time.monotonic() >= deadline:
+                raise UserError(f"no LM engine answers at {url} ({type(exc).__name__} for {wait_s:g} s): start it "
+                                "(vllm serve MODEL --enable-prompt-embeds) or correct --lm-url") from None
+            if not announced:
+                print(f"waiting up to {wait_s:g} s for the LM engine at {url} ...", file=sys.stderr, flush=True)
+                announced = True
+            sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+    if model not in served:
+        raise UserError(f"the LM engine at {url} serves {served}, not {model!r}: give --lm-model (the name the "
+                        "engine serves the export's LM under)")
 
 
 class RemoteLM:
@@ -55,10 +91,13 @@ class RemoteLM:
 
     @classmethod
     def load(cls, lm_id: str, engine: LLMConfig, *, dtype: str = "auto", device: str | None = None) -> RemoteLM:
-        """``lm_id``'s input embedding table, and a client of ``engine`` (its model named by default)."""
+        """``lm_id``'s input embedding table, and a client of ``engine`` (its model named by default) once the
+        engine serves that model (:func:`wait_for_engine`)."""
         if not engine.model:
             engine = replace(engine, model=served_model_name(lm_id))
-        return cls(load_input_embeddings(lm_id, dtype=dtype, device=device), PromptEmbedsClient(engine))
+        client = PromptEmbedsClient(engine)
+        wait_for_engine(client)
+        return cls(load_input_embeddings(lm_id, dtype=dtype, device=device), client)
 
     def get_input_embeddings(self) -> torch.nn.Embedding:
         return self.embedding
