@@ -40,8 +40,7 @@ def __getattr__(name: str) -> Any:
 EDGE_FEATURE_SPEC = {
     "node_features": "frozen sentence-encoder embedding (L2-normalized) of the node text: a subject or object "
                      "of an activated unit's triple, de-duplicated by normalized text",
-    "edge_features": "frozen sentence-encoder embedding (L2-normalized) of the edge text: the predicate, or "
-                     "'inverse: <predicate>' for an optional reverse edge",
+    "edge_features": "frozen sentence-encoder embedding (L2-normalized) of the edge text: the predicate",
     "edge_fact": "frozen sentence-encoder embedding of the fact of the memory unit each edge comes from "
                  "(read when graph_token.features is not 'text')",
     "empty_graph": "one all-zero node and no edges",

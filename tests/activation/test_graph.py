@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch
 
-from qgmem.activation.graph import INVERSE_PREFIX, add_reverse_edges, build_local_graph, graph_to_data
+from qgmem.activation.graph import build_local_graph, graph_to_data
 from qgmem.activation.records import LocalGraph
 
 from .helpers import make_unit
@@ -57,17 +57,6 @@ def test_further_relations_of_a_unit_are_edges_of_that_unit():
     assert graph.edge_unit == [0, 0, 0, 1]  # an incomplete triple adds nothing
 
 
-@pytest.mark.parametrize("where", ["build", "data"])
-def test_reverse_edges_with_inverse_marker(small_store, hash_encoder, where):
-    units = [small_store.unit(u) for u in ("u0", "u5")]
-    graph = build_local_graph(units, reverse_edges=where == "build")
-    data = graph_to_data(graph, hash_encoder, reverse_edges=where == "data")
-    assert data.edge_index.tolist() == [[0, 0, 1, 2], [1, 2, 0, 0]]
-    assert data.edge_text == ["went to", "ran", INVERSE_PREFIX + "went to", INVERSE_PREFIX + "ran"]
-    assert data.edge_unit.tolist() == [0, 1, 0, 1]
-    assert add_reverse_edges(add_reverse_edges(graph)).num_edges == 4  # never doubled twice
-
-
 def test_graph_to_data_shapes_and_features(small_store, hash_encoder):
     graph = build_local_graph(small_store.units)
     data = graph_to_data(graph, hash_encoder)
@@ -96,11 +85,10 @@ def test_graphs_batch_with_pyg(small_store, hash_encoder):
     assert batch.node_text == [a.node_text, [""]]
 
 
-@pytest.mark.parametrize("reverse", [False, True])
-def test_fact_features_follow_each_edge_unit(small_store, hash_encoder, reverse):
+def test_fact_features_follow_each_edge_unit(small_store, hash_encoder):
     units = small_store.units[:4]
     graph = build_local_graph(units)
-    data = graph_to_data(graph, hash_encoder, reverse_edges=reverse, facts=[u.fact for u in units])
+    data = graph_to_data(graph, hash_encoder, facts=[u.fact for u in units])
     assert data.edge_fact.shape == data.edge_attr.shape == (data.edge_index.shape[1], 64)
     for j, position in enumerate(data.edge_unit.tolist()):
         torch.testing.assert_close(data.edge_fact[j], torch.from_numpy(hash_encoder.encode([units[position].fact])[0]))

@@ -32,7 +32,7 @@ def tiny_cache(tmp_path):
         "train": [_row("q1", "train", ["User", "Denver", "User's sister", LONG],
                        [(0, 1, "moved to"), (1, 2, "move with"), (0, 3, "answers")])],
         "val": [_row("q2", "val", ["Cooper", "squirrel", "park"],
-                     [(0, 1, "found"), (1, 2, "in"), (1, 0, "inverse: found"), (2, 1, "inverse: in")])],
+                     [(0, 1, "found"), (1, 2, "in")])],
         "test": [],
     }
     root = tmp_path / "cache"
@@ -44,7 +44,7 @@ def test_figures_of_a_tiny_cache(tiny_cache):
     folder, rows = find_rows(tiny_cache)
     assert folder.name == "dataset-abc" and len(rows) == 2
     stats = graph_stats(rows)
-    assert (stats["graphs"], stats["edges"], stats["nodes"]) == (2, 5, 7)  # inverse edges are not counted
+    assert (stats["graphs"], stats["edges"], stats["nodes"]) == (2, 5, 7)
     assert stats["speech_edge_share"] == pytest.approx(1 / 5)  # "answers"
     assert stats["long_node_share"] == pytest.approx(1 / 7)
     # busiest node: "User" or "Denver" touch 2 of 3 edges; "squirrel" both of 2
@@ -62,7 +62,7 @@ def test_command_prints_json_and_names_a_missing_cache(tiny_cache, tmp_path, cap
 
 @pytest.mark.parametrize("label,verb,speech", [
     ("answers", "answer", True), ("was telling", "tell", True), ("would recommend", "recommend", True),
-    ("inverse: mentions", "mention", True), ("moved to", "move", False), ("should look into", "look", False),
+    ("mentions", "mention", True), ("moved to", "move", False), ("should look into", "look", False),
     ("is", "be", False), ("of", "of", False),
 ])
 def test_speech_verbs(label, verb, speech):

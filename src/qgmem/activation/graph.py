@@ -21,10 +21,7 @@ from qgmem.activation.records import LocalGraph
 from qgmem.memory.records import MemoryUnit
 from qgmem.model.graph_modes import empty_graph
 
-INVERSE_PREFIX = "inverse: "
-
-
-def build_local_graph(units: list[MemoryUnit], *, reverse_edges: bool = False) -> LocalGraph:
+def build_local_graph(units: list[MemoryUnit]) -> LocalGraph:
     """One directed edge ``subject -[predicate]-> object`` per unit triple, in working-memory order.
 
     A unit's further ``relations`` (the parser extractor's ``[head, relation, tail]``) add edges after
@@ -32,7 +29,7 @@ def build_local_graph(units: list[MemoryUnit], *, reverse_edges: bool = False) -
 
     Nodes are de-duplicated by normalized text (the first surface form is kept). A unit with an empty
     subject or object contributes no edge (an edge needs two ends); one with an empty predicate gets
-    the label ``related to``. ``reverse_edges`` appends ``object -[inverse: predicate]-> subject``.
+    the label ``related to``.
     """
     graph = LocalGraph()
     ids: dict[str, int] = {}
@@ -53,28 +50,10 @@ def build_local_graph(units: list[MemoryUnit], *, reverse_edges: bool = False) -
             graph.edge_index.append((head, tail))
             graph.edge_text.append(predicate.strip() or "related to")
             graph.edge_unit.append(position)
-    return add_reverse_edges(graph) if reverse_edges else graph
+    return graph
 
 
-def has_reverse_edges(graph: LocalGraph) -> bool:
-    return any(t.startswith(INVERSE_PREFIX) for t in graph.edge_text)
-
-
-def add_reverse_edges(graph: LocalGraph) -> LocalGraph:
-    """A copy with one inverse edge per forward edge, labelled with the inverse-relation marker."""
-    if has_reverse_edges(graph):
-        return graph
-    forward = list(zip(graph.edge_index, graph.edge_text, graph.edge_unit))
-    return LocalGraph(
-        node_text=list(graph.node_text),
-        edge_index=[e for e, _, _ in forward] + [(t, h) for (h, t), _, _ in forward],
-        edge_text=[x for _, x, _ in forward] + [INVERSE_PREFIX + x for _, x, _ in forward],
-        edge_unit=[u for _, _, u in forward] * 2,
-    )
-
-
-def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,
-                  facts: Sequence[str] | None = None) -> Data:
+def graph_to_data(graph: LocalGraph, encoder, *, facts: Sequence[str] | None = None) -> Data:
     """``Data(x [N, dim], edge_index [2, E], edge_attr [E, dim], edge_unit [E])`` plus ``node_text``/``edge_text``.
 
     Node and edge features are frozen sentence embeddings of the node text and predicate text. With
@@ -83,8 +62,6 @@ def graph_to_data(graph: LocalGraph, encoder, *, reverse_edges: bool = False,
     node and predicate texts leave out. An empty working memory still yields a valid graph, one
     all-zero node and no edges, because the encoder pools over at least one node.
     """
-    if reverse_edges:
-        graph = add_reverse_edges(graph)
     dim = int(encoder.dim)
     if graph.num_nodes == 0:
         empty = empty_graph(dim, facts=facts is not None)

@@ -12,8 +12,7 @@ class LocalGraph:
     """The local memory graph over the activated units' triples.
 
     Nodes are subjects/objects (de-duplicated by normalized text); edge ``j`` goes
-    ``edge_index[j][0] -> edge_index[j][1]``, is labelled ``edge_text[j]`` (the predicate, or
-    ``"inverse: <predicate>"`` for an optional reverse edge) and comes from working-memory entry
+    ``edge_index[j][0] -> edge_index[j][1]``, is labelled ``edge_text[j]`` (the predicate) and comes from working-memory entry
     ``edge_unit[j]`` (0-based position in the working memory).
     """
 

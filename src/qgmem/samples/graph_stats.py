@@ -9,8 +9,7 @@ relations between entities or the dialogue's speech acts cut into pieces:
 - ``busiest_node_share_median``: per graph, the share of its edges that touch its busiest node (a
   speaker hub), the median over graphs with at least one edge;
 
-plus the most frequent predicates and nodes and the graph sizes. Inverse edges (``inverse: …``) are
-counted as their forward relation.
+plus the most frequent predicates and nodes and the graph sizes.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ _AUX_WORDS = {"is", "am", "are", "was", "were", "be", "been", "being", "has", "h
 
 def relation_verb(label: str) -> str:
     """The lemma of a relation's first content word ("was telling" -> "tell", "answers" -> "answer")."""
-    label = label.removeprefix("inverse: ")
     words = [w for w in re.findall(r"[a-z']+", label.lower()) if w]
     content = [w for w in words if w not in _AUX_WORDS] or words
     return lemma(content[0]) if content else ""
@@ -65,7 +63,7 @@ def graph_stats(rows: Iterable[dict[str, Any]], top: int = 20) -> dict[str, Any]
         node_counts.update(real_nodes)
         sizes_nodes.append(len(real_nodes))
         sizes_edges.append(e)
-        forward = [i for i, t in enumerate(edge_text) if not t.startswith("inverse: ")]
+        forward = range(len(edge_text))
         edges += len(forward)
         for i in forward:
             predicates[edge_text[i]] += 1
