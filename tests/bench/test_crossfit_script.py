@@ -112,6 +112,13 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     assert row["status"] == ("open" if row["lower_in"] == 1 else "cannot win") and choice["chosen"] is None
 
 
+def test_units_run_fold_major_so_every_variant_finishes_a_fold_before_the_next():
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+    order = script.unit_order([1, 2], ["product", "m3-answer"], [0, 1])
+    assert order[:4] == [(1, "product", 0), (1, "product", 1), (1, "m3-answer", 0), (1, "m3-answer", 1)]
+    assert [f for f, _, _ in order] == [1, 1, 1, 1, 2, 2, 2, 2] and len(set(order)) == 8
+
+
 def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
     import subprocess
     import sys

@@ -9,7 +9,7 @@ checkpoint selection; today's default construction and activation). Stages, each
    given distractor conversations from their own fold or from no fold's evidence, checked for leaks
    (any: exit 2), then replayed (memory, activation, the ablated and sham graphs) one case at a time,
    each case's rows saved under ``ROOT/samples-KEY/``;
-2. **runs**: per variant, fold and seed: train on the other folds (the next fold is the validation
+2. **runs**: per fold, variant and seed (in that order): train on the other folds (the next fold is the validation
    part: checkpoint selection on its answer NLL, as ``python train.py`` selects), then score the held-out
    fold under every condition, with greedy answers with and without graph tokens. One JSON per
    (variant, fold, seed) under ``ROOT/runs/VARIANT/``;
@@ -66,6 +66,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import itertools
 import json
 import os
 import pickle
@@ -356,6 +357,13 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
 
 class OutOfTime(Exception):
     """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
+
+
+def unit_order(folds, variants, seeds) -> list[tuple]:
+    """The (fold, variant, seed) units in the order a run takes them: fold-major, so a fold is finished
+    for every variant before the next fold starts and the units done so far pair the variants on the same
+    questions (a study cut off between parts still compares them)."""
+    return list(itertools.product(folds, variants, seeds))
 
 
 def claim(lock: Path) -> bool:
@@ -847,36 +855,29 @@ def main(argv=None) -> int:
     from qgmem.evaluation.crossfit import fold_parts
 
     clock: dict[str, Any] = {"deadline": deadline}
-    stopped = False
-    for variant in variants if not args.summary_only else []:
-        if stopped:
-            break
+    folds_run = args.fold_list if args.fold_list is not None else range(args.folds)
+    for fold, variant, seed in unit_order(folds_run, variants if not args.summary_only else [], args.seeds):
         out = Path(args.root) / "runs" / variant["name"]
         out.mkdir(parents=True, exist_ok=True)
-        for fold in args.fold_list if args.fold_list is not None else range(args.folds):
-            if stopped:
-                break
-            for seed in args.seeds:
-                path = out / f"fold-{fold}-seed-{seed}.json"
-                lock = out / f"fold-{fold}-seed-{seed}.lock"
-                if (path.exists() and path.with_name(f"fold-{fold}-seed-{seed}.val.json").exists()) \
-                        or not claim(lock):  # done, or another process is running it now
-                    continue
-                parts = fold_parts(folds, fold, args.folds, list(items))
-                try:
-                    result = run_unit(setting, variant, fold, seed, parts, items, args,
-                                      stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
-                    path.write_text(json.dumps(result, default=str) + "\n")
-                except OutOfTime as stop:
-                    print(f"[crossfit] stopping before {variant['name']} fold {fold} seed {seed}'s {stop}: it "
-                          "would pass the time limit; rerun to go on", flush=True)
-                    stopped = True
-                    break
-                finally:
-                    lock.unlink(missing_ok=True)
-                print(f"[crossfit] {variant['name']} fold {fold} seed {seed}: train {result['train_s']:.0f} s, score "
-                      f"{result['score_s']:.0f} s, val NLL {result['val_nll_best']:.4f}, load {result['load']:.1f}",
-                      flush=True)
+        path = out / f"fold-{fold}-seed-{seed}.json"
+        lock = out / f"fold-{fold}-seed-{seed}.lock"
+        if (path.exists() and path.with_name(f"fold-{fold}-seed-{seed}.val.json").exists()) \
+                or not claim(lock):  # done, or another process is running it now
+            continue
+        parts = fold_parts(folds, fold, args.folds, list(items))
+        try:
+            result = run_unit(setting, variant, fold, seed, parts, items, args,
+                              stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
+            path.write_text(json.dumps(result, default=str) + "\n")
+        except OutOfTime as stop:
+            print(f"[crossfit] stopping before {variant['name']} fold {fold} seed {seed}'s {stop}: it "
+                  "would pass the time limit; rerun to go on", flush=True)
+            break
+        finally:
+            lock.unlink(missing_ok=True)
+        print(f"[crossfit] {variant['name']} fold {fold} seed {seed}: train {result['train_s']:.0f} s, score "
+              f"{result['score_s']:.0f} s, val NLL {result['val_nll_best']:.4f}, load {result['load']:.1f}",
+              flush=True)
     summaries = {}
     for variant in variants:
         s = summary(Path(args.root), variant, args.seeds, args.folds, by_qa, args.counterfactuals, args.n_boot,
