@@ -51,8 +51,8 @@ def wait_for_engine(client: PromptEmbedsClient, *, wait_s: float | None = None, 
 
     Checked when the export loads, so a wrong ``--lm-url``, ``--lm-model`` or key stops ``qgmem serve``,
     ``answer`` and ``eval-qa`` at start-up with its reason, not at the first answer as a 502. An engine that
-    does not answer yet is polled every ``poll_s`` for up to ``wait_s`` (default :data:`ENGINE_START_WAIT_S`; it may still be loading); one that
-    answers without the model, or with an error, stops at once.
+    does not answer yet (it may still be loading) is polled every ``poll_s`` for up to ``wait_s`` (default
+    :data:`ENGINE_START_WAIT_S`); one that answers without the model, or with an error, stops at once.
     """
     wait_s = ENGINE_START_WAIT_S if wait_s is None else wait_s
     url, model = client.config.base_url, client.config.model
