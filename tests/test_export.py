@@ -167,6 +167,20 @@ def test_export_subcommand(exported, tmp_path):
         export_checkpoint(tmp_path / "missing.ckpt", tmp_path / "x")
 
 
+def test_the_export_can_answer_with_the_text_prompt_by_default(exported, tmp_path, capsys):
+    ckpt, reference = exported
+    assert qgmem_main(["export", "--ckpt", ckpt, "--out", str(tmp_path / "text"), "--graph-mode", "none"]) == 0
+    config = json.loads((tmp_path / "text" / CONFIG_FILE).read_text())
+    assert config["graph_mode"] == "none" and config["trained_graph_mode"] == "token"
+    card = (tmp_path / "text" / "README.md").read_text()
+    assert "answers read the text prompt alone (trained with graph mode `token`" in card
+    same = json.loads((reference / CONFIG_FILE).read_text())  # no --graph-mode: the mode it trained with
+    assert same["graph_mode"] == same["trained_graph_mode"] == "token"
+    assert "answers read the graph tokens" in (reference / "README.md").read_text()
+    assert qgmem_main(["export", "--ckpt", ckpt, "--out", str(tmp_path / "bad"), "--graph-mode", "text"]) == 2
+    assert "invalid choice: 'text'" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
 def test_export_over_an_existing_one_replaces_it_whole(exported, tmp_path, monkeypatch):
     from qgmem.integrity import verify_sealed
 

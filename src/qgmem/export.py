@@ -90,8 +90,10 @@ def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
     return PromptSettings.from_dict(checkpoint_prompt(hp, info))
 
 
-def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None) -> dict[str, Any]:
-    """``config.json`` of the export of ``ckpt`` (without the weights)."""
+def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None,
+                  graph_mode: str | None = None) -> dict[str, Any]:
+    """``config.json`` of the export of ``ckpt`` (without the weights); ``graph_mode``: see
+    :func:`export_checkpoint`."""
     from qgmem.model import checkpoint_keys as CK
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import FORMAT, FORMAT_VERSION
@@ -110,7 +112,9 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         # the code that trained the weights (the checkpoint's), else the code exporting them
         "git_commit": (ckpt.get(CK.PROVENANCE) or {}).get("git_commit", git_commit()),
         "graph_token": graph_token,
-        "graph_mode": hp.get("graph", "token"),
+        # what an answer reads when its caller names no mode; the weights' own training mode beside it
+        "graph_mode": graph_mode or hp.get("graph", "token"),
+        "trained_graph_mode": hp.get("graph", "token"),
         "readout": {"kind": graph_token["readout"], "num_graph_tokens": graph_token["num_graph_tokens"]},
         "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
@@ -150,17 +154,24 @@ def _data_split(info: dict[str, Any]) -> dict[str, Any] | None:
     return {k: settings.get(k) for k in keys} if settings else None
 
 
-def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[str, Any] | None = None) -> Path:
+def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[str, Any] | None = None, *,
+                      graph_mode: str | None = None) -> Path:
     """Write the export folder for ``ckpt_path``; returns ``out_dir`` (an existing one is replaced whole).
 
     ``metrics`` default to the checkpoint's own run's (:func:`find_metrics`); none found, the card says so.
+    ``graph_mode``: the export's default answer mode (field ``graph_mode``: ``token``, or ``none``, the text
+    prompt alone, with the graph tokens one request field away); default: the mode the weights trained with.
     """
+    from qgmem.model.graph_modes import check_mode
+
     from qgmem.finite import nonfinite_names
     from qgmem.model import checkpoint_keys as CK
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import GraphTokenEncoder, peft_adapter_state
 
     ckpt_path, out = Path(ckpt_path), Path(out_dir)
+    if graph_mode is not None:
+        check_mode(graph_mode)
     ckpt = load_checkpoint(ckpt_path)
     state = ckpt["state_dict"]
     weights = {k[len(CK.NET_PREFIX):]: v.contiguous() for k, v in state.items() if k.startswith(CK.NET_PREFIX)}
@@ -169,7 +180,7 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     if bad:  # a NaN model must never ship: refuse before anything is written
         raise ValueError(f"{ckpt_path}: {len(bad)} of {len(weights) + len(adapter)} weight tensors hold NaN or inf "
                          f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); refusing to export them")
-    config = export_config(ckpt_path, ckpt, metrics if metrics is not None else find_metrics(ckpt_path))
+    config = export_config(ckpt_path, ckpt, metrics if metrics is not None else find_metrics(ckpt_path), graph_mode)
     encoder = GraphTokenEncoder(GraphTokenConfig.from_dict(config["graph_token"]), config,
                                 adapter=peft_adapter_state(adapter) if adapter else None)
     encoder.load_state_dict(weights, strict=True)
@@ -189,6 +200,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="export folder to create")
     parser.add_argument("--metrics", default=None, help="metrics.json to put on the model card "
                         "(default: the one train.py wrote next to the checkpoint's run)")
+    parser.add_argument("--graph-mode", choices=("token", "none"), default=None,
+                        help="what answers read when a request names no mode: the graph tokens, or none (the "
+                             "text prompt alone); default: the mode the checkpoint trained with")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,6 +210,6 @@ def run(args: argparse.Namespace) -> int:
 
     with as_user_error(ValueError):  # not a checkpoint, no graph-token weights, unreadable metrics JSON
         metrics = json.loads(Path(args.metrics).read_text()) if args.metrics else None
-        out = export_checkpoint(args.ckpt, args.out, metrics)
+        out = export_checkpoint(args.ckpt, args.out, metrics, graph_mode=args.graph_mode)
     print(f"exported {args.ckpt} -> {out}")
     return 0

@@ -180,6 +180,22 @@ def test_the_exports_text_budget_cuts_the_answers_prompt(pipeline, tiny_lm_path)
     assert 0 < cut.tokens["retrieved_context"] < full.tokens["retrieved_context"]
 
 
+def test_an_answer_naming_no_mode_reads_the_exports_graph_mode(pipeline, tiny_lm_path):
+    from qgmem.serving import ExportFormatError
+
+    text_first = QGMemPipeline(make_encoder(tiny_lm_path, graph_mode="none"), pipeline.lm, pipeline.tokenizer,
+                               HashEncoder(8), max_new_tokens=4)
+    text_first.memory = pipeline.memory
+    assert pipeline.default_graph == "token" and text_first.default_graph == "none"
+    [plain], [asked] = text_first.answer(QUESTIONS[:1]), text_first.answer(QUESTIONS[:1], graph="token")
+    [reference_none], [reference_token] = (pipeline.answer(QUESTIONS[:1], graph=m) for m in ("none", "token"))
+    assert plain.graph_mode == "none" and plain.tokens["graph"] == 0 and plain.answer == reference_none.answer
+    assert asked.graph_mode == "token" and asked.tokens["graph"] == 1 and asked.answer == reference_token.answer
+    assert pipeline.answer(QUESTIONS[:1])[0].graph_mode == "token"  # an export that says token answers with it
+    with pytest.raises(ExportFormatError, match="field 'graph_mode': graph must be one of token, none, shuffled"):
+        QGMemPipeline(make_encoder(tiny_lm_path, graph_mode="text"), pipeline.lm, pipeline.tokenizer, HashEncoder(8))
+
+
 @pytest.mark.slow  # the export's own sentence encoder (MiniLM) is loaded
 def test_the_exports_budgets_reach_answer_serve_and_eval_qa(tiny_lm_path, tmp_path):
     """``load_models`` (the one loading path of ``qgmem answer``, ``qgmem serve`` and ``qgmem eval-qa``)

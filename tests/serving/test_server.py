@@ -229,3 +229,23 @@ def test_bearer_key_guards_everything_but_healthz(pipeline, tmp_path):
                            headers={"Authorization": "Bearer s3cret-key"})
     assert no_key.status_code == 401 and wrong.status_code == 401 and right.status_code == 200
     assert "s3cret" not in no_key.text
+
+
+def test_a_request_naming_no_graph_mode_takes_the_exports(pipeline, tmp_path):
+    """An export whose default answer mode is the text prompt (field ``graph_mode``: none) answers without
+    graph tokens unless a request asks for them, on both endpoints."""
+    import copy
+
+    text_first = copy.copy(pipeline)
+    text_first.default_graph = "none"
+    with running(create_app(_service(text_first, tmp_path))) as url:
+        assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).status_code == 200
+        plain = httpx.post(f"{url}/v1/users/alice/answer", json={"question": "What colour is my boat?"}).json()
+        asked = httpx.post(f"{url}/v1/users/alice/answer",
+                           json={"question": "What colour is my boat?", "graph": "token"}).json()
+        chat = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": "qgmem", "user": "alice", "messages": [{"role": "user", "content": "What colour is my boat?"}],
+        }).json()
+    assert plain["graph_mode"] == "none" and plain["tokens"]["graph"] == 0
+    assert asked["graph_mode"] == "token" and asked["tokens"]["graph"] == 1
+    assert chat["qgmem"]["graph_mode"] == "none"

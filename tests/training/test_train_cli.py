@@ -82,10 +82,15 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert scalars["hp_metric"][-1] == pytest.approx(saved["best_score"])
     assert "lr-AdamW" in scalars and {f"val/{c}/nll" for c in categories} <= set(scalars)
 
+    assert config["graph_mode"] == config["trained_graph_mode"] == "token"  # answers read the tokens by default
+
     again = main(tiny_args(root, lm_path, "--model.encoder.layers", "3", "--trainer.max_steps", "5",
-                           "--ckpt_path", "last"), datamodule_class=TinyData)
+                           "--ckpt_path", "last", "--answer_graph", "none"), datamodule_class=TinyData)
     last = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 5 and again["test"]
+    # the export's default answer mode is the text prompt; the weights still trained with their graph tokens
+    config = json.loads((root / "export" / "config.json").read_text())
+    assert config["graph_mode"] == "none" and config["trained_graph_mode"] == "token"
 
 
 def read_scalars(root: Path) -> dict[str, list[float]]:

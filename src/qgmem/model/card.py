@@ -55,6 +55,15 @@ def card_data(config: dict[str, Any]) -> ModelCardData:
     )
 
 
+def _answer_mode(config: dict[str, Any]) -> str:
+    """What an answer reads by default (field ``graph_mode``), and how the weights trained when that differs."""
+    mode, trained = config.get("graph_mode"), config.get("trained_graph_mode")
+    said = "the graph tokens" if mode == "token" else "the text prompt alone" if mode == "none" else f"graph mode `{mode}`"
+    if trained and trained != mode:
+        said += f" (trained with graph mode `{trained}`; a request's `graph` field picks another)"
+    return said
+
+
 def model_card(config: dict[str, Any]) -> str:
     """The whole ``README.md`` of an export folder."""
     g, lm = config.get("graph_token") or {}, config.get("lm") or {}
@@ -73,7 +82,7 @@ def model_card(config: dict[str, Any]) -> str:
         f"- LM: `{lm.get('id')}` (hidden size {lm.get('hidden_size')}, dtype {lm.get('dtype')})",
         f"- sentence encoder: `{sentence.get('id')}` ({sentence.get('dim')}-d node/edge features)",
         f"- encoder: {enc.get('layers')} layers, {enc.get('heads')} heads, width {enc.get('hidden')}; "
-        f"graph mode `{config.get('graph_mode')}`",
+        f"answers read {_answer_mode(config)}",
         f"- prompt: {json.dumps({k: v for k, v in (config.get('prompt') or {}).items() if k != 'system_prompt'})}",
         f"- activation: {json.dumps(config.get('activation_key_parameters') or {})}",
         f"- trained on: `{config.get('dataset')}`" + (f" (data licence {licence})" if licence else "")

@@ -26,8 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dialogue", default=None, help="which store of a --memory folder with several")
     parser.add_argument("--question", action="append", required=True, help="the question (repeat for a batch)")
     parser.add_argument("--time", default=None, help="when the question is asked (ISO-8601), for 'last week' etc.")
-    parser.add_argument("--graph", choices=GRAPH_MODES, default="token",
-                        help="graph token (default), no graph token, or another question's graph")
+    parser.add_argument("--graph", choices=GRAPH_MODES, default=None,
+                        help="graph tokens, none (the text prompt alone), or another question's graph "
+                             "(default: the export's field 'graph_mode')")
     parser.add_argument("--json", action="store_true", help="print the full answers as JSON")
 
 

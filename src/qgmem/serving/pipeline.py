@@ -68,6 +68,10 @@ class QGMemPipeline:
                           graph_name="activation.k")
         except SettingError as exc:
             raise ExportFormatError(f"{encoder.source}: {exc}") from exc
+        try:  # the mode an answer takes when its caller names none: the export's (text alone, or the graph tokens)
+            self.default_graph = check_mode(cfg.get("graph_mode") or "token")
+        except ValueError as exc:
+            raise ExportFormatError(f"{encoder.source}: field 'graph_mode': {exc}") from exc
         self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.llm = llm  # construction / query-parsing LLM, when the export's settings need one
@@ -203,17 +207,18 @@ class QGMemPipeline:
             graph.node_word_ids = node_word_ids([working.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
         return Retrieved(question, working, graph, seconds, when, len(memory))
 
-    def answer(self, questions: str | Sequence[str], graph: str = "token",
+    def answer(self, questions: str | Sequence[str], graph: str | None = None,
                question_times: Sequence[str | None] | None = None, memory: Memory | None = None) -> list[Answer]:
         """Batched answers for ``questions`` over ``memory`` (default: :attr:`memory`; ``graph``: token |
-        none | shuffled)."""
+        none | shuffled, default :attr:`default_graph`, the export's)."""
         questions = [questions] if isinstance(questions, str) else list(questions)
         return self.generate(self.retrieve(questions, question_times, memory), graph=graph)
 
-    def generate(self, retrieved: Sequence[Retrieved], graph: str = "token", streamer: Any = None) -> list[Answer]:
-        """Answers for activated questions; ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
+    def generate(self, retrieved: Sequence[Retrieved], graph: str | None = None, streamer: Any = None) -> list[Answer]:
+        """Answers for activated questions (``graph`` ``None``: :attr:`default_graph`); ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
         (a single question gets the empty graph). ``streamer``: a ``transformers`` streamer given each
         decoding step's tokens (``[batch]``) of one batch; pass at most ``batch_size`` questions with it."""
+        graph = self.default_graph if graph is None else graph
         try:
             check_mode(graph)
         except ValueError as exc:

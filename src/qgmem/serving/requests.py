@@ -117,8 +117,11 @@ def when(body: dict, key: str = "time", where: str = "") -> str | None:
     return value
 
 
-def graph(body: dict, key: str = "graph") -> str:
-    mode = body.get(key, "token")
+def graph(body: dict, key: str = "graph") -> str | None:
+    """The request's graph mode; ``None`` when it names none (the export's default then applies)."""
+    mode = body.get(key)
+    if mode is None:
+        return None
     if mode not in GRAPH_MODES:
         raise bad(f"field '{key}' must be one of {', '.join(GRAPH_MODES)}, got {str(mode)[:20]!r}")
     return mode

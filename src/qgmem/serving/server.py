@@ -167,8 +167,10 @@ class MemoryService:
         if self.batcher.depth() >= self.batcher.queue.maxsize:
             raise ApiError(503, "too many questions are waiting; retry shortly", {"Retry-After": "1"})
 
-    def submit(self, retrieved, mode: str, on_text=None):
-        """The batcher's future of ``(Answer, batch size)``; a full queue is a 503."""
+    def submit(self, retrieved, mode: str | None, on_text=None):
+        """The batcher's future of ``(Answer, batch size)`` (``mode`` ``None``: the export's default graph
+        mode); a full queue is a 503."""
+        mode = self.pipeline.default_graph if mode is None else mode
         try:
             return self.batcher.submit(retrieved, mode, on_text)
         except QueueFull:

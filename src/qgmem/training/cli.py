@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -77,6 +77,10 @@ class QGMemCLI(LightningCLI):
         only = "" if self.whole_job else " (train.py's whole job only; `qgmem fit` only fits)"
         parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end" + only)
         parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit" + only)
+        parser.add_argument("--answer_graph", type=Literal["token", "none"] | None, default=None,
+                            help="the export's default answer mode (its field graph_mode): the graph tokens, or "
+                                 "none, the text prompt alone, with the tokens one request field away; default: "
+                                 "model.graph, the mode it trains with" + only)
 
     def instantiate_classes(self) -> None:
         """Build the run's objects; a setting they refuse (a ``ValueError``) is a user error naming it."""
