@@ -69,13 +69,13 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     runs = sorted((tmp_path / "root" / "runs" / "product").glob("fold-?-seed-?.json"))
     assert len(runs) == 6  # one per (fold, seed), each beside its recorded pieces
     assert not list((tmp_path / "root" / "runs" / "product").glob("*.lock"))  # every unit's lock released
-    # train, the validation part's greedy answers, 5 conditions
-    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 7
+    # train, the validation part's greedy answers, 5 conditions, own and none in the named-speaker form
+    assert len(list((tmp_path / "root" / "runs" / "product").glob("fold-0-seed-0.*.json"))) == 9
     unit = json.loads(runs[0].read_text())
     assert unit["steps_run"] == unit["steps"] == 2 and [r["step"] for r in unit["train_curve"]] == [1, 2]
     assert [r["step"] for r in unit["val_history"]] == [1, 2] and 0 <= unit["val_f1"] <= 1
     assert unit["graph_tokens"] == 5 and len(unit["prompt_text_tokens"]) == len(unit["scores"]["qa_id"])
-    assert "named" not in unit  # the product is scored in the plain form only
+    assert set(unit["named"]["predictions"]) == {"own", "none"}  # today's default in the named-speaker form too
     assert s["text_units"] == s["graph_units"] == 10 and s["steps_run"] == {f"{f}-{x}": 2 for f in range(3) for x in (0, 1)}
     assert s["prompt_tokens"]["own"]["all"] == s["prompt_tokens"]["none"]["all"] + 5
     stamps = [p.stat().st_mtime_ns for p in runs]
@@ -92,6 +92,19 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     assert "[product fold 0 seed 0] own:" in again and "[product fold 0 seed 0] none:" not in again
     assert (folder / "fold-0-seed-0.weights.pt").stat().st_mtime_ns == weights  # not trained again
     assert (folder / "fold-0-seed-0.json").exists()
+    # a unit recorded before its variant was scored in the named-speaker form: only those two pieces run
+    older = json.loads((folder / "fold-1-seed-0.json").read_text())
+    older.pop("named")
+    (folder / "fold-1-seed-0.json").write_text(json.dumps(older) + "\n")
+    for name in ("named-own", "named-none"):
+        (folder / f"fold-1-seed-0.{name}.json").unlink()
+    weights = (folder / "fold-1-seed-0.weights.pt").stat().st_mtime_ns
+    assert script.main(argv) == 0
+    again = capsys.readouterr().out
+    assert "[product fold 1 seed 0] named-own:" in again and "[product fold 1 seed 0] named-none:" in again
+    assert "[product fold 1 seed 0] own:" not in again and "[product fold 1 seed 1]" not in again
+    assert (folder / "fold-1-seed-0.weights.pt").stat().st_mtime_ns == weights
+    assert "named" in json.loads((folder / "fold-1-seed-0.json").read_text())
     # the graph sizes need the samples only
     sizes = tmp_path / "sizes.json"
     assert script.main(argv[:-2] + ["--graph-sizes", "--out", str(sizes)]) == 0
@@ -117,6 +130,23 @@ def test_units_run_fold_major_so_every_variant_finishes_a_fold_before_the_next()
     order = script.unit_order([1, 2], ["product", "m3-answer"], [0, 1])
     assert order[:4] == [(1, "product", 0), (1, "product", 1), (1, "m3-answer", 0), (1, "m3-answer", 1)]
     assert [f for f, _, _ in order] == [1, 1, 1, 1, 2, 2, 2, 2] and len(set(order)) == 8
+
+
+def test_the_answer_mode_reads_the_chosen_defaults_figures_once_every_fold_is_in():
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+
+    def s(folds, plain, named):
+        return {"folds_done": folds, "answers_own_vs_none": {"f1": {"diff": {"mean": plain}}},
+                "answers_own_vs_none_named": {"f1": {"diff": {"mean": named}}}}
+
+    summaries = {"product": s([0, 1], 0.01, -0.02), "m3-answer": s([0, 1], 0.04, 0.01)}
+    compact_won = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, summaries, folds=2)
+    assert compact_won["default"] == "m3-answer" and compact_won["answer_graph"] == "token"
+    kept = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": False}, summaries, folds=2)
+    assert kept["default"] == "product" and kept["answer_graph"] == "none"  # its named form loses F1
+    assert kept["f1_own_minus_none"] == {"plain": 0.01, "named": -0.02}
+    early = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, summaries, folds=3)
+    assert early["answer_graph"] is None  # a fold missing from the summary: not decided
 
 
 def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
@@ -162,6 +192,7 @@ def test_a_compact_variant_stops_early_scores_both_forms_and_joins_text10(tmp_pa
     assert result["variant_settings"]["m3-answer"]["model"]["readout"] == "summary_units"
     choice = result["compact_choice"]  # 1 of the 3 units: nothing chosen yet
     assert choice["candidates"]["m3-answer"]["units"] == 1 and choice["chosen"] is None and not choice["decided"]
+    assert result["answer_mode"]["default"] is None and result["answer_mode"]["answer_graph"] is None
     # the text-10 reference joined by question id: one question without a row is counted and left out
     qa = unit["scores"]["qa_id"]
     text10 = tmp_path / "scores.jsonl"

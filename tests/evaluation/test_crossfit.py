@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
-from qgmem.evaluation.crossfit import (COMPACT_RULE, answer_contrasts, answer_scores, compact_choice, validation_choice,
+from qgmem.evaluation.crossfit import (ANSWER_MODE_RULE, COMPACT_RULE, answer_contrasts, answer_mode, answer_scores,
+                                       compact_choice, validation_choice,
                                        assign_folds, evidence_conversations,
                                        fold_parts, graph_sizes, leaks, same_size_removals, with_distractors)
 
@@ -188,6 +189,19 @@ def test_compact_choice_waits_for_every_unit():
     none_shared = compact_choice({}, {"m3-answer": partial}, units=4)["candidates"]["m3-answer"]
     assert none_shared["paired_with_product"] == {"units": 0, "nll_minus_product": None, "f1_minus_product": None}
     assert not short_product["decided"]
+
+
+@pytest.mark.parametrize("plain,named,expected", [
+    (0.02, 0.0, "token"),     # not below zero in either form: the tokens ship
+    (0.05, -0.002, "none"),   # lower in the named-speaker form alone: the text prompt is the default answer
+    (-0.01, 0.03, "none"),    # lower in the plain form alone
+    (None, 0.03, None),       # a form without every unit yet: not decided
+])
+def test_the_default_s_tokens_ship_only_if_neither_form_loses_f1(plain, named, expected):
+    out = answer_mode("m3-answer", plain, named)
+    assert out["rule"] == ANSWER_MODE_RULE and out["answer_graph"] == expected
+    assert out["f1_own_minus_none"] == {"plain": plain, "named": named}
+    assert answer_mode(None, 0.1, 0.1)["answer_graph"] is None  # no default chosen yet
 
 
 def test_answer_contrasts_against_a_fixed_reference_per_question():

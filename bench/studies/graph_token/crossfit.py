@@ -50,7 +50,8 @@ steps so that a full-recipe unit is sized to stay within about twice a product u
 side on 2 cores; ``--measure --variants m3-full`` times one on the saved cases before the study). Each
 held-out fold is scored under own, ablated, sham, shuffled and none at m = 3, and its greedy answers
 own and none also in ConvoMem's named-speaker form
-(:func:`qgmem.evaluation.named_form.named_speaker_item`). The reference text-10 without graph does not
+(:func:`qgmem.evaluation.named_form.named_speaker_item`), the product's too (its units recorded before
+that was added are taken up again for those two pieces alone, :func:`unit_done`). The reference text-10 without graph does not
 depend on training: ``--text10`` reads it per question from the headroom study's ``scores.jsonl``
 (:mod:`bench.studies.graph_token.headroom`), joined by question id (``own_vs_text10``; questions without
 a row are counted and left out of that contrast only). The choice, on the validation parts only, is
@@ -151,8 +152,8 @@ def variant_of(name: str) -> dict[str, Any]:
     (``None``: the samples' k for the graph, all of it for the text)."""
     base = {"name": name, "data": {}, "model": {}, "early_stop": None, "text_units": None, "graph_units": None,
             "named_form": False}
-    if name == "product":
-        return base
+    if name == "product":  # today's default: its tokens are checked in both forms too (the rule's last check)
+        return {**base, "named_form": True}
     if name.startswith("td"):
         p, m = name[2:].split("-")
         return {**base, "data": {"text_dropout": float(p), "text_dropout_units": int(m)}}
@@ -357,6 +358,14 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
 
 class OutOfTime(Exception):
     """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
+
+
+def unit_done(path: Path, variant: dict[str, Any]) -> bool:
+    """Whether the unit recorded at ``path`` holds every piece ``variant`` scores: a unit recorded before its
+    variant was also scored in the named-speaker form is taken up again, and only the missing pieces run."""
+    if not (path.exists() and path.with_name(path.name.replace(".json", ".val.json")).exists()):
+        return False
+    return not variant["named_form"] or "named" in json.loads(path.read_text())
 
 
 def unit_order(folds, variants, seeds) -> list[tuple]:
@@ -725,6 +734,25 @@ def choose_compact(root: Path, names: list[str], seeds: list[int], folds: int) -
     return out
 
 
+def choose_answer_mode(compact: dict[str, Any], summaries: dict[str, Any], folds: int) -> dict[str, Any]:
+    """The rule on the answers users read (:func:`~qgmem.evaluation.crossfit.answer_mode`) for the default
+    the compact prompt's rule gave: the chosen variant, or the product; its held-out F1 own − none in both
+    forms once every fold is in its summary."""
+    from qgmem.evaluation.crossfit import answer_mode
+
+    default = {True: compact["chosen"], False: "product"}.get(compact["compact_default"])
+    s = summaries.get(default) if default else None
+    plain = named = None
+    if s is not None and s["folds_done"] == list(range(folds)) and "answers_own_vs_none_named" in s:
+        plain = s["answers_own_vs_none"]["f1"]["diff"]["mean"]
+        named = s["answers_own_vs_none_named"]["f1"]["diff"]["mean"]
+    out = answer_mode(default, plain, named)
+    print(f"answer mode of the default ({default or 'not chosen yet'}): "
+          + (f"F1 own − none plain {plain:+.4f}, named {named:+.4f} -> answer_graph {out['answer_graph']}"
+             if out["answer_graph"] else "not decided yet"))
+    return out
+
+
 def print_table(s: dict[str, Any]) -> None:
     cats = sorted(s["per_category_n"])
     print(f"\n### {s['variant']}: {s['n']} questions (folds {s['folds_done']}), seeds {s['seeds']}; text "
@@ -861,8 +889,7 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"fold-{fold}-seed-{seed}.json"
         lock = out / f"fold-{fold}-seed-{seed}.lock"
-        if (path.exists() and path.with_name(f"fold-{fold}-seed-{seed}.val.json").exists()) \
-                or not claim(lock):  # done, or another process is running it now
+        if unit_done(path, variant) or not claim(lock):  # done, or another process is running it now
             continue
         parts = fold_parts(folds, fold, args.folds, list(items))
         try:
@@ -887,8 +914,9 @@ def main(argv=None) -> int:
             print_table(s)
     choice = choose_on_validation(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
     compact = choose_compact(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
+    mode = choose_answer_mode(compact, summaries, args.folds) if compact else None
     final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}),
-             **({"compact_choice": compact} if compact else {}),
+             **({"compact_choice": compact} if compact else {}), **({"answer_mode": mode} if mode else {}),
              "variant_settings": {v["name"]: {k: v[k] for k in ("data", "model", "early_stop", "text_units",
                                                                  "graph_units", "named_form")} for v in variants},
              **({"text10": str(args.text10)} if args.text10 else {}), "folds": args.folds,

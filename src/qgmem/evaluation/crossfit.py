@@ -342,5 +342,22 @@ def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, 
     return out
 
 
-__all__ = ["COMPACT_RULE", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
+ANSWER_MODE_RULE = ("Held-out folds, once the default is chosen. Its graph tokens ship only if its held-out greedy "
+                    "F1 with its own graph minus without a graph (paired by question over every (fold, seed) unit) "
+                    "has a mean not below zero both in ConvoMem's plain form and in its named-speaker form. "
+                    "Otherwise python train.py still trains and exports the encoder, and the export's default "
+                    "answer mode is the text prompt at the default's budget (answer_graph: none).")
+
+
+def answer_mode(default: str | None, plain: float | None, named: float | None) -> dict[str, Any]:
+    """:data:`ANSWER_MODE_RULE` applied: ``answer_graph`` is ``"token"`` or ``"none"`` once the default
+    (``None``: not chosen yet) has its mean held-out F1 own − none in both forms (``None``: not all units yet)."""
+    out: dict[str, Any] = {"rule": ANSWER_MODE_RULE, "default": default,
+                           "f1_own_minus_none": {"plain": plain, "named": named}, "answer_graph": None}
+    if default is not None and plain is not None and named is not None:
+        out["answer_graph"] = "token" if plain >= 0 and named >= 0 else "none"
+    return out
+
+
+__all__ = ["ANSWER_MODE_RULE", "COMPACT_RULE", "answer_mode", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
            "compact_choice", "conversation_of", "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
