@@ -162,10 +162,9 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     ``graph_mode``: the export's default answer mode (field ``graph_mode``: ``token``, or ``none``, the text
     prompt alone, with the graph tokens one request field away); default: the mode the weights trained with.
     """
-    from qgmem.model.graph_modes import check_mode
-
     from qgmem.finite import nonfinite_names
     from qgmem.model import checkpoint_keys as CK
+    from qgmem.model.graph_modes import check_mode
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import GraphTokenEncoder, peft_adapter_state
 

@@ -58,7 +58,7 @@ def card_data(config: dict[str, Any]) -> ModelCardData:
 def _answer_mode(config: dict[str, Any]) -> str:
     """What an answer reads by default (field ``graph_mode``), and how the weights trained when that differs."""
     mode, trained = config.get("graph_mode"), config.get("trained_graph_mode")
-    said = "the graph tokens" if mode == "token" else "the text prompt alone" if mode == "none" else f"graph mode `{mode}`"
+    said = {"token": "the graph tokens", "none": "the text prompt alone"}.get(mode, f"graph mode `{mode}`")
     if trained and trained != mode:
         said += f" (trained with graph mode `{trained}`; a request's `graph` field picks another)"
     return said

@@ -214,7 +214,8 @@ class QGMemPipeline:
         questions = [questions] if isinstance(questions, str) else list(questions)
         return self.generate(self.retrieve(questions, question_times, memory), graph=graph)
 
-    def generate(self, retrieved: Sequence[Retrieved], graph: str | None = None, streamer: Any = None) -> list[Answer]:
+    def generate(self, retrieved: Sequence[Retrieved], graph: str | None = None,
+                 streamer: Any = None) -> list[Answer]:
         """Answers for activated questions (``graph`` ``None``: :attr:`default_graph`); ``shuffled`` pairs question ``i`` with question ``i+1``'s graph
         (a single question gets the empty graph). ``streamer``: a ``transformers`` streamer given each
         decoding step's tokens (``[batch]``) of one batch; pass at most ``batch_size`` questions with it."""
