@@ -217,8 +217,9 @@ class QGMemPipeline:
     def generate(self, retrieved: Sequence[Retrieved], graph: str | None = None,
                  streamer: Any = None) -> list[Answer]:
         """Answers for activated questions (``graph`` ``None``: :attr:`default_graph`); ``shuffled`` pairs
-        question ``i`` with question ``i+1``'s graph (a single question gets the empty graph). ``streamer``: a ``transformers`` streamer given each
-        decoding step's tokens (``[batch]``) of one batch; pass at most ``batch_size`` questions with it."""
+        question ``i`` with question ``i+1``'s graph (a single question gets the empty graph). ``streamer``:
+        a ``transformers`` streamer given each decoding step's tokens (``[batch]``) of one batch; pass at most
+        ``batch_size`` questions with it."""
         graph = self.default_graph if graph is None else graph
         try:
             check_mode(graph)
