@@ -107,14 +107,15 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
     graph_token = GraphTokenConfig.from_dict(graph_token).to_dict()  # older checkpoints' field names read too
     has_adapter = any(k.startswith(CK.LM_PREFIX) for k in ckpt["state_dict"])
     activation = info.get("activation") or {}
+    trained_mode = hp.get("graph", "token")
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
         # the code that trained the weights (the checkpoint's), else the code exporting them
         "git_commit": (ckpt.get(CK.PROVENANCE) or {}).get("git_commit", git_commit()),
         "graph_token": graph_token,
         # what an answer reads when its caller names no mode; the weights' own training mode beside it
-        "graph_mode": graph_mode or hp.get("graph", "token"),
-        "trained_graph_mode": hp.get("graph", "token"),
+        "graph_mode": graph_mode or trained_mode,
+        "trained_graph_mode": trained_mode,
         "readout": {"kind": graph_token["readout"], "num_graph_tokens": graph_token["num_graph_tokens"]},
         "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
