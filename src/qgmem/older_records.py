@@ -143,3 +143,10 @@ def stored_source_label(meta: dict[str, Any]) -> bool:
     so; a store recording none was built with the label). Only a store without source-turn vectors of
     its own needs this, to embed its turns as it would have."""
     return bool(meta.get("params", {}).get("source_turn_label", True))
+
+#: flags of ``qgmem serve`` that were retired -> what replaced them
+SERVE_FLAGS: dict[str, str] = {
+    "store_root": "the memories live in a database: --store sqlite:///DIR/memories.db (the default is "
+                  "sqlite:///memories/memories.db) or --store postgresql://…; a folder of the earlier format "
+                  "moves there with qgmem migrate-store --from DIR --to URL",
+}

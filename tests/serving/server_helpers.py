@@ -42,14 +42,14 @@ def running(app):
         thread.join(timeout=30)
 
 
-def start_cli(export: Path, store_root: Path, *extra: str, env: dict | None = None):
+def start_cli(export: Path, store: str, *extra: str, env: dict | None = None):
     """``python -m qgmem serve`` in a subprocess; returns ``(process, base URL)`` once /healthz answers."""
     port = free_port()
     src = str(Path(__file__).resolve().parents[2] / "src")
     full_env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
                 "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", str(export), "--store-root",
-                             str(store_root), "--port", str(port), *extra],
+    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", str(export), "--store",
+                             str(store), "--port", str(port), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -65,13 +65,10 @@ def start_cli(export: Path, store_root: Path, *extra: str, env: dict | None = No
     raise RuntimeError("qgmem serve did not answer /healthz within 120 s")
 
 
-#: the calls that make a write durable or visible: a kill just before any of them (or before a file is
-#: opened for writing) is a point to test
-DURABLE_CALLS = ("fsync", "rename", "replace")
-
 _ZYGOTE = """
-import builtins, io, json, os, signal, sys, traceback
+import json, os, signal, sys, traceback
 exec(sys.argv[1])
+from qgmem.serving.storage.base import SqlStore
 print("ready", flush=True)
 for request in sys.stdin:
     job = json.loads(request)
@@ -80,18 +77,14 @@ for request in sys.stdin:
         try:
             exec(job["setup"])
             calls = [0]
-            def counted(real, writes_only=False):
-                def call(*args, **kwargs):
-                    mode = kwargs.get("mode", args[1] if len(args) > 1 else "r")
-                    if not writes_only or any(c in str(mode) for c in "wax+"):
-                        calls[0] += 1
-                        if calls[0] == job["step"]:
-                            os.kill(os.getpid(), signal.SIGKILL)
-                    return real(*args, **kwargs)
-                return call
-            for name in %r:
-                setattr(os, name, counted(getattr(os, name)))
-            builtins.open = io.open = counted(io.open, writes_only=True)
+            real = SqlStore._run
+            def counted(self, cur, sql, params=()):
+                out = real(self, cur, sql, params)
+                calls[0] += 1
+                if calls[0] == job["step"]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return out
+            SqlStore._run = counted
             exec(job["operation"])
         except BaseException:
             traceback.print_exc()
@@ -99,13 +92,14 @@ for request in sys.stdin:
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     print("killed" if os.WIFSIGNALED(status) else "finished" if os.WEXITSTATUS(status) == 0 else "failed", flush=True)
-""" % (DURABLE_CALLS,)
+"""
 
 
 class KillRig:
-    """Runs an operation killed (SIGKILL) just before its n-th durable call (:data:`DURABLE_CALLS`, or a file
-    opened for writing), in a child forked from a process that has only imported (``imports``, Python
-    source): the children start in milliseconds, and no thread pool of a test run is forked."""
+    """Runs an operation killed (SIGKILL) just after its n-th SQL statement (so before each statement that
+    follows and before the commit; a run that finishes is past the commit), in a child forked from a
+    process that has only imported (``imports``, Python source): the children start in milliseconds, and
+    no thread pool or connection of a test run is forked."""
 
     def __init__(self, imports: str):
         tests = Path(__file__).resolve().parents[1]
@@ -116,8 +110,8 @@ class KillRig:
         assert self.proc.stdout.readline().strip() == "ready"
 
     def run(self, step: int, setup: str, operation: str) -> bool:
-        """``setup`` then ``operation``, killed before the ``step``-th durable call of ``operation``; True
-        when it ran to its end (it made fewer calls)."""
+        """``setup`` then ``operation``, killed after the ``step``-th statement of ``operation``; True
+        when it ran to its end (it ran fewer statements)."""
         self.proc.stdin.write(json.dumps({"step": step, "setup": setup, "operation": operation}) + "\n")
         self.proc.stdin.flush()
         outcome = self.proc.stdout.readline().strip()

@@ -1,6 +1,6 @@
 """``qgmem serve``: the export as a memory service over HTTP (see :mod:`qgmem.serving.server`).
 
-Every setting is a field of :class:`ServeSettings` and a typed flag (``--store-root``, ``--max-batch`` …),
+Every setting is a field of :class:`ServeSettings` and a typed flag (``--store``, ``--max-batch`` …),
 parsed by jsonargparse as the other commands are: ``--config FILE`` reads them from YAML (keys are the
 field names; flags given after it win) and ``--print_config`` prints the resolved settings. Needs the ``serve`` extra: ``pip install -e '.[serve]'``.
 """
@@ -13,8 +13,12 @@ import sys
 from dataclasses import dataclass
 
 from qgmem.errors import UserError
+from qgmem.older_records import SERVE_FLAGS
 from qgmem.serving.export_models import engine_settings
-from qgmem.settings_flags import add_settings_arguments, settings_from_args
+from qgmem.serving.storage import DEFAULT_STORE, open_store
+from qgmem.serving.storage.folders import refuse_folder_root
+from qgmem.serving.storage.postgres import POOL_SIZE
+from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, settings_from_args
 
 
 @dataclass
@@ -22,7 +26,8 @@ class ServeSettings:
     """What ``qgmem serve`` runs with; one field per flag."""
 
     export: str | None = None  #: export folder (``python train.py`` writes checkpoints/export) or hub id
-    store_root: str = "memories"  #: where the users' memories persist (journal + store snapshots per user)
+    store: str = DEFAULT_STORE  #: where the users' memories persist: sqlite:///PATH (one file, the default) or postgresql://… (any libpq URL; many replicas may share it)
+    pool_size: int = POOL_SIZE  #: database connections per replica (postgresql:// stores)
     host: str = "127.0.0.1"  #: address to bind (default: this machine only)
     port: int = 8000  #: TCP port
     api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
@@ -36,15 +41,15 @@ class ServeSettings:
     max_batch: int = 8  #: questions answered in one LM forward at most
     max_wait_ms: float = 5.0  #: how long the first question of a batch waits for others
     max_queue: int = 64  #: questions that may wait for the LM; past this a request gets 503 + Retry-After
-    snapshot_every: int = 1  #: write a store snapshot every N appended sessions (the journal is always synced)
+    snapshot_every: int = 1  #: store a snapshot of a user's memory every N changes, in the change's transaction (fewer snapshots: cheaper appends, longer cold loads)
     max_body_bytes: int = 1_000_000  #: larger bodies get 413
     max_import_bytes: int = 200_000_000  #: the body of POST /v1/users/{id}/import (an export of a whole user) at most; larger gets 413
     max_turns: int = 500  #: turns per appended session (past: 413)
     max_turn_chars: int = 8_000  #: characters per turn (past: 413)
     body_timeout_s: float = 30.0  #: a request body not received within this many seconds gets 408 and the connection is closed
-    max_loaded_users: int | None = None  #: users held in memory at most; the least recently used is unloaded (reloaded from disk on its next request)
+    max_loaded_users: int | None = None  #: users held in memory at most; the least recently used is unloaded (reloaded from the store on its next request)
     max_loaded_units: int | None = None  #: memory units held in memory at most (the memory budget), least recently used users unloaded first
-    idle_unload_s: float | None = 900.0  #: unload a user idle for this many seconds (reloaded from its snapshot and journal on the next request)
+    idle_unload_s: float | None = 900.0  #: unload a user idle for this many seconds (reloaded from its snapshot and changes on the next request)
     log_level: str = "info"  #: uvicorn's log level (request lines hold method, path and status, never bodies)
 
 
@@ -55,6 +60,7 @@ TAKES_CONFIG = True
 def add_arguments(parser) -> None:
     """One typed flag per :class:`ServeSettings` field (its type hint, default and ``#:`` comment)."""
     add_settings_arguments(parser, ServeSettings)
+    add_retired_arguments(parser, SERVE_FLAGS)
 
 
 def resolve(args: argparse.Namespace) -> ServeSettings:
@@ -67,7 +73,7 @@ def resolve(args: argparse.Namespace) -> ServeSettings:
 def check(s: ServeSettings) -> None:
     if not s.export:
         raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
-    for name in ("max_batch", "max_queue", "snapshot_every", "max_body_bytes", "max_import_bytes", "max_turns",
+    for name in ("max_batch", "max_queue", "snapshot_every", "pool_size", "max_body_bytes", "max_import_bytes", "max_turns",
                  "max_turn_chars"):
         if getattr(s, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
@@ -86,6 +92,7 @@ def check(s: ServeSettings) -> None:
     if s.max_wait_ms < 0:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
     engine_settings(s.lm_url, s.lm_model, s.lm_api_key_env)
+    refuse_folder_root(s.store)
 
 
 def api_key(settings: ServeSettings) -> str | None:
@@ -98,7 +105,8 @@ def api_key(settings: ServeSettings) -> str | None:
 
 
 def build_service(settings: ServeSettings):
-    """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store root."""
+    """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store (its schema
+    migrated to this version's)."""
     from qgmem.serving.export_models import load_models
     from qgmem.serving.server import Limits, MemoryService
 
@@ -108,7 +116,8 @@ def build_service(settings: ServeSettings):
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_import_bytes=settings.max_import_bytes,
                     max_turns=settings.max_turns,
                     max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s)
-    return MemoryService(pipeline, settings.store_root, max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
+    options = {"pool_size": settings.pool_size} if settings.store.startswith("postgres") else {}
+    return MemoryService(pipeline, open_store(settings.store, **options), max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                          max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits,
                          max_loaded_users=settings.max_loaded_users, max_loaded_units=settings.max_loaded_units,
                          idle_unload_s=settings.idle_unload_s)
@@ -131,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     service = build_service(settings)
     app = create_app(service, api_key=key)
     print(f"qgmem serve: {settings.export} on http://{settings.host}:{settings.port} (memories in "
-          f"{settings.store_root}; {len(service.users.user_ids())} users; "
+          f"{service.users.store.url_shown()}; {len(service.users.user_ids())} users; "
           f"{'bearer key from $' + settings.api_key_env if key else 'no key'})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0

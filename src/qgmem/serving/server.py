@@ -14,10 +14,10 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
   for an agent that answers with its own LLM (ranked units with their times, trace states and scores,
   the local graph, and the graph as text the way ``--backbone api`` sends it); no LM call.
 - ``POST /v1/users/{user_id}/sessions/batch`` ``{"sessions": [{"turns", "time"?}, …]}``: several sessions,
-  one journal line each, acknowledged once all are durable (idempotent as a whole with the key).
+  one change each, acknowledged once all are committed (idempotent as a whole with the key).
 - ``GET /v1/users/{user_id}/memories?offset=&limit=``: the user's units, paged; ``DELETE
-  /v1/users/{user_id}``: the user forgotten, every file of theirs removed; ``DELETE
-  /v1/users/{user_id}/memories/{unit_id}``: one unit forgotten (journaled). ``search`` and ``memories``
+  /v1/users/{user_id}``: the user forgotten, every row of theirs removed; ``DELETE
+  /v1/users/{user_id}/memories/{unit_id}``: one unit forgotten (stored as a change). ``search`` and ``memories``
   take filters (``after``, ``before``, ``time_field``, ``sessions``: :mod:`qgmem.serving.filters`).
 - ``GET /v1/users/{user_id}/export`` (streamed) and ``POST /v1/users/{user_id}/import``: a user's
   history as one JSON document, and a new user with the same memory from it.
@@ -30,7 +30,8 @@ Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serv
 every body check); a full queue is a 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that
 fails is a 502 with its error, or a 504 when it ran out of time; a body not received within
 ``Limits.body_timeout_s`` a 408. Nothing of a request body is logged, the access log holds no query
-string, and a 500 names a user's file relative to the store root.
+string, and a 500 names no path of this machine. A store that cannot be reached (a database restart) is a
+503 with ``Retry-After``, a full disk a 507; neither stored anything of the request.
 """
 
 import asyncio
@@ -46,6 +47,7 @@ from qgmem.llm.prompt_embeds import EngineError
 from qgmem.serving.batcher import Batcher, QueueFull
 from qgmem.serving.filters import Filters
 from qgmem.serving.requests import ApiError, Limits
+from qgmem.serving.storage.base import StoreFull, StoreUnavailable
 from qgmem.serving.users import IdempotencyConflict, UnknownUnit, UnknownUser, UserExists, UserMemories, session_count
 
 log = logging.getLogger("qgmem.serve")
@@ -95,14 +97,14 @@ class Metrics:
 class MemoryService:
     """The models (one pipeline), the users' memories and the batcher, shared by every request."""
 
-    def __init__(self, pipeline: Any, store_root: str, *, max_batch: int = 8, max_wait_ms: float = 5.0,
+    def __init__(self, pipeline: Any, store: Any, *, max_batch: int = 8, max_wait_ms: float = 5.0,
                  max_queue: int = 64, snapshot_every: int = 1, limits: Limits | None = None,
                  max_loaded_users: int | None = None, max_loaded_units: int | None = None,
                  idle_unload_s: float | None = None):
         self.pipeline = pipeline
         pipeline.batch_size = max(pipeline.batch_size, max_batch)  # a batch of the batcher is one LM forward
         self.metrics = Metrics()
-        self.users = UserMemories(store_root, pipeline, snapshot_every=snapshot_every,
+        self.users = UserMemories(store, pipeline, snapshot_every=snapshot_every,
                                   max_loaded_users=max_loaded_users, max_loaded_units=max_loaded_units,
                                   idle_unload_s=idle_unload_s)
         self.batcher = Batcher(pipeline, max_batch=max_batch, max_wait_ms=max_wait_ms, max_queue=max_queue,
@@ -188,15 +190,17 @@ class MemoryService:
         self.metrics.units.set(self.users.units())
 
     def private(self, message: str) -> str:
-        """``message`` with the store root's path taken out: a user's file named relative to it."""
-        root = self.users.root
-        for prefix in sorted({str(root.resolve()), str(root.absolute()), str(root)}, key=len, reverse=True):
-            message = message.replace(prefix.rstrip(os.sep) + os.sep, "")
+        """``message`` with the SQLite file's folder taken out (a 500 never shows the machine's paths)."""
+        path = getattr(self.users.store, "path", None)
+        if path is not None:
+            for prefix in sorted({str(path.parent.resolve()), str(path.parent.absolute()), str(path.parent)},
+                                 key=len, reverse=True):
+                message = message.replace(prefix.rstrip(os.sep) + os.sep, "")
         return message
 
     def close(self) -> None:
         self.batcher.close()
-        self.users.snapshot_all()
+        self.users.close()
 
 
 # ------------------------------------------------------------------------------------------- app
@@ -259,6 +263,16 @@ def create_app(service: MemoryService, api_key: str | None = None):
             return error(500, f"this user's memory failed its integrity check: {message}")
         return error(404 if isinstance(exc, (UnknownUser, UnknownUnit)) else
                      409 if isinstance(exc, (IdempotencyConflict, UserExists)) else 400, message)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(request: Request, exc: StoreUnavailable):
+        log.error("%s", exc)  # the database is down or restarting: the client retries, the server lives on
+        return error(503, str(exc), {"Retry-After": "1"})
+
+    @app.exception_handler(StoreFull)
+    async def store_full(request: Request, exc: StoreFull):
+        log.error("%s", exc)
+        return error(507, str(exc))
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc):
