@@ -16,8 +16,7 @@ import pytest
 pytest.importorskip("fastapi")
 
 from qgmem.memory.config import ConstructionConfig
-from qgmem.memory.store import MemoryStore
-from qgmem.serving.users import JOURNAL, read_journal
+from qgmem.serving.storage import open_store
 
 from .helpers import make_export
 from .server_helpers import start_cli
@@ -45,7 +44,7 @@ def _stop(proc) -> str:
 def test_sigkill_mid_append_loses_nothing_acknowledged_and_restart_serves_the_same(tmp_path, tiny_lm_path):
     export = make_export(tmp_path / "export", tiny_lm_path, feature_dim=384,
                          construction=ConstructionConfig(extractor="heuristic").to_dict())
-    root = tmp_path / "memories"
+    root = f"sqlite:///{tmp_path / 'memories' / 'memories.db'}"
     env = {"QGMEM_TEST_KEY": KEY}
     proc, url = start_cli(export, root, "--api-key-env", "QGMEM_TEST_KEY", env=env)
     acked, logs = [], ""
@@ -74,13 +73,13 @@ def test_sigkill_mid_append_loses_nothing_acknowledged_and_restart_serves_the_sa
     finally:
         if proc.poll() is None:
             proc.kill()
-    folder = root / "users" / "ana"
-    entries = read_journal(folder / JOURNAL)
-    whole = [e for e in entries if e is not None]
-    assert len(whole) >= len(acked) == max(acked) + 1, "an acknowledged session is missing from the journal"
+    store = open_store(root)
+    whole = store.changes("ana", 0)
+    loaded = store.load("ana")
+    store.close()
+    assert len(whole) >= len(acked) == max(acked) + 1, "an acknowledged session is missing from the store"
     assert len(whole) in (3, 4) and [e["turns"] for e in whole[:3]] == [_session(n)["turns"] for n in range(3)]
-    for snapshot in folder.glob("snapshot-*"):  # whatever snapshot is there loads and passes its checks
-        assert MemoryStore.load(snapshot).meta["journal_seq"] <= len(whole)
+    assert loaded[1] is not None and loaded[0] == len(whole)  # the snapshot is committed with its change
 
     proc, url = start_cli(export, root, "--api-key-env", "QGMEM_TEST_KEY", env=env)
     try:
@@ -90,7 +89,7 @@ def test_sigkill_mid_append_loses_nothing_acknowledged_and_restart_serves_the_sa
     finally:
         logs += _stop(proc)
     assert nxt["session"] == len(whole), "the restart did not serve every durable session"
-    if len(whole) == 3:  # the killed append had not reached the journal: the same memory as before the kill
+    if len(whole) == 3:  # the killed append was not committed: the same memory as before the kill
         assert after["memory"] == before["memory"] and after["answer"] == before["answer"]
     assert KEY not in logs and "tulips" not in logs and "marigold" not in logs
     assert "POST /v1/users/ana/sessions" in logs  # request lines are logged: method, path, status only
@@ -121,4 +120,11 @@ def test_serve_flags_follow_the_cli_conventions(tmp_path, monkeypatch, capsys):
     assert "max_batch" in err and "Traceback" not in err
     assert main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--store-root" in out and "--print_config" in out and "questions answered in one LM forward" in out
+    assert "--store" in out and "sqlite:///memories/memories.db" in out and "--print_config" in out and "questions answered in one LM forward" in out
+    assert "--store-root" not in out  # retired: named by its successor when given
+    assert main(["serve", "--export", "x", "--store-root", "memories"]) == 2
+    err = capsys.readouterr().err
+    assert "--store-root was retired" in err and "--store sqlite:///" in err and "migrate-store" in err
+    assert "Traceback" not in err
+    assert main(["serve", "--export", "x", "--store", "memories/db"]) == 2
+    assert "not a store URL" in capsys.readouterr().err

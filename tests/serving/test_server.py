@@ -40,7 +40,8 @@ def _service(pipeline, tmp_path, **kwargs):
 
     pipe = copy.copy(pipeline)  # each app its own memory state over the same models
     pipe._builder = None
-    return MemoryService(pipe, str(tmp_path / "memories"), **kwargs)
+    (tmp_path / "memories").mkdir(exist_ok=True)
+    return MemoryService(pipe, f"sqlite:///{tmp_path / 'memories' / 'memories.db'}", **kwargs)
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def test_sessions_answer_chat_health_and_metrics(server):
     assert r.status_code == 200, r.text
     first = r.json()
     assert first["user"] == "alice" and first["session"] == 0 and first["units"] == first["units_added"] > 0
-    assert set(first["seconds"]) == {"construction", "journal", "snapshot", "total"}
+    assert set(first["seconds"]) == {"construction", "commit", "total"}
     second = httpx.post(f"{url}/v1/users/alice/sessions",
                         json={"turns": [{"speaker": "User", "text": "I bought a green kayak in June."}]}).json()
     assert second["session"] == 1 and second["units"] == first["units"] + second["units_added"]
@@ -83,7 +84,7 @@ def test_sessions_answer_chat_health_and_metrics(server):
     health = httpx.get(f"{url}/healthz").json()
     assert health["status"] == "ok" and health["users_loaded"] == 1
     metrics = httpx.get(f"{url}/metrics").text
-    for stage in ("activation", "generation", "graph_encoding", "queue", "append_construction", "append_journal"):
+    for stage in ("activation", "generation", "graph_encoding", "queue", "append_construction", "append_commit"):
         assert f'qgmem_stage_seconds_bucket{{le="0.005",stage="{stage}"}}' in metrics, stage
     assert 'qgmem_request_seconds_count{endpoint="/v1/users/{user_id}/answer"} 2.0' in metrics
 
@@ -171,7 +172,7 @@ def test_bad_input_is_a_4xx_with_a_message_and_the_server_lives_on(pipeline, tmp
         r = httpx.post(url + path, content=body, headers={"content-type": "application/json"})
         assert r.status_code == status, r.text
         assert needle in r.json()["error"]["message"]
-        assert not (tmp_path / "memories" / "users" / "bad id").exists()
+        assert service.users.user_ids() == []
         assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE[:1]}).status_code == 200
         assert httpx.get(f"{url}/healthz").json()["status"] == "ok"
 

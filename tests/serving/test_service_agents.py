@@ -13,7 +13,6 @@ pytest.importorskip("fastapi")
 
 from qgmem.serving.requests import Limits
 from qgmem.serving.server import create_app
-from qgmem.serving.users import JOURNAL, read_journal
 
 from .server_helpers import running
 from .test_server import ALICE, BOB, _service, pipeline  # noqa: F401  (fixture)
@@ -56,7 +55,7 @@ def test_a_forgotten_memory_is_never_returned_again(alice, pipeline, tmp_path): 
     bad = httpx.delete(f"{url}/v1/users/alice/memories/a%20b")
     assert bad.status_code == 400 and "unit id" in bad.json()["error"]["message"]
     assert httpx.delete(f"{url}/v1/users/nobody/memories/w0000.u0").status_code == 404
-    restarted = _service(pipeline, tmp_path)  # the forget is journaled: a restart does not bring it back
+    restarted = _service(pipeline, tmp_path)  # the forget is stored: a restart does not bring it back
     assert "lisbon" not in json.dumps(restarted.memories("alice", 0, 1000)).lower()
 
 
@@ -163,7 +162,7 @@ def test_bad_imports_are_4xx_naming_the_field_and_store_nothing(alice, document,
 
 # ------------------------------------------------------------------------------------------- batch
 def test_a_batch_append_is_acknowledged_once_and_idempotent_as_a_whole(alice, tmp_path):
-    url, _ = alice
+    url, service = alice
     batch = {"sessions": [{"turns": BOB, "time": "2024-07-01"}, {"turns": MORE}]}
     key = {"Idempotency-Key": "batch-1"}
     first = httpx.post(f"{url}/v1/users/bob/sessions/batch", json=batch, headers=key)
@@ -174,8 +173,7 @@ def test_a_batch_append_is_acknowledged_once_and_idempotent_as_a_whole(alice, tm
     assert replay["replayed"] and replay["sessions"] == body["sessions"]
     conflict = httpx.post(f"{url}/v1/users/bob/sessions/batch", json={"sessions": batch["sessions"][:1]}, headers=key)
     assert conflict.status_code == 409
-    lines = read_journal(tmp_path / "memories" / "users" / "bob" / JOURNAL)
-    assert [e["batch"] for e in lines] == [[0, 2], [1, 2]]
+    assert len(service.users.store.changes("bob", 0)) == 2  # one change per session, stored once
     for bad, status, needle in (({"sessions": []}, 400, "field 'sessions'"),
                                 ({"sessions": [{"turns": BOB}, {"turns": [{"speaker": "U"}]}]}, 400,
                                  "sessions[1]: turns[0]: field 'text'"),
@@ -183,7 +181,7 @@ def test_a_batch_append_is_acknowledged_once_and_idempotent_as_a_whole(alice, tm
                                 ({"sessions": [{"turns": MORE}] * 101}, 413, "101 sessions")):
         r = httpx.post(f"{url}/v1/users/bob/sessions/batch", json=bad)
         assert r.status_code == status and needle in r.json()["error"]["message"], (bad, r.text)
-    assert len(read_journal(tmp_path / "memories" / "users" / "bob" / JOURNAL)) == 2
+    assert len(service.users.store.changes("bob", 0)) == 2
 
 
 # -------------------------------------------------------------------------------------------- auth

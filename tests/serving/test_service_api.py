@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+import sqlite3
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,6 @@ pytest.importorskip("fastapi")
 
 from qgmem.serving.requests import Limits
 from qgmem.serving.server import create_app
-from qgmem.serving.users import JOURNAL
 
 from .server_helpers import free_port, running
 from .test_server import ALICE, BOB, _service, pipeline  # noqa: F401  (fixture)
@@ -89,13 +89,18 @@ def test_memories_are_paged_and_delete_removes_every_file_of_the_user(server, tm
         bad = httpx.get(f"{url}/v1/users/alice/memories", params=params)
         assert bad.status_code == 400 and f"'{name}'" in bad.json()["error"]["message"], (params, bad.text)
 
-    root = tmp_path / "memories"
-    assert (root / "users" / "alice" / JOURNAL).is_file()
+    database = tmp_path / "memories" / "memories.db"
+
+    def rows(user_id: str) -> dict[str, int]:
+        with sqlite3.connect(database) as conn:
+            return {t: conn.execute(f"SELECT COUNT(*) FROM {t} WHERE user_id = ?", (user_id,)).fetchone()[0]
+                    for t in ("users", "changes", "snapshots")}
+
+    assert rows("alice") == {"users": 1, "changes": 2, "snapshots": 1}
     r = httpx.delete(f"{url}/v1/users/alice")
     assert r.status_code == 200 and r.json() == {"user": "alice", "deleted": True}
-    left = [p for p in root.rglob("*") if "alice" in str(p.relative_to(root))]
-    assert left == [] and not (root / "users" / "alice").exists()
-    assert (root / "users" / "bob" / JOURNAL).is_file()  # control: the other user's files are kept
+    assert rows("alice") == {"users": 0, "changes": 0, "snapshots": 0}
+    assert rows("bob") == {"users": 1, "changes": 1, "snapshots": 1}  # control: the other user's rows are kept
     assert httpx.post(f"{url}/v1/users/alice/answer", json={"question": "Where do I live?"}).status_code == 404
     assert httpx.delete(f"{url}/v1/users/alice").status_code == 404
     again = httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": MORE}).json()  # a new, empty memory
@@ -170,9 +175,9 @@ def test_six_identical_appends_with_one_key_store_one_copy_and_return_the_first_
     bodies = [r.json() for r in replies]
     first = next(b for b in bodies if not b.get("replayed"))
     assert sum(not b.get("replayed") for b in bodies) == 1
-    assert all({k: v for k, v in b.items() if k != "replayed"} == first for b in bodies)
-    journal = (tmp_path / "memories" / "users" / "alice" / JOURNAL).read_text().splitlines()
-    assert len(journal) == 3 and first["session"] == 2
+    stored = {k: v for k, v in first.items() if k != "seconds"}  # a replay: the result, not the first request's times
+    assert all({k: v for k, v in b.items() if k != "replayed"} == stored for b in bodies if b.get("replayed"))
+    assert len(service.users.store.changes("alice", 0)) == 3 and first["session"] == 2
     assert httpx.get(f"{url}/v1/users/alice/memories").json()["total"] == before + first["units_added"]
     conflict = httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": MORE}, headers=headers)
     assert conflict.status_code == 409 and "append-42" in conflict.json()["error"]["message"]
@@ -180,7 +185,7 @@ def test_six_identical_appends_with_one_key_store_one_copy_and_return_the_first_
     assert other.json()["session"] == 3  # control: another key stores the session again
     bad = httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": BOB}, headers={"Idempotency-Key": "a b"})
     assert bad.status_code == 400 and "Idempotency-Key" in bad.json()["error"]["message"]
-    restarted = _service(pipeline, tmp_path)  # the keys live in the journal: a restart still knows them
+    restarted = _service(pipeline, tmp_path)  # the keys live in the store: a restart still knows them
     again = restarted.users.append("alice", BOB, None, "append-42")
     assert again["replayed"] and again["session"] == 2 and again["units"] == first["units"]
 
@@ -232,25 +237,12 @@ def test_idle_users_are_unloaded_by_the_sweep_and_reloaded_the_same(pipeline, tm
         assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": MORE}).json()["session"] == 1
 
 
-def test_no_snapshot_lock_file_is_left_per_session(server, tmp_path):
-    url, _ = server
+def test_one_snapshot_row_per_user_is_kept_at_the_last_change(server, tmp_path):
+    url, service = server
     for _ in range(3):
         httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": MORE}).raise_for_status()
-    assert sorted(p.name for p in (tmp_path / "memories" / "users" / "alice").iterdir()) == [JOURNAL,
-                                                                                            "snapshot-00000005"]
-
-
-# ------------------------------------------------------------------------------------ privacy
-def test_a_500_names_the_file_relative_to_the_store_root(pipeline, tmp_path):  # noqa: F811
-    service = _service(pipeline, tmp_path)
-    service.users.append("alice", ALICE)
-    journal = tmp_path / "memories" / "users" / "alice" / JOURNAL
-    journal.write_bytes(journal.read_bytes().replace(b"teal", b"tea1", 1))
-    with running(create_app(_service(pipeline, tmp_path))) as url:
-        r = httpx.post(f"{url}/v1/users/alice/answer", json={"question": "Where do I live?"})
-    message = r.json()["error"]["message"]
-    assert r.status_code == 500 and "users/alice/journal.jsonl, line 1" in message
-    assert str(tmp_path) not in message and "memories/" not in message
+    with sqlite3.connect(tmp_path / "memories" / "memories.db") as conn:
+        assert conn.execute("SELECT user_id, seq FROM snapshots").fetchall() == [("alice", 5)]
 
 
 def test_the_access_log_never_holds_a_query_string(pipeline, tmp_path):  # noqa: F811

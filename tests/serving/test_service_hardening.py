@@ -1,11 +1,11 @@
 """The service's defects of the fourth probe, each shown where it was found: metric labels any client
-could add, an idempotency key lost with a failed snapshot, paging numbers that became a 500, a user
-folder without its journal (and the delete that could leave one); and the OpenAI extras and methods
-clients send by default."""
+could add, an idempotency key lost with a failed snapshot (now: a write and its snapshot are one
+transaction), paging numbers that became a 500; and the OpenAI extras and methods clients send by default."""
 
 from __future__ import annotations
 
 import random
+import sqlite3
 import string
 
 import httpx
@@ -13,14 +13,11 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from qgmem.errors import IntegrityError
-from qgmem.serving import users as users_module
 from qgmem.serving.server import create_app
-from qgmem.serving.users import JOURNAL, UnknownUser, UserMemories, read_journal
+from qgmem.serving.storage.base import SqlStore
 
 from .server_helpers import running
 from .test_server import ALICE, BOB, _service, pipeline  # noqa: F401  (fixture)
-from .test_users import TURNS, _Models
 
 KEY = {"Authorization": "Bearer k3y"}
 
@@ -53,31 +50,37 @@ def test_metric_labels_are_route_templates_and_a_refused_request_adds_no_series(
 
 
 # ---------------------------------------------------------------------------------------- idempotency
-def test_a_retry_after_a_failed_snapshot_returns_the_stored_session(pipeline, tmp_path, monkeypatch):  # noqa: F811
-    """Was: the key counted only once the snapshot was written, so each retry after the 500 stored the
-    session again (four copies of every fact after four tries)."""
+def test_a_write_whose_snapshot_fails_stores_nothing_and_its_retry_stores_it_once(pipeline, tmp_path, monkeypatch):  # noqa: F811
+    """Was: the change made durable before its snapshot, so a failed snapshot gave a 500 for an append (or
+    a forget) that was stored, and the forget's retry a 404. The snapshot is in the change's transaction:
+    a failure is a clear 5xx with nothing stored, and the retry stores the change once."""
     service = _service(pipeline, tmp_path)
+    real = SqlStore._upsert_snapshot
 
-    def disk_full(user):
-        raise OSError(28, "No space left on device")
+    def disk_full(*args):
+        raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(service.users, "_snapshot", disk_full)
+    monkeypatch.setattr(SqlStore, "_upsert_snapshot", disk_full)
     with running(create_app(service)) as url:
         headers = {"Idempotency-Key": "k-1"}
         send = lambda: httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}, headers=headers)  # noqa: E731
-        assert send().status_code == 500
-        retries = [send() for _ in range(3)]
-        assert [r.status_code for r in retries] == [200] * 3
-        assert all(r.json()["replayed"] and r.json()["session"] == 0 for r in retries)
-        other = httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": BOB}, headers={"Idempotency-Key": "k-2"})
-        assert other.status_code == 500  # control: a new key stores its session (the snapshot still fails)
-    lines = read_journal(tmp_path / "memories" / "users" / "alice" / JOURNAL)
-    assert [e["key"] for e in lines] == ["k-1", "k-2"]
+        failed = send()
+        assert failed.status_code == 507 and "nothing of this request was stored" in failed.json()["error"]["message"]
+        assert service.users.user_ids() == []
+        monkeypatch.setattr(SqlStore, "_upsert_snapshot", real)
+        first, again = send(), send()
+        assert first.status_code == 200 and not first.json().get("replayed") and again.json()["replayed"]
+        unit = httpx.get(f"{url}/v1/users/alice/memories").json()["units"][0]["unit_id"]
+        monkeypatch.setattr(SqlStore, "_upsert_snapshot", disk_full)
+        assert httpx.delete(f"{url}/v1/users/alice/memories/{unit}").status_code == 507
+        monkeypatch.setattr(SqlStore, "_upsert_snapshot", real)
+        assert httpx.delete(f"{url}/v1/users/alice/memories/{unit}").status_code == 200  # the forget was not stored
+        assert httpx.delete(f"{url}/v1/users/alice/memories/{unit}").status_code == 404
     restarted = _service(pipeline, tmp_path)
     memory = restarted.memories("alice", 0, 1000)
     facts = [u["fact"] for u in memory["units"]]
-    assert memory["sessions"] == 2 and len(facts) > retries[0].json()["units"]
-    assert len(facts) == len(set(facts))  # one copy of each fact
+    assert memory["sessions"] == 1 and len(facts) == len(set(facts)) == first.json()["units"] - 1
+    assert unit not in {u["unit_id"] for u in memory["units"]}
 
 
 # -------------------------------------------------------------------------------------------- paging
@@ -108,61 +111,6 @@ def test_paging_numbers_in_range_are_served(alice):
     """The control of the test above."""
     r = httpx.get(f"{alice}/v1/users/alice/memories?offset=0000001&limit=1000")
     assert r.status_code == 200 and r.json()["offset"] == 1 and r.json()["limit"] == 1000
-
-
-# ------------------------------------------------------------------------------ a folder without journal
-def test_a_snapshot_without_its_journal_is_refused_from_the_first_request(tmp_path):
-    """Was: the user read as unknown, the next append was accepted as session 0, and after a restart
-    every request was a 500 (the new session unreachable too)."""
-    users = UserMemories(tmp_path, _Models())
-    for turns in TURNS[:2]:
-        users.append("ana", turns)
-    folder = tmp_path / "users" / "ana"
-    (folder / JOURNAL).unlink()
-    reloaded = UserMemories(tmp_path, _Models())
-    assert reloaded.exists("ana") and reloaded.user_ids() == ["ana"]
-    with pytest.raises(IntegrityError, match="journal.jsonl is missing"):
-        reloaded.get("ana")
-    with pytest.raises(IntegrityError, match="journal.jsonl is missing"):
-        reloaded.append("ana", TURNS[2])
-    assert sorted(p.name for p in folder.iterdir()) == ["snapshot-00000002"]  # nothing written, nothing removed
-
-
-def test_a_snapshot_without_its_journal_is_a_500_naming_it_over_http(pipeline, tmp_path):  # noqa: F811
-    service = _service(pipeline, tmp_path)
-    service.users.append("alice", ALICE)
-    (tmp_path / "memories" / "users" / "alice" / JOURNAL).unlink()
-    with running(create_app(_service(pipeline, tmp_path))) as url:
-        first = httpx.get(f"{url}/v1/users/alice/memories")
-        append = httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE})
-    for r in (first, append):
-        assert r.status_code == 500 and "users/alice/journal.jsonl is missing" in r.json()["error"]["message"], r.text
-
-
-def test_a_delete_killed_midway_leaves_the_whole_user_or_nothing(tmp_path, monkeypatch):
-    """Was: ``rmtree`` in place, so a kill after the journal went left its snapshot behind (the state of
-    the test above). The folder is renamed out of users/ first; the rest goes at the next start."""
-    users = UserMemories(tmp_path, _Models())
-    for turns in TURNS[:2]:
-        users.append("ana", turns)
-    users.append("bob", TURNS[3])
-
-    def killed(path, *args, **kwargs):  # removes the journal, then the process dies
-        (path / JOURNAL).unlink()
-        raise SystemExit("killed")
-
-    monkeypatch.setattr(users_module.shutil, "rmtree", killed)
-    with pytest.raises(SystemExit):
-        users.delete("ana")
-    monkeypatch.undo()
-    assert not (tmp_path / "users" / "ana").exists()
-    restarted = UserMemories(tmp_path, _Models())
-    assert not (tmp_path / "deleted").exists()  # the leftover went at the start
-    with pytest.raises(UnknownUser):
-        restarted.get("ana")
-    assert restarted.append("ana", TURNS[2])["session"] == 0  # a new user, served after a restart too
-    again = UserMemories(tmp_path, _Models())
-    assert len(again.get("ana").store) == 1 and len(again.get("bob").store) == 1
 
 
 # ------------------------------------------------------------------------------------ OpenAI extras

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from qgmem.errors import UserError
 from qgmem.older_records import SERVE_FLAGS
 from qgmem.serving.export_models import engine_settings
-from qgmem.serving.storage import DEFAULT_STORE, open_store
+from qgmem.serving.storage import DEFAULT_STORE, open_store, store_kind
 from qgmem.serving.storage.folders import refuse_folder_root
 from qgmem.serving.storage.postgres import POOL_SIZE
 from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, settings_from_args
@@ -93,6 +93,7 @@ def check(s: ServeSettings) -> None:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
     engine_settings(s.lm_url, s.lm_model, s.lm_api_key_env)
     refuse_folder_root(s.store)
+    store_kind(s.store)
 
 
 def api_key(settings: ServeSettings) -> str | None:
@@ -116,7 +117,7 @@ def build_service(settings: ServeSettings):
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_import_bytes=settings.max_import_bytes,
                     max_turns=settings.max_turns,
                     max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s)
-    options = {"pool_size": settings.pool_size} if settings.store.startswith("postgres") else {}
+    options = {"pool_size": settings.pool_size} if store_kind(settings.store) == "postgresql" else {}
     return MemoryService(pipeline, open_store(settings.store, **options), max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                          max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits,
                          max_loaded_users=settings.max_loaded_users, max_loaded_units=settings.max_loaded_units,

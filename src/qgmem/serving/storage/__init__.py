@@ -19,16 +19,27 @@ from qgmem.errors import UserError
 DEFAULT_STORE = "sqlite:///memories/memories.db"
 
 
-def open_store(url: str, **options):
-    """The store ``url`` names (``options``: the backend's, e.g. ``pool_size`` for Postgres)."""
+def store_kind(url: str) -> str:
+    """``"sqlite"`` or ``"postgresql"``, from the URL's scheme (checked before anything is opened)."""
     scheme = url.split(":", 1)[0].lower() if "://" in url else ""
     if scheme == "sqlite":
+        from qgmem.serving.storage.sqlite import sqlite_path
+
+        sqlite_path(url)
+        return "sqlite"
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    raise UserError(f"store {url[:200]!r} is not a store URL: sqlite:///PATH or postgresql://… "
+                    f"(the default is {DEFAULT_STORE})")
+
+
+def open_store(url: str, **options):
+    """The store ``url`` names (``options``: the backend's, e.g. ``pool_size`` for Postgres), its schema
+    migrated to this version's."""
+    if store_kind(url) == "sqlite":
         from qgmem.serving.storage.sqlite import SqliteStore
 
         return SqliteStore(url)
-    if scheme in ("postgresql", "postgres"):
-        from qgmem.serving.storage.postgres import PostgresStore
+    from qgmem.serving.storage.postgres import PostgresStore
 
-        return PostgresStore(url, **options)
-    raise UserError(f"store {url[:200]!r} is not a store URL: sqlite:///PATH or postgresql://… "
-                    f"(the default is {DEFAULT_STORE})")
+    return PostgresStore(url, **options)
