@@ -140,6 +140,27 @@ def test_a_batch_killed_at_any_point_is_stored_whole_or_not_at_all_and_its_retry
     assert seen == {1, 4} and step >= 3
 
 
+def test_an_append_killed_at_any_point_is_stored_or_not_and_its_retry_stores_it_once(store_url, rig, request, tmp_path):
+    users = UserMemories(store_url, _Models())
+    users.append("ana", TURNS[0])
+    _closed(users)
+    step, seen = 0, set()
+    while True:
+        step += 1
+        url = clone(store_url, request, tmp_path, f"kill{step}")
+        finished = rig.run(step, _users(url), f"users.append('ana', {TURNS[1]!r}, None, 'k')")
+        units = len(state(url, "ana")[0])
+        assert units in (1, 2), (step, units)
+        seen.add(units)
+        again = UserMemories(url, _Models())
+        assert again.append("ana", TURNS[1], None, "k").get("replayed", False) == (units == 2)
+        assert len(again.store.changes("ana", 0)) == 2 and again.store.load("ana")[0] == 2  # the snapshot with it
+        _closed(again)
+        if finished:
+            break
+    assert seen == {1, 2} and step >= 3
+
+
 # ------------------------------------------------------------------------------------ export, import
 def test_an_export_imported_as_a_new_user_gives_the_same_memory(store_url):
     users = _ana(store_url)
