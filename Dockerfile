@@ -4,7 +4,8 @@
 #   docker build -t qgmem-serve .
 #   docker run -p 127.0.0.1:8000:8000 -v "$PWD/checkpoints/export:/export:ro" -v qgmem-memories:/memories qgmem-serve
 #
-# One container per store root (docs/serving.md, "Running it in production"); TLS at a reverse proxy.
+# Alone, it keeps the memories in a SQLite file on the volume; several replicas share one Postgres
+# (compose.yaml beside this file, and docs/serving.md, "Running it in production"). TLS at a reverse proxy.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -32,7 +33,7 @@ RUN useradd --system --uid 10001 --create-home --home-dir /home/qgmem qgmem \
 USER 10001:10001
 WORKDIR /home/qgmem
 
-# the users' memories (journal + snapshots per user): keep them on a volume
+# the users' memories (a SQLite file, unless --store names a Postgres): keep them on a volume
 VOLUME ["/memories"]
 EXPOSE 8000
 
@@ -40,5 +41,5 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=180s --retries=3 \
   CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4).status != 200)"]
 
 # bound to every interface of the container; publish the port on 127.0.0.1 or behind the proxy only
-ENTRYPOINT ["qgmem", "serve", "--host", "0.0.0.0", "--port", "8000", "--store-root", "/memories", "--threads", "1"]
+ENTRYPOINT ["qgmem", "serve", "--host", "0.0.0.0", "--port", "8000", "--store", "sqlite:////memories/memories.db", "--threads", "1"]
 CMD ["--export", "/export"]

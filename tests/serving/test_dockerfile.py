@@ -11,6 +11,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from qgmem.serving import serve_cli
+from qgmem.serving.storage.sqlite import sqlite_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,7 +55,8 @@ def test_the_dockerfile_runs_qgmem_serve_as_a_non_root_user_with_a_store_volume_
     serve_cli.add_arguments(parser)
     settings = serve_cli.resolve(parser.parse_args(entry[2:]))  # the flags exist and pass the checks
     assert settings.host == "0.0.0.0" and settings.export == "/export"
-    assert exec_form(last["VOLUME"]) == [settings.store_root]
+    assert settings.store.startswith("sqlite:///")
+    assert exec_form(last["VOLUME"]) == [str(sqlite_path(settings.store).parent)]  # the database file on the volume
     assert last["EXPOSE"] == str(settings.port)
 
     health = last["HEALTHCHECK"]
@@ -68,3 +70,25 @@ def test_the_build_context_holds_only_the_package():
     copied = [source for k, a in steps if k == "COPY" for source in exec_form(a)[:-1]]
     kept = {i.rstrip("/") for i in ignore if i.startswith("!")}
     assert copied and all(f"!{c.rstrip('/')}" in kept for c in copied), copied
+
+
+def test_the_compose_file_runs_replicas_over_postgres_with_pgvector():
+    """compose.yaml (it cannot be run here): read as YAML, each replica's command parsed by ``qgmem
+    serve``'s flags with the entry point of the image, its store the compose Postgres, and no secret in it."""
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    db, serve = services["postgres"], services["qgmem"]
+    assert db["image"].startswith("pgvector/pgvector:pg16")
+    assert db["healthcheck"]["test"][:2] == ["CMD", "pg_isready"] and "volumes" in db
+    assert serve["build"] == "." and serve["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert serve["deploy"]["replicas"] >= 2 and "ports" not in serve  # replicas sit behind the proxy
+    last = dict(instructions((ROOT / "Dockerfile").read_text()))
+    parser = ArgumentParser(exit_on_error=False)
+    serve_cli.add_arguments(parser)
+    settings = serve_cli.resolve(parser.parse_args(exec_form(last["ENTRYPOINT"])[2:] + serve["command"]))
+    assert settings.store.startswith("postgresql://") and "@postgres:5432/" in settings.store
+    assert "${POSTGRES_PASSWORD" in settings.store and "${POSTGRES_PASSWORD" in db["environment"]["POSTGRES_PASSWORD"]
+    proxy = services["proxy"]
+    assert proxy["depends_on"] == ["qgmem"] and proxy["ports"] == ["127.0.0.1:8000:8000"]
