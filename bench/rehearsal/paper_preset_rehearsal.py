@@ -408,7 +408,7 @@ def serve_one(export: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
     port = free_port()
     err = open(work / "logs" / "serve.log", "a")
     proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", str(export), "--port", str(port),
-                             "--store-root", str(work / "memories"), "--device", "cpu"],
+                             "--store", f"sqlite:///{work / 'memories' / 'memories.db'}", "--device", "cpu"],
                             env=env, start_new_session=True, stdout=err, stderr=subprocess.STDOUT, cwd=REPO)
     try:
         base = f"http://127.0.0.1:{port}"

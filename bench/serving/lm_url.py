@@ -103,8 +103,8 @@ def compare_rss(export: str) -> dict:
         for name, extra in (("in_process", []), ("lm_url", ["--lm-url", f"http://127.0.0.1:{engine_port}/v1"])):
             port = free_port()
             servers[name] = (f"http://127.0.0.1:{port}", subprocess.Popen(
-                [sys.executable, "-m", "qgmem", "serve", "--export", export, "--store-root",
-                 tempfile.mkdtemp(prefix=f"qgmem-rss-{name}-"), "--port", str(port), "--lm-dtype", "float32",
+                [sys.executable, "-m", "qgmem", "serve", "--export", export, "--store",
+                 f"sqlite:///{tempfile.mkdtemp(prefix=f'qgmem-rss-{name}-')}/memories.db", "--port", str(port), "--lm-dtype", "float32",
                  "--threads", "1", "--log-level", "warning", *extra], env=env))
         data = histories(1)[0]
         for name, (url, proc) in servers.items():

@@ -4,7 +4,7 @@
 set -uo pipefail
 export_dir=${1:?export folder}; port=${2:-8000}; url=localhost:$port
 root=$(mktemp -d)
-python -m qgmem serve --export "$export_dir" --store-root "$root/memories" --port "$port" --threads 1 \
+python -m qgmem serve --export "$export_dir" --store "sqlite:///$root/memories/memories.db" --port "$port" --threads 1 \
   --log-level warning > "$root/serve.log" 2>&1 &
 pid=$!
 for _ in $(seq 120); do curl -s "$url/healthz" > /dev/null && break; sleep 1; done

@@ -1,6 +1,6 @@
 """Load test of ``qgmem serve``: concurrent clients over real ConvoMem histories and questions.
 
-Starts the server on 127.0.0.1 (a fresh store root), gives each of ``--users`` users a real ConvoMem
+Starts the server on 127.0.0.1 (a fresh SQLite store), gives each of ``--users`` users a real ConvoMem
 history appended as 20-turn sessions (the append latencies are reported as ``append (setup)``), then
 runs ``--clients`` clients for ``--seconds``: each request is an answer (``POST
 /v1/users/{id}/answer``, 55 %), a streamed OpenAI-style chat completion (35 %; the time to the first
@@ -111,13 +111,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def start_server(export: str, threads: int | None = None, serve_args: list[str] = ()) \
+def start_server(export: str, threads: int | None = None, serve_args: list[str] = (), store: str | None = None) \
         -> tuple[subprocess.Popen, str, httpx.Client]:
-    """``qgmem serve --export EXPORT`` on a free port of 127.0.0.1 over a fresh store root, once it answers
-    ``/healthz``: the process, its URL and a client (the caller stops the process)."""
-    port, root = free_port(), tempfile.mkdtemp(prefix="qgmem-serve-load-")
+    """``qgmem serve --export EXPORT`` on a free port of 127.0.0.1 over ``store`` (default: a fresh SQLite
+    file), once it answers ``/healthz``: the process, its URL and a client (the caller stops the process)."""
+    port = free_port()
+    store = store or f"sqlite:///{tempfile.mkdtemp(prefix='qgmem-serve-load-')}/memories.db"
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", export, "--store-root", root,
+    proc = subprocess.Popen([sys.executable, "-m", "qgmem", "serve", "--export", export, "--store", store,
                              "--port", str(port), "--log-level", "warning",
                              *(["--threads", str(threads)] if threads else []), *serve_args],
                             stderr=subprocess.PIPE, text=True)
