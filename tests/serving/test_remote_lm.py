@@ -204,7 +204,8 @@ def _service_over(far, tmp_path):
 
     pipe = copy.copy(far)
     pipe._builder = None
-    return MemoryService(pipe, str(tmp_path / "memories"))
+    (tmp_path / "memories").mkdir(exist_ok=True)
+    return MemoryService(pipe, f"sqlite:///{tmp_path / 'memories' / 'memories.db'}")
 
 
 def _served(tiny_lm_path, lm, url, tmp_path, **overrides):

@@ -1,18 +1,19 @@
-"""A user's journal (``users/<id>/journal.jsonl``): the line format, its checksums and how it is read.
+"""The journal of the folder store of earlier versions (``users/<id>/journal.jsonl``): the line format,
+its checksums and how it is read, for ``qgmem migrate-store`` (:mod:`qgmem.serving.storage.folders`); and
+what an idempotency key stands for (:func:`session_digest`, :func:`batch_digest`), which the database
+stores keep as the folder store did.
 
 One change per line, in order: an appended session ``{"seq", "turns", "time", "sha256"}`` (with its
 idempotency ``key`` and first ``result`` when it had one) or a forgotten unit ``{"seq", "forget",
 "sha256"}``; the sessions of one batch append carry ``"batch": [i, n]``, the last one the batch's key,
-result and ``request_sha256``. :mod:`qgmem.serving.users` writes the lines and decides what a damaged
-or cut journal means for the user; this module is the format.
+result and ``request_sha256``. The folder store wrote the lines; :mod:`qgmem.serving.storage.folders`
+decides what a damaged or cut journal means for a user it moves; this module is the format.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,30 +99,3 @@ def unfinished_batch(entries: list[dict[str, Any]], path: Path) -> int:
                                  "it; the journal was damaged or edited after the batch was acknowledged")
         under_way = None if position[0] == position[1] - 1 else (position[0] + 1, position[1])
     return 0 if under_way is None else under_way[0]
-
-
-def exported_entries(handle, size: int, path: Path) -> Iterator[dict[str, Any]]:
-    """The export entries of the journal's first ``size`` bytes, read from ``handle`` line by line."""
-    with handle:
-        read = 0
-        for number, line in enumerate(handle, start=1):
-            read += len(line)
-            if read > size:
-                break
-            entry = parse_line(line.rstrip(b"\n"))
-            if entry is None:
-                raise IntegrityError(f"{path}, line {number}: not a whole journal entry; the journal was damaged "
-                                     "or edited after it was acknowledged")
-            yield {"forget": entry["forget"]} if "forget" in entry else {"turns": entry["turns"], "time": entry.get("time")}
-
-
-def truncate_lines(path: Path, keep: int) -> None:
-    """Cut the journal after its first ``keep`` lines (what a kill left past them was never acknowledged)."""
-    raw = path.read_bytes()
-    cut = 0
-    for _ in range(keep):
-        cut = raw.index(b"\n", cut) + 1
-    with open(path, "r+b") as f:
-        f.truncate(cut)
-        f.flush()
-        os.fsync(f.fileno())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 
+from qgmem.errors import UserError
 from qgmem.serving.storage.base import SqlStore, StoreFull, StoreUnavailable
 
 #: connections per replica (each request holds one only for its statements, never while it computes)
@@ -40,7 +41,8 @@ class PostgresStore(SqlStore):
             self.pool.open(wait=True, timeout=POOL_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - psycopg_pool.PoolTimeout: the database is not there
             self.pool.close()
-            raise StoreUnavailable(f"store {self.url_shown()}: cannot connect ({exc})") from None
+            raise UserError(f"store {self.url_shown()}: cannot connect within {POOL_TIMEOUT_S:g} s ({exc}); is "
+                            "the database running, and the URL's host, port, user and password right?") from None
         with self._tx() as cur:
             self._run(cur, "SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
             self._migrate(cur)
