@@ -41,6 +41,8 @@ class Limits:
     max_speaker_chars: int = 128
     max_question_chars: int = 2_000
     body_timeout_s: float = 30.0  # a body not received within this is a 408 (a stalled client lets go)
+    max_json_containers: int = 2_000_000  # objects and arrays one body may hold (see check_shape)
+    max_concurrent_imports: int = 2  # imports parsed and stored at once; one more is a 503 with Retry-After
 
 
 class ApiError(Exception):
@@ -54,22 +56,123 @@ def bad(message: str) -> ApiError:
 
 
 # ----------------------------------------------------------------------------------- the JSON body
+#: a body longer than this is parsed in a worker thread, one array element at a time (see parse_body)
+PARSE_INLINE_BYTES = 64_000
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way a lone surrogate gets into valid UTF-8 JSON
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def check_shape(raw: bytes, limits: Limits) -> None:
+    """A 413 when ``raw`` may hold more objects and arrays than ``limits.max_json_containers``: each costs
+    about 70 bytes once parsed whatever its size, so a body of tiny ``{}`` would cost ~25 times its bytes.
+    Every ``{`` and ``[`` byte counts (in strings too): a count at memory speed, before any parse."""
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > limits.max_json_containers:
+        raise ApiError(413, f"the body holds {containers} '{{' and '[' (objects and arrays, counted in strings "
+                            f"too), over the limit of {limits.max_json_containers}")
+
+
 def parse_body(raw: bytes) -> Any:
-    """The JSON of a request body, checked for depth and lone surrogates (see the module docstring)."""
+    """The JSON of a request body, checked for depth and lone surrogates (see the module docstring).
+
+    A body over :data:`PARSE_INLINE_BYTES` (an import, a batch) is decoded a top-level array element at
+    a time, so the worker thread that parses it gives the event loop its turn between elements (a single
+    ``json.loads`` holds the interpreter lock until it is done)."""
     try:
-        body = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+        if len(raw) <= PARSE_INLINE_BYTES:
+            body = json.loads(text)
+            _check_tree(body, "", 0, surrogates)
+            return body
+        return _decode_pieces(text, surrogates)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
         raise bad(f"malformed JSON body: {getattr(exc, 'msg', 'not UTF-8')}{where}") from None
     except RecursionError:  # nested past the interpreter's recursion limit
         raise bad(f"malformed JSON body: nested more than {MAX_DEPTH} levels deep") from None
-    _check_unicode(body)
+
+
+def _decode_pieces(text: str, surrogates: bool) -> Any:
+    """``json.loads(text)``, decoding each element of a top-level object's arrays on its own."""
+    i = _SPACE.match(text, 0).end()
+    if not text.startswith("{", i):
+        value = json.loads(text)
+        _check_tree(value, "", 0, surrogates)
+        return value
+    body: dict[str, Any] = {}
+    i = _SPACE.match(text, i + 1).end()
+    closed = text.startswith("}", i)
+    while not closed:
+        if not text.startswith('"', i):
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
+        key, i = json.decoder.scanstring(text, i + 1)
+        _check_tree(key, f"{key} (its name)", 0, surrogates)
+        i = _expect(text, _SPACE.match(text, i).end(), ":")
+        if text.startswith("[", i):
+            value, i = [], _SPACE.match(text, i + 1).end()
+            while not text.startswith("]", i):
+                item, i = _DECODER.raw_decode(text, i)
+                _check_tree(item, f"{key}[{len(value)}]", 2, surrogates)
+                value.append(item)
+                i = _SPACE.match(text, i).end()
+                if not text.startswith("]", i):
+                    i = _expect(text, i, ",")
+            i += 1
+        else:
+            value, i = _DECODER.raw_decode(text, i)
+            _check_tree(value, key, 1, surrogates)
+        body[key] = value
+        i = _SPACE.match(text, i).end()
+        closed = text.startswith("}", i)
+        if not closed:
+            i = _expect(text, i, ",")
+    i = _SPACE.match(text, i + 1).end()
+    if i != len(text):
+        raise json.JSONDecodeError("Extra data", text, i)
     return body
 
 
-def _check_unicode(body: Any) -> None:
+def _expect(text: str, i: int, mark: str) -> int:
+    """The position after ``mark`` (and the space after it) at ``i``; a decode error when it is not there."""
+    if not text.startswith(mark, i):
+        raise json.JSONDecodeError(f"Expecting '{mark}' delimiter", text, i)
+    return _SPACE.match(text, i + 1).end()
+
+
+def _check_tree(value: Any, where: str, depth: int, surrogates: bool) -> None:
+    """Depth and (when the body has a surrogate escape) Unicode of ``value``, without naming paths; on a
+    fault the slower walk of :func:`_check_unicode` names where it is."""
+    stack = [(value, depth)]
+    while stack:
+        item, level = stack.pop()
+        if level > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            if surrogates and not all(_encodes(k) for k in item):
+                break
+            stack.extend((x, level + 1) for x in item.values())
+        elif isinstance(item, list):
+            stack.extend((x, level + 1) for x in item)
+        elif surrogates and isinstance(item, str) and not _encodes(item):
+            break
+    else:
+        return
+    _check_unicode(value, where, depth)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _check_unicode(body: Any, start: str = "", depth: int = 0) -> None:
     """Every string of ``body`` (keys included) encodes as UTF-8; the first that does not is named."""
-    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    stack: list[tuple[Any, str, int]] = [(body, start, depth)]
     while stack:
         value, where, depth = stack.pop()
         if depth > MAX_DEPTH:

@@ -34,11 +34,12 @@ string, and a 500 names a user's file relative to the store root.
 """
 
 import asyncio
+import gc
 import hmac
 import logging
 import os
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from qgmem.errors import IntegrityError, UserError
@@ -113,6 +114,23 @@ class MemoryService:
             _ = builder.parser.nlp
         self.model_name = str((pipeline.encoder.export_config.get("lm") or {}).get("id") or "qgmem")
         self.started = int(time.time())
+        self._imports = 0  # imports in progress (read, parsed, stored), counted on the event loop
+
+    def imports_running(self) -> int:
+        return self._imports
+
+    @contextmanager
+    def importing(self):
+        """One of ``limits.max_concurrent_imports`` import slots, held while an import is read, parsed and
+        stored; none free is a 503 with Retry-After at once (an import costs memory for its whole body)."""
+        if self._imports >= self.limits.max_concurrent_imports:
+            raise ApiError(503, f"{self._imports} imports are running (the limit); retry shortly",
+                           {"Retry-After": "1"})
+        self._imports += 1
+        try:
+            yield
+        finally:
+            self._imports -= 1
 
     @property
     def max_new_tokens(self) -> int:
@@ -213,6 +231,7 @@ def create_app(service: MemoryService, api_key: str | None = None):
 
     @asynccontextmanager
     async def lifespan(app):
+        gc.freeze()  # the models' millions of objects leave the collector's walks: a large body's parse pauses less
         sweeper = None
         if service.users.idle_unload_s is not None:
             sweeper = asyncio.ensure_future(_sweep(service, min(30.0, max(0.05, service.users.idle_unload_s / 2))))

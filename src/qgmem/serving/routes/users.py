@@ -99,8 +99,10 @@ def router(service: Any):
     @routes.post("/import")
     async def import_user(user_id: str, request: Request):
         check_id(user_id)
-        entries = check_import(await read_json(request, limits, limits.max_import_bytes), limits)
-        result = await in_thread(service.users.import_user, user_id, entries)
+        with service.importing():
+            body = await read_json(request, limits, limits.max_import_bytes)
+            entries = await in_thread(check_import, body, limits)
+            result = await in_thread(service.users.import_user, user_id, entries)
         service.count_loaded()
         return result
 
