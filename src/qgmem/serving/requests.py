@@ -359,9 +359,11 @@ def check_import(body: Any, limits: Limits) -> list[dict[str, Any]]:
     body) or ``{"forget": unit id}``; returns the entries in journal form."""
     body = object_body(body, "fields 'format', 'version' and 'entries' (what GET /v1/users/{id}/export returns)")
     only(body, {"format", "version", "user", "entries"})
-    if body.get("format") != EXPORT_FORMAT or body.get("version") != EXPORT_VERSION:
+    if body.get("format") != EXPORT_FORMAT or type(body.get("version")) is not int or body["version"] != EXPORT_VERSION:
         raise bad(f"fields 'format' and 'version' must be {EXPORT_FORMAT!r} and {EXPORT_VERSION} (an export of "
                   f"this server), got {json.dumps(body.get('format'))[:40]} and {json.dumps(body.get('version'))[:10]}")
+    if "user" in body and not isinstance(body["user"], str):
+        raise bad(f"field 'user' must be a string (the exported user's id), got {json.dumps(body['user'])[:40]}")
     entries = body.get("entries")
     if not isinstance(entries, list):
         raise bad("field 'entries' must be a list of sessions {\"turns\", \"time\"} and forgets {\"forget\"}")
