@@ -1,17 +1,17 @@
-"""What a ``qgmem serve`` request may hold: every body check of the service, in one place.
+"""What a ``qgmem serve`` request may be before its model reads it: the limits, the body's bytes and
+shape, the JSON, the query strings, and the OpenAI endpoint's own fields.
 
-Each check raises :class:`ApiError` (400 naming the field, 413 naming the limit) before anything
-reaches the models or the disk:
+The bodies of the memory routes are pydantic models (:mod:`qgmem.serving.routes.protocol`); what comes
+before them is here, and each check raises :class:`ApiError` (400 naming the field, 413 naming the limit):
 
-- the body is JSON, UTF-8, nested at most :data:`MAX_DEPTH` deep, and no string in it (key or value)
-  holds a lone surrogate (``"\\udcff"`` cannot be written as UTF-8 by any later stage; the data loaders
-  refuse it the same way);
-- each endpoint's fields are typed strictly (``"stream": "no"`` is not ``false``) and a field the
-  endpoint does not know is refused (``"graph_mode"`` for ``"graph"``), except on the OpenAI endpoint,
-  which takes OpenAI's own fields: those it honours or can ignore without changing the answer
-  (:data:`CHAT_FIELDS`) and refuses the rest by name (:data:`CHAT_UNSUPPORTED`, ``n > 1``, ``tools``…);
-- a ``time`` (session, turn, question) is an ISO-8601 date or date-time read by the project's time
-  resolver (:func:`qgmem.timeexpr.parse_time`); ``"yesterday"`` or ``"2024-13-45"`` is a 400 naming it.
+- the body is JSON, UTF-8, of at most ``Limits.max_json_containers`` objects and arrays, nested at most
+  :data:`MAX_DEPTH` deep, and no string in it (key or value) holds a lone surrogate (``"\\udcff"`` cannot
+  be written as UTF-8 by any later stage; the data loaders refuse it the same way);
+- the OpenAI endpoint takes OpenAI's own fields: those it honours or can ignore without changing the
+  answer (:data:`CHAT_FIELDS`) and refuses the rest by name (:data:`CHAT_UNSUPPORTED`, ``n > 1``, ``tools``…);
+- the filters of a search or a listing (:func:`check_filters`) and the paging numbers of a query string;
+- a ``time`` is an ISO-8601 date or date-time read by the project's time resolver
+  (:func:`qgmem.timeexpr.parse_time`); ``"yesterday"`` or ``"2024-13-45"`` is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -280,41 +280,13 @@ def object_body(body: Any, what: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------- endpoints
-SESSION_FIELDS = frozenset({"turns", "time"})
-TURN_FIELDS = frozenset({"speaker", "text", "time"})
-ANSWER_FIELDS = frozenset({"question", "time", "graph", "max_tokens"})
 FILTER_FIELDS = ("after", "before", "time_field", "sessions")
-SEARCH_FIELDS = frozenset({"question", "time", "limit", *FILTER_FIELDS})
 #: sessions one batch append may hold (each within ``Limits.max_turns``)
 MAX_BATCH_SESSIONS = 100
 #: what an export document says it is (``GET /v1/users/{id}/export``, ``POST /v1/users/{id}/import``)
 EXPORT_FORMAT, EXPORT_VERSION = "qgmem-user-export", 1
 #: what a memory unit id may be (``w0003.u1``); it is never a path
 UNIT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-
-
-def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str | None]:
-    body = object_body(body, "field 'turns'")
-    only(body, SESSION_FIELDS)
-    turns = body.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise bad("field 'turns' must be a non-empty list of {\"speaker\", \"text\", \"time\"?}")
-    if len(turns) > limits.max_turns:
-        raise ApiError(413, f"field 'turns' holds {len(turns)} turns, over the limit of {limits.max_turns}")
-    session_time = when(body)
-    out = []
-    for i, turn in enumerate(turns):
-        where = f"turns[{i}]: "
-        if not isinstance(turn, dict):
-            raise bad(f"{where}a turn must be an object with 'speaker' and 'text'")
-        only(turn, TURN_FIELDS, where)
-        clean = {"speaker": text(turn, "speaker", where, limit=limits.max_speaker_chars),
-                 "text": text(turn, "text", where, limit=limits.max_turn_chars)}
-        turn_time = when(turn, "time", where)
-        if turn_time is not None:
-            clean["time"] = turn_time
-        out.append(clean)
-    return out, session_time
 
 
 def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
@@ -342,62 +314,11 @@ def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
     return Filters(bounds["after"], bounds["before"], time_field, sessions)
 
 
-def check_batch(body: Any, limits: Limits) -> list[tuple[list[dict[str, Any]], str | None]]:
-    """``{"sessions": [{"turns", "time"?}, …]}``: each session checked as one append's body."""
-    body = object_body(body, "field 'sessions'")
-    only(body, {"sessions"})
-    sessions = body.get("sessions")
-    if not isinstance(sessions, list) or not sessions:
-        raise bad("field 'sessions' must be a non-empty list of {\"turns\", \"time\"?}")
-    if len(sessions) > MAX_BATCH_SESSIONS:
-        raise ApiError(413, f"field 'sessions' holds {len(sessions)} sessions, over the limit of {MAX_BATCH_SESSIONS}")
-    return [_within(f"sessions[{i}]", check_session, session, limits) for i, session in enumerate(sessions)]
-
-
-def check_import(body: Any, limits: Limits) -> list[dict[str, Any]]:
-    """An export document: its format and version, then each entry, a session (checked as an append's
-    body) or ``{"forget": unit id}``; returns the entries in journal form."""
-    body = object_body(body, "fields 'format', 'version' and 'entries' (what GET /v1/users/{id}/export returns)")
-    only(body, {"format", "version", "user", "entries"})
-    if body.get("format") != EXPORT_FORMAT or type(body.get("version")) is not int or body["version"] != EXPORT_VERSION:
-        raise bad(f"fields 'format' and 'version' must be {EXPORT_FORMAT!r} and {EXPORT_VERSION} (an export of "
-                  f"this server), got {json.dumps(body.get('format'))[:40]} and {json.dumps(body.get('version'))[:10]}")
-    if "user" in body and not isinstance(body["user"], str):
-        raise bad(f"field 'user' must be a string (the exported user's id), got {json.dumps(body['user'])[:40]}")
-    entries = body.get("entries")
-    if not isinstance(entries, list):
-        raise bad("field 'entries' must be a list of sessions {\"turns\", \"time\"} and forgets {\"forget\"}")
-    out: list[dict[str, Any]] = []
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and "forget" in entry:
-            only(entry, {"forget"}, f"entries[{i}]: ")
-            out.append({"forget": check_unit_id(entry["forget"], f"entries[{i}]: field 'forget'")})
-        else:
-            turns, when = _within(f"entries[{i}]", check_session, entry, limits)
-            out.append({"turns": turns, "time": when})
-    return out
-
-
 def check_unit_id(value: Any, what: str = "unit id") -> str:
     if not isinstance(value, str) or not UNIT_ID.fullmatch(value):
         raise bad(f"{what} must match [A-Za-z0-9_.:-]{{1,128}} (a unit id as memories and search show it), "
                   f"got {json.dumps(value)[:40]}")
     return value
-
-
-def _within(where: str, check, value: Any, *args):
-    """``check(value, *args)`` with ``where`` in front of its message (a part of a larger body)."""
-    try:
-        return check(value, *args)
-    except ApiError as exc:
-        raise ApiError(exc.status, f"{where}: {exc.message}", exc.headers) from None
-
-
-def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[dict, str, str | None]:
-    """``(body, question, time)`` of ``/answer`` or ``/search``."""
-    body = object_body(body, "field 'question'")
-    only(body, allowed)
-    return body, text(body, "question", limit=limits.max_question_chars), when(body)
 
 
 #: OpenAI chat-completions fields this server honours, or may ignore without changing the answer

@@ -26,8 +26,8 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
   and ``/v1/models/{id}``.
 - ``GET /healthz``; ``GET /metrics``: Prometheus latency histograms per stage and per endpoint.
 
-Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` holds
-every body check); a full queue is a 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that
+Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` and the
+models of :mod:`qgmem.serving.routes.protocol`; ``GET /openapi.json`` is their schema); a full queue is a 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that
 fails is a 502 with its error, or a 504 when it ran out of time; a body not received within
 ``Limits.body_timeout_s`` a 408. Nothing of a request body is logged, the access log holds no query
 string, and a 500 names a user's file relative to the store root.
@@ -240,7 +240,7 @@ def create_app(service: MemoryService, api_key: str | None = None):
             sweeper.cancel()
         await run_in_threadpool(service.close)
 
-    app = FastAPI(title="qgmem", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="qgmem", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     metrics, key = service.metrics, api_key.encode() if api_key else None
 
     def authorized(header: str) -> bool:
@@ -289,6 +289,21 @@ def create_app(service: MemoryService, api_key: str | None = None):
 
     for routes in (users, chat, operations):
         app.include_router(routes.router(service))
+
+    def openapi() -> dict:
+        """FastAPI's schema with the request models the routes check themselves (their bodies are read
+        bounded and timed, so FastAPI does not parse them and would not list them)."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            from qgmem.serving.routes.protocol import request_schemas
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

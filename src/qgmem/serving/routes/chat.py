@@ -10,6 +10,7 @@ from typing import Any
 
 from qgmem.errors import UserError
 from qgmem.serving.requests import ApiError, chat_request
+from qgmem.serving.routes import protocol as p
 from qgmem.serving.routes.common import activate, check_id, read_json
 
 log = logging.getLogger("qgmem.serve")
@@ -39,7 +40,7 @@ def router(service: Any):
     def model_ids() -> list[str]:
         return list(dict.fromkeys(["qgmem", service.model_name]))
 
-    @routes.api_route("/models", methods=["GET", "HEAD"])
+    @routes.api_route("/models", methods=["GET", "HEAD"], **p.route(p.ModelList))
     async def models():
         return {"object": "list", "data": [card(m) for m in model_ids()]}
 
@@ -47,13 +48,13 @@ def router(service: Any):
     async def models_options():
         return Response(status_code=204, headers={"Allow": "GET, HEAD, OPTIONS"})
 
-    @routes.get("/models/{model_id:path}")
+    @routes.get("/models/{model_id:path}", **p.route(p.ModelCard))
     async def model(model_id: str):
         if model_id not in model_ids():
             raise ApiError(404, f"no model {model_id[:100]!r} (this server has {', '.join(model_ids())})")
         return card(model_id)
 
-    @routes.post("/chat/completions")
+    @routes.post("/chat/completions", **p.route(p.ChatCompletion))
     async def chat(request: Request):
         asked = chat_request(await read_json(request, service.limits), service.limits, service.max_new_tokens)
         check_id(asked["user"])

@@ -1,0 +1,412 @@
+"""Each route's body and reply as a pydantic model: one declaration gives the check, the docs and the
+``/openapi.json`` schema (the request models beside the routers, as vLLM keeps ``protocol.py`` beside
+``api_router.py``).
+
+A body is read and parsed by :mod:`qgmem.serving.requests` (bytes, time, shape, depth, Unicode), then
+validated here with :func:`validate`: strict types (``"stream": "no"`` is not ``false``), unknown fields
+refused, and a failure is one :class:`~qgmem.serving.requests.ApiError` naming the field
+(``sessions[1]: turns[0]: field 'text' …``); a length past a server limit (:class:`Limits`, passed as
+the validation context) is a 413 naming the limit. The reply models document what the routes return;
+the Python client (:mod:`qgmem.client`) reads its results with them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
+from pydantic_core import PydanticCustomError
+
+from qgmem.model.graph_modes import GRAPH_MODES
+from qgmem.serving.requests import (EXPORT_FORMAT, EXPORT_VERSION, MAX_BATCH_SESSIONS, UNIT_ID, ApiError, Limits,
+                                    check_filters)
+from qgmem.timeexpr import parse_time
+
+# ------------------------------------------------------------------------------------------ checks
+def _limit(name: str):
+    """A length checked against ``Limits.<name>`` of the validation context (past it: 413)."""
+
+    def check(value, info: ValidationInfo):
+        limit = getattr((info.context or {}).get("limits") or Limits(), name)
+        if len(value) > limit:
+            unit = "characters" if isinstance(value, str) else "items"
+            raise PydanticCustomError("over_limit", "is {n} {unit}, over the limit of {limit}",
+                                      {"n": len(value), "unit": unit, "limit": limit})
+        return value
+
+    return AfterValidator(check)
+
+
+def _nonblank(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("blank", "must be a non-empty string")
+    return value
+
+
+def _time(value: str) -> str:
+    if len(value) > 64 or parse_time(value) is None:
+        raise PydanticCustomError("time", "must be an ISO-8601 date or date-time (e.g. 2024-05-01, "
+                                  "2024-05-01T10:00:00 or 2024-05-01T10:00:00+05:00), got {got}",
+                                  {"got": repr(value[:64])})
+    return value
+
+
+def _unit_id(value: str) -> str:
+    if not UNIT_ID.fullmatch(value):
+        raise PydanticCustomError("unit_id", "must match {pattern} (a unit id as memories and search show it), "
+                                  "got {got}", {"pattern": UNIT_ID.pattern, "got": json.dumps(value)[:40]})
+    return value
+
+
+Time = Annotated[str, AfterValidator(_time)]
+UnitId = Annotated[str, AfterValidator(_unit_id)]
+Question = Annotated[str, AfterValidator(_nonblank), _limit("max_question_chars")]
+
+
+class Body(BaseModel):
+    """A request body: strict types, no unknown field."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Reply(BaseModel):
+    """A reply: the fields documented here, and any the server adds later kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# ------------------------------------------------------------------------------------ request bodies
+class Turn(Body):
+    speaker: Annotated[str, AfterValidator(_nonblank), _limit("max_speaker_chars")]
+    text: Annotated[str, AfterValidator(_nonblank), _limit("max_turn_chars")]
+    time: Time | None = None
+
+
+class Session(Body):
+    """``POST /v1/users/{id}/sessions``: one session of turns."""
+
+    turns: Annotated[list[Turn], Field(min_length=1), _limit("max_turns")]
+    time: Time | None = None
+
+    def plain(self) -> tuple[list[dict[str, Any]], str | None]:
+        """The turns in journal form (no ``time`` key when a turn has none) and the session's time."""
+        return [t.model_dump(exclude_none=True) for t in self.turns], self.time
+
+
+class Batch(Body):
+    """``POST /v1/users/{id}/sessions/batch``."""
+
+    sessions: Annotated[list[Session], Field(min_length=1, max_length=MAX_BATCH_SESSIONS)]
+
+
+class AnswerRequest(Body):
+    """``POST /v1/users/{id}/answer``."""
+
+    question: Question
+    time: Time | None = None
+    graph: Literal[GRAPH_MODES] | None = None  # None: the export's default graph mode
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+
+
+class SearchRequest(Body):
+    """``POST /v1/users/{id}/search``: the question, how many ranked units to list, and the filters."""
+
+    question: Question
+    time: Time | None = None
+    limit: Annotated[int, Field(ge=1, le=1000)] | None = None
+    after: Time | None = None
+    before: Time | None = None
+    time_field: Literal["utterance", "fact"] = "utterance"
+    sessions: Annotated[list[Annotated[str, Field(min_length=1, max_length=64)]],
+                        Field(min_length=1, max_length=10_000)] | None = None
+
+    def filters(self):
+        return check_filters(self.model_dump(include={"after", "before", "time_field", "sessions"},
+                                             exclude_none=True))
+
+
+class Forget(Body):
+    forget: UnitId
+
+
+class ExportDocument(Body):
+    """``POST /v1/users/{id}/import`` (what ``GET /v1/users/{id}/export`` returns); its entries are
+    checked one at a time (:func:`import_entries`), each a :class:`Session` or a :class:`Forget`."""
+
+    format: Literal[EXPORT_FORMAT]
+    version: Annotated[int, Field(ge=EXPORT_VERSION, le=EXPORT_VERSION)]  # strict: not true, not 1.0
+    user: str | None = None
+    entries: list[Session | Forget]
+
+
+# ------------------------------------------------------------------------------------------- replies
+class Appended(Reply):
+    user: str
+    session: int
+    units_added: int
+    units: int
+    traces: int
+    seconds: dict[str, float] = {}
+    replayed: bool = False
+
+
+class BatchSession(Reply):
+    session: int
+    units_added: int
+
+
+class BatchAppended(Reply):
+    user: str
+    sessions: list[BatchSession]
+    units: int
+    traces: int
+    seconds: dict[str, float] = {}
+    replayed: bool = False
+
+
+class TraceState(Reply):
+    trace_id: str
+    subject: str | None = None
+    relation: str | None = None
+    transition: str | None = None
+    position: int
+    length: int
+    current: bool
+
+
+class Unit(Reply):
+    unit_id: str
+    fact: str
+    speaker: str | None = None
+    fact_time: str | None = None
+    utterance_time: str | None = None
+    session_id: str | None = None
+    source_turn_ids: list[str] = []
+    trace: TraceState | None = None
+
+
+class RankedUnit(Unit):
+    label: str
+    score: float
+
+
+class Graph(Reply):
+    nodes: list[str] = []
+    edges: list[dict[str, Any]] = []
+
+
+class SearchResult(Reply):
+    user: str
+    question: str
+    time: str | None = None
+    store_units: int
+    matching_units: int | None = None
+    units: list[RankedUnit]
+    graph: Graph
+    graph_text: str
+    memory_text: str
+    seconds: dict[str, float]
+
+
+class MemoryEntry(Reply):
+    label: str
+    unit_id: str
+    fact: str
+    score: float
+
+
+class AnswerResult(Reply):
+    user: str
+    question: str
+    answer: str
+    graph_mode: str
+    finish_reason: str
+    cited: list[str]
+    memory: list[MemoryEntry]
+    graph: Graph
+    seconds: dict[str, float]
+    tokens: dict[str, int]
+    batch_size: int
+
+
+class Memories(Reply):
+    user: str
+    total: int
+    offset: int
+    limit: int
+    units: list[Unit]
+    sessions: int
+
+
+class Forgotten(Reply):
+    user: str
+    unit_id: str
+    forgotten: bool
+    units: int
+    traces: int
+
+
+class Imported(Reply):
+    user: str
+    imported: bool
+    lines: int
+    units: int
+    traces: int
+    sessions: int
+
+
+class Deleted(Reply):
+    user: str
+    deleted: bool
+
+
+class Health(Reply):
+    status: str
+    users_loaded: int
+    queue: int
+
+
+class ErrorDetail(Reply):
+    message: str
+    type: str
+    code: int
+
+
+class ErrorBody(Reply):
+    """Every error: ``{"error": {"message", "type", "code"}}``."""
+
+    error: ErrorDetail
+
+
+# -------------------------------------------------------------------------------------- validation
+def validate(model: type[Body], body: Any, limits: Limits, where: str = ""):
+    """``body`` as ``model``, or one :class:`ApiError` naming the first field at fault."""
+    try:
+        return model.model_validate(body, context={"limits": limits})
+    except ValidationError as exc:
+        raise _api_error(exc, where) from None
+
+
+def import_entries(document: Any, limits: Limits) -> list[dict[str, Any]]:
+    """An export document checked (its head as :class:`ExportDocument`, then each entry on its own, so a
+    huge import is checked in pieces and the first bad entry is named): the entries in journal form."""
+    if not isinstance(document, dict):
+        raise ApiError(400, "the body must be a JSON object with fields 'format', 'version' and 'entries' "
+                            "(what GET /v1/users/{id}/export returns)")
+    validate(ExportDocument, {**document, "entries": []}, limits)
+    if not isinstance(document.get("entries"), list):
+        raise ApiError(400, "field 'entries' must be a list of sessions {\"turns\", \"time\"} and forgets "
+                            "{\"forget\"}")
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(document["entries"]):
+        if isinstance(entry, dict) and "forget" in entry:
+            out.append({"forget": validate(Forget, entry, limits, f"entries[{i}]: ").forget})
+        else:
+            turns, when = validate(Session, entry, limits, f"entries[{i}]: ").plain()
+            out.append({"turns": turns, "time": when})
+    return out
+
+
+def _api_error(exc: ValidationError, where: str) -> ApiError:
+    """The first error of ``exc`` as the service words it: ``turns[0]: field 'text' must be …``."""
+    error = exc.errors(include_url=False)[0]
+    loc = [part for part in error["loc"] if not (isinstance(part, str) and part in ("Session", "Forget"))]
+    prefix, field = where, None
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            continue
+        last = i == len(loc) - 1 or all(isinstance(p, int) for p in loc[i + 1:])
+        index = "".join(f"[{p}]" for p in loc[i + 1:i + 2] if isinstance(p, int)) if not last else ""
+        if last:
+            field = part + "".join(f"[{p}]" for p in loc[i + 1:])
+        else:
+            prefix += f"{part}{index}: "
+    kind, message = error["type"], error["msg"]
+    if kind == "extra_forbidden":
+        return ApiError(400, f"{prefix}unknown field '{field}'")
+    if kind == "over_limit" or (kind in ("too_long", "list_too_long") and field == "sessions"):
+        got = error.get("input")
+        count = len(got) if isinstance(got, (list, str)) else ""
+        limit = (error.get("ctx") or {}).get("limit", (error.get("ctx") or {}).get("max_length"))
+        what = f"holds {count} {field}" if isinstance(got, list) else f"is {count} characters"
+        return ApiError(413, f"{prefix}field '{field}' {what}, over the limit of {limit}")
+    if kind == "missing":
+        message = "is required"
+    elif field in ("format", "version") and not prefix:
+        return ApiError(400, f"fields 'format' and 'version' must be {EXPORT_FORMAT!r} and {EXPORT_VERSION} (an "
+                             f"export of this server), got {json.dumps(error.get('input'))[:40]}")
+    elif kind in ("model_type", "dict_type", "model_attributes_type"):
+        message = "must be a JSON object"
+    elif kind == "too_short":
+        message = "must not be empty"
+    got = error.get("input")
+    shown = "" if kind in ("missing", "over_limit") or kind.startswith(("blank", "time", "unit_id")) else \
+        f", got {json.dumps(got)[:40] if _jsonable(got) else type(got).__name__}"
+    return ApiError(400, f"{prefix}field '{field or '(body)'}' {_lower(message)}{shown}")
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _lower(message: str) -> str:
+    """Pydantic's ``Input should be …`` as ``must be …`` (the service's wording)."""
+    for start, instead in (("Input should be", "must be"), ("List should have", "must have"),
+                           ("Value error, ", "")):
+        if message.startswith(start):
+            return instead + message[len(start):]
+    return message
+
+
+# ------------------------------------------------------------------------------------------- schema
+class ChatCompletion(Reply):
+    """``POST /v1/chat/completions`` (not streamed): OpenAI's reply, qgmem's extras under ``qgmem``."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: dict[str, int]
+    qgmem: dict[str, Any]
+
+
+class ModelCard(Reply):
+    id: str
+    object: str
+    created: int
+    owned_by: str
+
+
+class ModelList(Reply):
+    object: str
+    data: list[ModelCard]
+
+
+def route(reply: type[Reply] | None = None, body: type[Body] | None = None) -> dict[str, Any]:
+    """A route decorator's schema arguments: its reply model (200) and the error body, and its request
+    body model (the route reads and checks the body itself, bounded; the schema names the model)."""
+    out: dict[str, Any] = {"responses": {400: {"model": ErrorBody}, 413: {"model": ErrorBody}}}
+    if reply is not None:  # documented, not re-validated: the reply is built by the service as it is
+        out["responses"][200] = {"model": reply, "description": reply.__doc__ or reply.__name__}
+    if body is not None:
+        out["openapi_extra"] = {"requestBody": {"required": True, "content": {"application/json": {
+            "schema": {"$ref": f"#/components/schemas/{body.__name__}"}}}}}
+    return out
+
+
+REQUEST_MODELS: tuple[type[Body], ...] = (Session, Batch, AnswerRequest, SearchRequest, ExportDocument)
+
+
+def request_schemas() -> dict[str, Any]:
+    """The request models' JSON schemas, for ``components.schemas`` of ``/openapi.json``."""
+    from pydantic.json_schema import models_json_schema
+
+    _, schema = models_json_schema([(m, "validation") for m in REQUEST_MODELS],
+                                   ref_template="#/components/schemas/{model}")
+    return schema["$defs"]
