@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "answer": ("qgmem.serving.answer_cli", "Answer questions about a dialogue history with an export."),
     "eval-qa": ("qgmem.evaluation.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
     "serve": ("qgmem.serving.serve_cli", "Serve an export over HTTP: per-user memories, answers, OpenAI-compatible chat."),
+    "mcp": ("qgmem.serving.mcp_cli", "Serve an export's memory as MCP tools on stdio (remember, search, answer, list, forget)."),
 }
 
 #: training stages through LightningCLI, which parses its own arguments: name -> one-line help

@@ -224,6 +224,7 @@ def create_app(service: MemoryService, api_key: str | None = None):
     from fastapi import FastAPI, Request
     from starlette.concurrency import run_in_threadpool
 
+    from qgmem.serving.mcp import mount as mount_mcp
     from qgmem.serving.routes import chat, operations, users
     from qgmem.serving.routes.common import error
 
@@ -235,7 +236,8 @@ def create_app(service: MemoryService, api_key: str | None = None):
         sweeper = None
         if service.users.idle_unload_s is not None:
             sweeper = asyncio.ensure_future(_sweep(service, min(30.0, max(0.05, service.users.idle_unload_s / 2))))
-        yield
+        async with mcp_sessions.run():
+            yield
         if sweeper is not None:
             sweeper.cancel()
         await run_in_threadpool(service.close)
@@ -289,6 +291,7 @@ def create_app(service: MemoryService, api_key: str | None = None):
 
     for routes in (users, chat, operations):
         app.include_router(routes.router(service))
+    mcp_sessions = mount_mcp(app, service)  # streamable HTTP at /mcp, behind the same key
 
     def openapi() -> dict:
         """FastAPI's schema with the request models the routes check themselves (their bodies are read
