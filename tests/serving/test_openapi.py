@@ -24,7 +24,7 @@ MODELS = {
     ("get", "/v1/users/{user_id}/export"): (None, protocol.ExportDocument),
     ("post", "/v1/users/{user_id}/import"): (protocol.ExportDocument, protocol.Imported),
     ("delete", "/v1/users/{user_id}"): (None, protocol.Deleted),
-    ("post", "/v1/chat/completions"): (None, protocol.ChatCompletion),
+    ("post", "/v1/chat/completions"): (protocol.ChatRequest, protocol.ChatCompletion),
     ("get", "/v1/models"): (None, protocol.ModelList),
     ("get", "/v1/models/{model_id}"): (None, protocol.ModelCard),
     ("get", "/healthz"): (None, protocol.Health),

@@ -1,5 +1,5 @@
 """What a ``qgmem serve`` request may be before its model reads it: the limits, the body's bytes and
-shape, the JSON, the query strings, and the OpenAI endpoint's own fields.
+shape, the JSON, the query strings and the filters.
 
 The bodies of the memory routes are pydantic models (:mod:`qgmem.serving.routes.protocol`); what comes
 before them is here, and each check raises :class:`ApiError` (400 naming the field, 413 naming the limit):
@@ -7,8 +7,6 @@ before them is here, and each check raises :class:`ApiError` (400 naming the fie
 - the body is JSON, UTF-8, of at most ``Limits.max_json_containers`` objects and arrays, nested at most
   :data:`MAX_DEPTH` deep, and no string in it (key or value) holds a lone surrogate (``"\\udcff"`` cannot
   be written as UTF-8 by any later stage; the data loaders refuse it the same way);
-- the OpenAI endpoint takes OpenAI's own fields: those it honours or can ignore without changing the
-  answer (:data:`CHAT_FIELDS`) and refuses the rest by name (:data:`CHAT_UNSUPPORTED`, ``n > 1``, ``tools``…);
 - the filters of a search or a listing (:func:`check_filters`) and the paging numbers of a query string;
 - a ``time`` is an ISO-8601 date or date-time read by the project's time resolver
   (:func:`qgmem.timeexpr.parse_time`); ``"yesterday"`` or ``"2024-13-45"`` is a 400 naming it.
@@ -21,7 +19,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.serving.filters import TIME_FIELDS, Filters
 from qgmem.timeexpr import parse_time
 
@@ -194,52 +191,6 @@ def _check_unicode(body: Any, start: str = "", depth: int = 0) -> None:
 
 
 # ---------------------------------------------------------------------------------------- fields
-def only(body: dict, allowed: set[str] | frozenset[str], where: str = "") -> None:
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise bad(f"{where}unknown field '{unknown[0]}' (this endpoint takes {', '.join(sorted(allowed))})")
-
-
-def text(body: dict, key: str, where: str = "", required: bool = True, limit: int | None = None) -> str | None:
-    value = body.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or (required and not value.strip()):
-        raise bad(f"{where}field '{key}' must be a non-empty string")
-    if limit is not None and len(value) > limit:
-        raise ApiError(413, f"{where}field '{key}' is {len(value)} characters, over the limit of {limit}")
-    return value
-
-
-def when(body: dict, key: str = "time", where: str = "") -> str | None:
-    """An optional ISO-8601 time, read by the one time resolver; unreadable is a 400 naming the field."""
-    value = text(body, key, where, required=False, limit=64)
-    if value is not None and parse_time(value) is None:
-        raise bad(f"{where}field '{key}' must be an ISO-8601 date or date-time (e.g. 2024-05-01 or "
-                  f"2024-05-01T10:00:00), got {value[:64]!r}")
-    return value
-
-
-def graph(body: dict, key: str = "graph") -> str | None:
-    """The request's graph mode; ``None`` when it names none (the export's default then applies)."""
-    mode = body.get(key)
-    if mode is None:
-        return None
-    if mode not in GRAPH_MODES:
-        raise bad(f"field '{key}' must be one of {', '.join(GRAPH_MODES)}, got {str(mode)[:20]!r}")
-    return mode
-
-
-def integer(body: dict, key: str, low: int = 1, high: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
-        raise bad(f"field '{key}' must be {bound}, got {json.dumps(value)[:20]}")
-    return value
-
-
 def query_params(items: list[tuple[str, str]], allowed: tuple[str, ...]) -> dict[str, str]:
     """A query string's parameters: each one this endpoint takes, at most once (a repeated parameter
     is a 400, never "the last one wins")."""
@@ -262,21 +213,6 @@ def query_integer(query: dict[str, str], name: str, low: int, high: int, default
         raise bad(f"query parameter '{name}' must be an integer from {low} to {high} in ASCII digits, "
                   f"got {raw[:20]!r}")
     return int(raw)
-
-
-def boolean(body: dict, key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad(f"field '{key}' must be true or false, got {json.dumps(value)[:20]}")
-    return value
-
-
-def object_body(body: Any, what: str) -> dict:
-    if not isinstance(body, dict):
-        raise bad(f"the body must be a JSON object with {what}")
-    return body
 
 
 # ------------------------------------------------------------------------------------- endpoints
@@ -319,80 +255,3 @@ def check_unit_id(value: Any, what: str = "unit id") -> str:
         raise bad(f"{what} must match [A-Za-z0-9_.:-]{{1,128}} (a unit id as memories and search show it), "
                   f"got {json.dumps(value)[:40]}")
     return value
-
-
-#: OpenAI chat-completions fields this server honours, or may ignore without changing the answer
-#: (sampling settings: answers are greedy, the export's contract; caching, storage, abuse-monitoring
-#: and routing hints: ``prompt_cache_key``, ``safety_identifier``, ``metadata``, ``store``, ``service_tier``)
-CHAT_FIELDS = frozenset({"model", "messages", "user", "stream", "stream_options", "max_tokens",
-                         "max_completion_tokens", "temperature", "top_p", "seed", "presence_penalty",
-                         "frequency_penalty", "metadata", "store", "service_tier", "parallel_tool_calls",
-                         "prompt_cache_key", "safety_identifier", "graph", "time"})
-#: OpenAI fields asking for what this model cannot do: refused by name (as OpenAI refuses them for a
-#: model without the feature) unless given their neutral value
-CHAT_UNSUPPORTED = {"n": (None, 1), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-                    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-                    "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""),
-                    "logit_bias": (None, {}), "audio": (None,), "modalities": (None, ["text"]),
-                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
-                    "verbosity": (None, "medium")}
-
-
-def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str, Any]:
-    """An OpenAI chat-completions body checked: ``user``, the question (the last user message), ``time``,
-    ``graph``, ``stream``, ``model`` and the answer's token cap (``max_completion_tokens`` or
-    ``max_tokens``, capped by the server's limit)."""
-    body = object_body(body, "fields 'user' and 'messages'")
-    for key, neutral in CHAT_UNSUPPORTED.items():
-        if key in body and body[key] not in neutral:
-            raise bad(f"field '{key}' is not supported by this server (it answers one greedy text reply from "
-                      "the user's memory); leave it out")
-    only(body, CHAT_FIELDS | set(CHAT_UNSUPPORTED))
-    user = body.get("user")
-    if not isinstance(user, str) or not user:
-        raise bad("field 'user' must name the memory to answer from (a user id)")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("field 'messages' must be a non-empty list")
-    question = None
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad(f"messages[{i}] must be an object with 'role' and 'content'")
-        if message["role"] == "user":
-            question = _content_text(message.get("content"), i)
-    if question is None or not question.strip():
-        raise bad("field 'messages' holds no user message with text: the last one is the question")
-    if len(question) > limits.max_question_chars:
-        raise ApiError(413, f"the question is {len(question)} characters, over the limit of "
-                            f"{limits.max_question_chars}")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad("field 'model' must be a string")
-    temperature = body.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
-        raise bad("field 'temperature' must be a number")
-    for name in ("stream_options", "metadata"):
-        if body.get(name) is not None and not isinstance(body[name], dict):
-            raise bad(f"field '{name}' must be an object")
-    for name in ("prompt_cache_key", "safety_identifier"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise bad(f"field '{name}' must be a string")
-    return {"user": user, "question": question, "time": when(body), "graph": graph(body),
-            "stream": boolean(body, "stream"), "model": model, "max_tokens": max_tokens(body, server_max_tokens)}
-
-
-def max_tokens(body: dict, server_max_tokens: int) -> int:
-    """The answer's token cap: ``max_completion_tokens`` (or the older ``max_tokens``), at most the server's."""
-    asked = [integer(body, key) for key in ("max_completion_tokens", "max_tokens")]
-    given = [a for a in asked if a is not None]
-    return min(given[0], server_max_tokens) if given else server_max_tokens
-
-
-def _content_text(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if all(isinstance(p, str) for p in parts):
-            return "\n".join(parts)
-    raise bad(f"messages[{i}].content must be a string or a list of text parts")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from qgmem.model.graph_modes import GRAPH_MODES
@@ -138,6 +138,109 @@ class ExportDocument(Body):
     version: Annotated[int, Field(ge=EXPORT_VERSION, le=EXPORT_VERSION)]  # strict: not true, not 1.0
     user: str | None = None
     entries: list[Session | Forget]
+
+
+class ChatMessage(BaseModel):
+    """One OpenAI message: its ``role``; a user message's ``content`` is the question (other fields of
+    OpenAI's messages, ``name`` and the like, are kept and not read)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    role: str
+    content: Any = None
+
+
+class ChatRequest(Body):
+    """``POST /v1/chat/completions``: OpenAI's body. ``user`` names the memory, the last user message is
+    the question; the fields this server honours or may ignore without changing the answer are declared
+    (sampling settings: answers are greedy, the export's contract; caching, storage and routing hints),
+    and those asking for what the model cannot do (:data:`CHAT_UNSUPPORTED`) are refused by name unless
+    given their neutral value, as OpenAI refuses them for a model without the feature."""
+
+    model: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    user: Annotated[str, Field(min_length=1)]
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: float | None = None
+    top_p: Any = None
+    seed: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    metadata: dict[str, Any] | None = None
+    store: Any = None
+    service_tier: Any = None
+    parallel_tool_calls: Any = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    graph: Literal[GRAPH_MODES] | None = None  # qgmem's own: the answer's graph mode
+    time: Time | None = None  # qgmem's own: the question's time
+    # refused unless neutral (checked before the types, so the refusal names them)
+    n: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    stop: Any = None
+    logit_bias: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+    verbosity: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _supported(cls, body: Any) -> Any:
+        if isinstance(body, dict):
+            for key, neutral in CHAT_UNSUPPORTED.items():
+                if key in body and body[key] not in neutral:
+                    raise PydanticCustomError("unsupported", "field '{field}' is not supported by this server (it "
+                                              "answers one greedy text reply from the user's memory); leave it out",
+                                              {"field": key})
+        return body
+
+    def question(self, limits: Limits) -> str:
+        """The last user message's text (a string, or the text parts of a list)."""
+        question = None
+        for i, message in enumerate(self.messages):
+            if message.role == "user":
+                question = _content_text(message.content, i)
+        if question is None or not question.strip():
+            raise ApiError(400, "field 'messages' holds no user message with text: the last one is the question")
+        if len(question) > limits.max_question_chars:
+            raise ApiError(413, f"the question is {len(question)} characters, over the limit of "
+                                f"{limits.max_question_chars}")
+        return question
+
+    def token_cap(self, server_max_tokens: int) -> int:
+        """``max_completion_tokens`` (or the older ``max_tokens``), at most the server's cap."""
+        asked = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return server_max_tokens if asked is None else min(asked, server_max_tokens)
+
+
+#: OpenAI fields asking for what this model cannot do, and the neutral values that are accepted
+CHAT_UNSUPPORTED = {"n": (None, 1), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+                    "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""),
+                    "logit_bias": (None, {}), "audio": (None,), "modalities": (None, ["text"]),
+                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
+                    "verbosity": (None, "medium")}
+
+
+def _content_text(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"]
+        if all(isinstance(part, str) for part in parts):
+            return "\n".join(parts)
+    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts")
 
 
 # ------------------------------------------------------------------------------------------- replies
@@ -323,6 +426,8 @@ def _api_error(exc: ValidationError, where: str) -> ApiError:
         else:
             prefix += f"{part}{index}: "
     kind, message = error["type"], error["msg"]
+    if kind == "unsupported":
+        return ApiError(400, message)
     if kind == "extra_forbidden":
         return ApiError(400, f"{prefix}unknown field '{field}'")
     if kind == "over_limit" or (kind in ("too_long", "list_too_long") and field == "sessions"):
@@ -400,7 +505,7 @@ def route(reply: type[Reply] | None = None, body: type[Body] | None = None) -> d
     return out
 
 
-REQUEST_MODELS: tuple[type[Body], ...] = (Session, Batch, AnswerRequest, SearchRequest, ExportDocument)
+REQUEST_MODELS: tuple[type[Body], ...] = (Session, Batch, AnswerRequest, SearchRequest, ExportDocument, ChatRequest)
 
 
 def request_schemas() -> dict[str, Any]:
