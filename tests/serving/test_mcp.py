@@ -46,6 +46,10 @@ async def _round_trip(client) -> None:
     assert bad.is_error and "turns[0]: field 'text'" in bad.content[0].text
     bad = await client.call_tool("forget", {"user_id": "ana", "unit_id": "a/b"})
     assert bad.is_error and "argument 'unit_id'" in bad.content[0].text
+    bad = await client.call_tool("search", {"user_id": "ana", "question": "q", "k": "three"})
+    assert bad.is_error and "\nk\n" in bad.content[0].text  # the SDK's own check of the arguments' types
+    bad = await client.call_tool("search", {"user_id": "ana", "question": "q", "k": 0})
+    assert bad.is_error and "argument 'k'" in bad.content[0].text
     bad = await client.call_tool("search", {"user_id": "../x", "question": "q"})
     assert bad.is_error and "argument 'user_id'" in bad.content[0].text
 

@@ -61,6 +61,8 @@ def mcp_server(service: Any):
     async def search(user_id: str, question: str, k: int | None = None) -> dict[str, Any]:
         """The user's working memory for the question: ranked units with their ids, times and scores,
         and the memory as text; no LM call."""
+        if k is not None and not 1 <= k <= p.MAX_SEARCH_UNITS:
+            raise ToolError(f"argument 'k' must be from 1 to {p.MAX_SEARCH_UNITS}, got {k}")
         asked = checked(p.SearchRequest, {"question": question, **({"limit": k} if k is not None else {})})
         return await call(service.search, user(user_id), asked.question, asked.time, asked.limit, None)
 

@@ -59,6 +59,9 @@ def _unit_id(value: str) -> str:
     return value
 
 
+#: ranked units a search lists at most
+MAX_SEARCH_UNITS = 1000
+
 Time = Annotated[str, AfterValidator(_time)]
 UnitId = Annotated[str, AfterValidator(_unit_id)]
 Question = Annotated[str, AfterValidator(_nonblank), _limit("max_question_chars")]
@@ -114,7 +117,7 @@ class SearchRequest(Body):
 
     question: Question
     time: Time | None = None
-    limit: Annotated[int, Field(ge=1, le=1000)] | None = None
+    limit: Annotated[int, Field(ge=1, le=MAX_SEARCH_UNITS)] | None = None
     after: Time | None = None
     before: Time | None = None
     time_field: Literal["utterance", "fact"] = "utterance"
