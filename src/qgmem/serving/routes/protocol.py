@@ -417,23 +417,20 @@ def import_entries(document: Any, limits: Limits) -> list[dict[str, Any]]:
 def _api_error(exc: ValidationError, where: str) -> ApiError:
     """The first error of ``exc`` as the service words it: ``turns[0]: field 'text' must be …``."""
     error = exc.errors(include_url=False)[0]
-    loc = [part for part in error["loc"] if not (isinstance(part, str) and part in ("Session", "Forget"))]
-    prefix, field = where, None
-    for i, part in enumerate(loc):
+    prefix, field = where, ""  # ("sessions", 1, "turns", 0, "text") -> "sessions[1]: turns[0]: " and "text"
+    for part in error["loc"]:
         if isinstance(part, int):
-            continue
-        last = i == len(loc) - 1 or all(isinstance(p, int) for p in loc[i + 1:])
-        index = "".join(f"[{p}]" for p in loc[i + 1:i + 2] if isinstance(p, int)) if not last else ""
-        if last:
-            field = part + "".join(f"[{p}]" for p in loc[i + 1:])
+            field += f"[{part}]"
+        elif field.endswith("]"):
+            prefix, field = f"{prefix}{field}: ", part
         else:
-            prefix += f"{part}{index}: "
+            field = f"{field}.{part}" if field else part
     kind, message = error["type"], error["msg"]
     if kind == "unsupported":
         return ApiError(400, message)
     if kind == "extra_forbidden":
         return ApiError(400, f"{prefix}unknown field '{field}'")
-    if kind == "over_limit" or (kind in ("too_long", "list_too_long") and field == "sessions"):
+    if kind in ("over_limit", "too_long"):  # a count or a length past a limit: 413
         got = error.get("input")
         count = len(got) if isinstance(got, (list, str)) else ""
         limit = (error.get("ctx") or {}).get("limit", (error.get("ctx") or {}).get("max_length"))
@@ -451,7 +448,7 @@ def _api_error(exc: ValidationError, where: str) -> ApiError:
     got = error.get("input")
     shown = "" if kind in ("missing", "over_limit") or kind.startswith(("blank", "time", "unit_id")) else \
         f", got {json.dumps(got)[:40] if _jsonable(got) else type(got).__name__}"
-    return ApiError(400, f"{prefix}field '{field or '(body)'}' {_lower(message)}{shown}")
+    return ApiError(400, f"{prefix}{f'field {field!r}' if field else 'the body'} {_lower(message)}{shown}")
 
 
 def _jsonable(value: Any) -> bool:
