@@ -448,7 +448,8 @@ def _api_error(exc: ValidationError, where: str) -> ApiError:
     got = error.get("input")
     shown = "" if kind in ("missing", "over_limit") or kind.startswith(("blank", "time", "unit_id")) else \
         f", got {json.dumps(got)[:40] if _jsonable(got) else type(got).__name__}"
-    return ApiError(400, f"{prefix}{f'field {field!r}' if field else 'the body'} {_lower(message)}{shown}")
+    subject = f"{prefix}field {field!r}" if field else prefix.rstrip(": ") or "the body"  # an entry: its place
+    return ApiError(400, f"{subject} {_lower(message)}{shown}")
 
 
 def _jsonable(value: Any) -> bool:
