@@ -179,7 +179,8 @@ def test_a_503_is_retried_after_its_retry_after(served):
 def test_the_client_imports_no_torch():
     src = str(Path(__file__).resolve().parents[2] / "src")
     code = ("import sys, qgmem.client; "
-            "print(json.dumps(sorted(m for m in ('torch', 'transformers', 'fastapi', 'lightning') if m in sys.modules)))")
+            "print(json.dumps(sorted(m for m in ('torch', 'transformers', 'fastapi', 'lightning') "
+            "if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": src})
     assert json.loads(out.stdout) == []

@@ -29,9 +29,9 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
 Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` and the
 models of :mod:`qgmem.serving.routes.protocol`; ``GET /openapi.json`` is their schema); a full queue is a
 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that fails is a 502 with its error, or a 504
-when it ran out of time; a body not received within ``Limits.body_timeout_s`` a 408. The same memory
-is served as MCP tools at ``/mcp`` (:mod:`qgmem.serving.mcp`). Nothing of a request body is logged, the access log holds no query
-string, and a 500 names a user's file relative to the store root.
+when it ran out of time; a body not received within ``Limits.body_timeout_s`` a 408. The same memory is
+served as MCP tools at ``/mcp`` (:mod:`qgmem.serving.mcp`). Nothing of a request body is logged, the
+access log holds no query string, and a 500 names a user's file relative to the store root.
 """
 
 import asyncio

@@ -23,6 +23,7 @@ from qgmem.serving.requests import (EXPORT_FORMAT, EXPORT_VERSION, MAX_BATCH_SES
                                     check_filters)
 from qgmem.timeexpr import parse_time
 
+
 # ------------------------------------------------------------------------------------------ checks
 def _limit(name: str):
     """A length checked against ``Limits.<name>`` of the validation context (past it: 413)."""
