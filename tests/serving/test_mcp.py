@@ -69,6 +69,7 @@ def test_mcp_over_streamable_http_behind_the_key(pipeline, tmp_path):  # noqa: F
         asyncio.run(run(url))
 
 
+@pytest.mark.slow
 def test_mcp_over_stdio(tiny_lm_path, tmp_path):
     from mcp.client.client import Client
     from mcp.client.stdio import StdioServerParameters, stdio_client

@@ -48,7 +48,8 @@ def _while_posting(url: str, path: str, body, **kwargs) -> tuple[httpx.Response,
 
 def test_an_import_of_millions_of_tiny_entries_is_refused_at_once_and_health_answers(pipeline, tmp_path):  # noqa: F811
     """Was: 5 million ``{}`` (15 MB, within the import's byte limit) parsed on the event loop, each element
-    given a path string: seconds of a stalled server and about 72 times the body in memory, then a 400."""
+    given a path string: a 400 after 27 s with /healthz stalled as long (2 shared cores), and about
+    72 times the body in memory."""
     service = _service(pipeline, tmp_path)
     body = _tiny_entries(5_000_000)
     with running(create_app(service)) as url:
@@ -57,13 +58,13 @@ def test_an_import_of_millions_of_tiny_entries_is_refused_at_once_and_health_ans
     message = reply.json()["error"]["message"]
     assert "objects and arrays" in message and f"limit of {Limits().max_json_containers}" in message
     assert seconds < 5.0, seconds
-    assert max(health) < 1.0, health
+    assert max(health) < 1.5, health  # was 27 s here; the bound leaves room for a loaded machine
     assert not service.users.exists("mallory")
 
 
 def test_a_large_import_is_parsed_off_the_event_loop(pipeline, tmp_path):  # noqa: F811
     """An import within every bound but large (200,000 tiny sessions, 600,000 objects): /healthz answers
-    while it is parsed and checked (was: 7 s and more on one /healthz; the bound leaves room for the
+    while it is parsed and checked (was: one /healthz of 8 s; the bound leaves room for the
     collector's pauses on a loaded machine)."""
     service = _service(pipeline, tmp_path)
     entry = b'{"turns": [{"speaker": "U", "text": "x"}], "time": "2024-05-01"}'
@@ -72,7 +73,7 @@ def test_a_large_import_is_parsed_off_the_event_loop(pipeline, tmp_path):  # noq
     with running(create_app(service)) as url:
         reply, _, health = _while_posting(url, "/v1/users/mallory/import", body)
     assert reply.status_code == 400 and "entries[200000]: field 'turns'" in reply.json()["error"]["message"], reply.text
-    assert len(health) > 2 and max(health) < 1.5, health
+    assert len(health) > 2 and max(health) < 2.5, health
 
 
 def test_imports_run_a_few_at_a_time(pipeline, tmp_path):  # noqa: F811
