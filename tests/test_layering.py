@@ -35,6 +35,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),
     ("export",),
     ("serving", "reranker_training"),
+    ("client",),
     ("evaluation",),
     ("job", "cli", "__main__"),
 )
@@ -173,3 +174,10 @@ def test_the_checks_catch_a_cycle_an_upward_import_and_training_from_serving(tmp
     (root / "serving" / "s.py").write_text("from qgmem.data import a\n")
     good = import_graph(root)
     assert (find_cycle(good), upward_imports(good), training_imports(good)) == (None, [], [])
+
+
+def test_the_client_reads_only_the_request_and_reply_models(graph):
+    """``qgmem.client`` runs where torch does not: of the product it imports the serving protocol alone
+    (a torch-free module, checked by ``tests/serving/test_client.py`` in a fresh interpreter)."""
+    client = {b for a, targets in graph.items() if unit(a) == "client" for b in targets if unit(b) != "client"}
+    assert client == {"qgmem.serving.routes", "qgmem.serving.routes.protocol"}  # the package: a docstring

@@ -86,3 +86,21 @@ def test_a_shift_from_an_absolute_anchor_and_from_an_event():
     span, unresolved = resolve_time("Where did Jon go two days before 8 May 2023?", None)
     assert span.iso() == "2023-05-06" and unresolved == ""
     assert resolve_time("What did Gina buy two days before the party?", SAID) == (None, "two days before the party")
+
+
+def test_a_time_with_an_offset_is_its_instant_and_one_without_is_read_as_utc():
+    from datetime import datetime
+
+    from qgmem.timeexpr import parse_time
+
+    same = {parse_time(t) for t in ("2024-05-02T00:00:00Z", "2024-05-02T05:00:00+05:00",
+                                    "2024-05-01T19:00:00-05:00", "2024-05-02T00:00:00", "2024-05-02")}
+    assert same == {datetime(2024, 5, 2)}
+    assert parse_time("2024-05-02T04:30:00+00:00") < parse_time("2024-05-02T10:00:00+05:00")  # 04:30Z < 05:00Z
+
+
+def test_a_calendar_phrase_resolves_on_the_speakers_own_date():
+    from qgmem.timeexpr import parse_iso_date
+
+    assert str(parse_iso_date("2024-05-02T23:00:00-05:00")) == "2024-05-02"  # UTC's date is 3 May
+    assert resolve_time("yesterday", "2024-05-02T23:00:00-05:00")[0].iso() == "2024-05-01"

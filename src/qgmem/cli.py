@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval-qa": ("qgmem.evaluation.eval_qa", "Evaluate an export's answers per category, one row per graph mode."),
     "serve": ("qgmem.serving.serve_cli", "Serve an export over HTTP: per-user memories, answers, OpenAI-compatible chat."),
     "migrate-store": ("qgmem.serving.migrate_store", "Move an earlier version's memory folders into a store database (SQLite or Postgres)."),
+    "mcp": ("qgmem.serving.mcp_cli", "Serve an export's memory as MCP tools on stdio (remember, search, answer, list, forget)."),
 }
 
 #: training stages through LightningCLI, which parses its own arguments: name -> one-line help

@@ -35,7 +35,7 @@ from __future__ import annotations
 import calendar
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 
 MONTHS = {name.lower(): i for i, name in enumerate(calendar.month_name) if name}
 MONTHS.update({name.lower(): i for i, name in enumerate(calendar.month_abbr) if name})
@@ -92,20 +92,35 @@ class TimeSpan:
 
 
 def parse_time(value: str | None) -> datetime | None:
-    """An ISO-8601 utterance or question time as a naive datetime; ``None`` when absent or unreadable."""
+    """An ISO-8601 time as an instant, a naive datetime in UTC; ``None`` when absent or unreadable.
+
+    The one rule for comparing times: a time with a UTC offset (``Z``, ``+05:00``) is that instant, so
+    ``2024-05-02T05:00:00+05:00`` and ``2024-05-02T00:00:00Z`` are equal; a time without an offset (and
+    a date, at its midnight) is read as UTC."""
+    local = _wall_clock(value)
+    if local is None or local.tzinfo is None:
+        return local
+    return local.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _wall_clock(value: str | None) -> datetime | None:
+    """The datetime as written, with its offset when it has one."""
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value.strip().replace("Z", "+00:00")).replace(tzinfo=None)
+        return datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
     except ValueError:
         return None
 
 
 def parse_iso_date(value: str | None) -> date | None:
-    """The date part of an ISO-8601 date or datetime string (``YYYY``/``YYYY-MM`` pad to the 1st)."""
+    """The calendar date an ISO-8601 date or datetime was written on (``YYYY``/``YYYY-MM`` pad to the 1st).
+
+    The speaker's own date, not UTC's: "yesterday" said at ``2024-05-02T23:00:00-05:00`` is 1 May, as
+    the speaker meant it (comparing instants is :func:`parse_time`'s rule)."""
     if not value:
         return None
-    parsed = parse_time(value)
+    parsed = _wall_clock(value)
     if parsed is not None:
         return parsed.date()
     m = re.match(r"^(\d{4})(?:-(\d{2}))?(?:-(\d{2}))?", value.strip())

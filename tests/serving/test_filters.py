@@ -44,3 +44,19 @@ def test_sessions_and_time_together():
     assert not filters.keeps(_unit(utterance_time="2024-02-01", session_id="s0"))
     assert not filters.keeps(_unit(utterance_time="2023-02-01", session_id="s1"))
     assert not Filters() and Filters(sessions=frozenset({"s0"}))
+
+
+def test_times_with_offsets_compare_as_instants():
+    """Was: the offset dropped, so the same instant written two ways kept different units, a unit said at
+    04:30Z was outside 04:00Z–05:00Z when written with +05:00, and a valid window with two offsets was
+    refused as "before must be later than after"."""
+    from qgmem.serving.requests import check_filters
+
+    said = _unit(utterance_time="2024-05-02T04:30:00Z")
+    zulu = check_filters({"after": "2024-05-02T04:00:00Z", "before": "2024-05-02T05:00:00Z"})
+    offsets = check_filters({"after": "2024-05-02T09:00:00+05:00", "before": "2024-05-01T23:00:00-06:00"})
+    assert zulu == offsets and zulu.keeps(said) and offsets.keeps(said)
+    assert not check_filters({"after": "2024-05-02T09:31:00+05:00"}).keeps(said)
+    window = check_filters({"after": "2024-05-02T10:00:00+05:00", "before": "2024-05-02T09:00:00-05:00"})
+    assert window.after == datetime(2024, 5, 2, 5) and window.before == datetime(2024, 5, 2, 14)
+    assert Filters(after=datetime(2024, 5, 2)).keeps(_unit(utterance_time="2024-05-02T05:00:00+05:00"))

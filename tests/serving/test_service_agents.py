@@ -150,6 +150,9 @@ def test_an_export_imported_as_a_new_user_gives_the_same_units_and_search_result
      "entries[0]: field 'forget'"),
     ({"format": "qgmem-user-export", "version": 1, "entries": [{"forget": "a/b"}]}, 400, "entries[0]: field 'forget'"),
     ({"format": "qgmem-user-export", "version": 1, "entries": [], "extra": 1}, 400, "unknown field 'extra'"),
+    ({"format": "qgmem-user-export", "version": True, "entries": []}, 400, "'version'"),  # was: taken as 1
+    ({"format": "qgmem-user-export", "version": 1.0, "entries": []}, 400, "'version'"),
+    ({"format": "qgmem-user-export", "version": 1, "user": ["x"], "entries": []}, 400, "field 'user'"),
     ({"format": "qgmem-user-export", "version": 1, "entries": [{"turns": ALICE, "time": "x" * 70_000}]}, 413,
      "over the limit of 60000"),
 ])

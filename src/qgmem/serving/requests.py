@@ -1,17 +1,15 @@
-"""What a ``qgmem serve`` request may hold: every body check of the service, in one place.
+"""What a ``qgmem serve`` request may be before its model reads it: the limits, the body's bytes and
+shape, the JSON, the query strings and the filters.
 
-Each check raises :class:`ApiError` (400 naming the field, 413 naming the limit) before anything
-reaches the models or the disk:
+The bodies of the memory routes are pydantic models (:mod:`qgmem.serving.routes.protocol`); what comes
+before them is here, and each check raises :class:`ApiError` (400 naming the field, 413 naming the limit):
 
-- the body is JSON, UTF-8, nested at most :data:`MAX_DEPTH` deep, and no string in it (key or value)
-  holds a lone surrogate (``"\\udcff"`` cannot be written as UTF-8 by any later stage; the data loaders
-  refuse it the same way);
-- each endpoint's fields are typed strictly (``"stream": "no"`` is not ``false``) and a field the
-  endpoint does not know is refused (``"graph_mode"`` for ``"graph"``), except on the OpenAI endpoint,
-  which takes OpenAI's own fields: those it honours or can ignore without changing the answer
-  (:data:`CHAT_FIELDS`) and refuses the rest by name (:data:`CHAT_UNSUPPORTED`, ``n > 1``, ``tools``…);
-- a ``time`` (session, turn, question) is an ISO-8601 date or date-time read by the project's time
-  resolver (:func:`qgmem.timeexpr.parse_time`); ``"yesterday"`` or ``"2024-13-45"`` is a 400 naming it.
+- the body is JSON, UTF-8, of at most ``Limits.max_json_containers`` objects and arrays, nested at most
+  :data:`MAX_DEPTH` deep, and no string in it (key or value) holds a lone surrogate (``"\\udcff"`` cannot
+  be written as UTF-8 by any later stage; the data loaders refuse it the same way);
+- the filters of a search or a listing (:func:`check_filters`) and the paging numbers of a query string;
+- a ``time`` is an ISO-8601 date or date-time read by the project's time resolver
+  (:func:`qgmem.timeexpr.parse_time`); ``"yesterday"`` or ``"2024-13-45"`` is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from qgmem.model.graph_modes import GRAPH_MODES
 from qgmem.serving.filters import TIME_FIELDS, Filters
 from qgmem.timeexpr import parse_time
 
@@ -41,6 +38,8 @@ class Limits:
     max_speaker_chars: int = 128
     max_question_chars: int = 2_000
     body_timeout_s: float = 30.0  # a body not received within this is a 408 (a stalled client lets go)
+    max_json_containers: int = 2_000_000  # objects and arrays one body may hold (see check_shape)
+    max_concurrent_imports: int = 2  # imports parsed and stored at once; one more is a 503 with Retry-After
 
 
 class ApiError(Exception):
@@ -54,22 +53,123 @@ def bad(message: str) -> ApiError:
 
 
 # ----------------------------------------------------------------------------------- the JSON body
+#: a body longer than this is parsed in a worker thread, one array element at a time (see parse_body)
+PARSE_INLINE_BYTES = 64_000
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way a lone surrogate gets into valid UTF-8 JSON
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def check_shape(raw: bytes, limits: Limits) -> None:
+    """A 413 when ``raw`` may hold more objects and arrays than ``limits.max_json_containers``: each costs
+    about 70 bytes once parsed whatever its size, so a body of tiny ``{}`` would cost ~25 times its bytes.
+    Every ``{`` and ``[`` byte counts (in strings too): a count at memory speed, before any parse."""
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > limits.max_json_containers:
+        raise ApiError(413, f"the body holds {containers} '{{' and '[' (objects and arrays, counted in strings "
+                            f"too), over the limit of {limits.max_json_containers}")
+
+
 def parse_body(raw: bytes) -> Any:
-    """The JSON of a request body, checked for depth and lone surrogates (see the module docstring)."""
+    """The JSON of a request body, checked for depth and lone surrogates (see the module docstring).
+
+    A body over :data:`PARSE_INLINE_BYTES` (an import, a batch) is decoded a top-level array element at
+    a time, so the worker thread that parses it gives the event loop its turn between elements (a single
+    ``json.loads`` holds the interpreter lock until it is done)."""
     try:
-        body = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        surrogates = _SURROGATE_ESCAPE.search(raw) is not None
+        if len(raw) <= PARSE_INLINE_BYTES:
+            body = json.loads(text)
+            _check_tree(body, "", 0, surrogates)
+            return body
+        return _decode_pieces(text, surrogates)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f" (line {exc.lineno}, column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
         raise bad(f"malformed JSON body: {getattr(exc, 'msg', 'not UTF-8')}{where}") from None
     except RecursionError:  # nested past the interpreter's recursion limit
         raise bad(f"malformed JSON body: nested more than {MAX_DEPTH} levels deep") from None
-    _check_unicode(body)
+
+
+def _decode_pieces(text: str, surrogates: bool) -> Any:
+    """``json.loads(text)``, decoding each element of a top-level object's arrays on its own."""
+    i = _SPACE.match(text, 0).end()
+    if not text.startswith("{", i):
+        value = json.loads(text)
+        _check_tree(value, "", 0, surrogates)
+        return value
+    body: dict[str, Any] = {}
+    i = _SPACE.match(text, i + 1).end()
+    closed = text.startswith("}", i)
+    while not closed:
+        if not text.startswith('"', i):
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
+        key, i = json.decoder.scanstring(text, i + 1)
+        _check_tree(key, f"{key} (its name)", 0, surrogates)
+        i = _expect(text, _SPACE.match(text, i).end(), ":")
+        if text.startswith("[", i):
+            value, i = [], _SPACE.match(text, i + 1).end()
+            while not text.startswith("]", i):
+                item, i = _DECODER.raw_decode(text, i)
+                _check_tree(item, f"{key}[{len(value)}]", 2, surrogates)
+                value.append(item)
+                i = _SPACE.match(text, i).end()
+                if not text.startswith("]", i):
+                    i = _expect(text, i, ",")
+            i += 1
+        else:
+            value, i = _DECODER.raw_decode(text, i)
+            _check_tree(value, key, 1, surrogates)
+        body[key] = value
+        i = _SPACE.match(text, i).end()
+        closed = text.startswith("}", i)
+        if not closed:
+            i = _expect(text, i, ",")
+    i = _SPACE.match(text, i + 1).end()
+    if i != len(text):
+        raise json.JSONDecodeError("Extra data", text, i)
     return body
 
 
-def _check_unicode(body: Any) -> None:
+def _expect(text: str, i: int, mark: str) -> int:
+    """The position after ``mark`` (and the space after it) at ``i``; a decode error when it is not there."""
+    if not text.startswith(mark, i):
+        raise json.JSONDecodeError(f"Expecting '{mark}' delimiter", text, i)
+    return _SPACE.match(text, i + 1).end()
+
+
+def _check_tree(value: Any, where: str, depth: int, surrogates: bool) -> None:
+    """Depth and (when the body has a surrogate escape) Unicode of ``value``, without naming paths; on a
+    fault the slower walk of :func:`_check_unicode` names where it is."""
+    stack = [(value, depth)]
+    while stack:
+        item, level = stack.pop()
+        if level > MAX_DEPTH:
+            break
+        if isinstance(item, dict):
+            if surrogates and not all(_encodes(k) for k in item):
+                break
+            stack.extend((x, level + 1) for x in item.values())
+        elif isinstance(item, list):
+            stack.extend((x, level + 1) for x in item)
+        elif surrogates and isinstance(item, str) and not _encodes(item):
+            break
+    else:
+        return
+    _check_unicode(value, where, depth)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def _check_unicode(body: Any, start: str = "", depth: int = 0) -> None:
     """Every string of ``body`` (keys included) encodes as UTF-8; the first that does not is named."""
-    stack: list[tuple[Any, str, int]] = [(body, "", 0)]
+    stack: list[tuple[Any, str, int]] = [(body, start, depth)]
     while stack:
         value, where, depth = stack.pop()
         if depth > MAX_DEPTH:
@@ -91,52 +191,6 @@ def _check_unicode(body: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------- fields
-def only(body: dict, allowed: set[str] | frozenset[str], where: str = "") -> None:
-    unknown = sorted(set(body) - set(allowed))
-    if unknown:
-        raise bad(f"{where}unknown field '{unknown[0]}' (this endpoint takes {', '.join(sorted(allowed))})")
-
-
-def text(body: dict, key: str, where: str = "", required: bool = True, limit: int | None = None) -> str | None:
-    value = body.get(key)
-    if value is None and not required:
-        return None
-    if not isinstance(value, str) or (required and not value.strip()):
-        raise bad(f"{where}field '{key}' must be a non-empty string")
-    if limit is not None and len(value) > limit:
-        raise ApiError(413, f"{where}field '{key}' is {len(value)} characters, over the limit of {limit}")
-    return value
-
-
-def when(body: dict, key: str = "time", where: str = "") -> str | None:
-    """An optional ISO-8601 time, read by the one time resolver; unreadable is a 400 naming the field."""
-    value = text(body, key, where, required=False, limit=64)
-    if value is not None and parse_time(value) is None:
-        raise bad(f"{where}field '{key}' must be an ISO-8601 date or date-time (e.g. 2024-05-01 or "
-                  f"2024-05-01T10:00:00), got {value[:64]!r}")
-    return value
-
-
-def graph(body: dict, key: str = "graph") -> str | None:
-    """The request's graph mode; ``None`` when it names none (the export's default then applies)."""
-    mode = body.get(key)
-    if mode is None:
-        return None
-    if mode not in GRAPH_MODES:
-        raise bad(f"field '{key}' must be one of {', '.join(GRAPH_MODES)}, got {str(mode)[:20]!r}")
-    return mode
-
-
-def integer(body: dict, key: str, low: int = 1, high: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bound = f"an integer >= {low}" + (f" and <= {high}" if high is not None else "")
-        raise bad(f"field '{key}' must be {bound}, got {json.dumps(value)[:20]}")
-    return value
-
-
 def query_params(items: list[tuple[str, str]], allowed: tuple[str, ...]) -> dict[str, str]:
     """A query string's parameters: each one this endpoint takes, at most once (a repeated parameter
     is a 400, never "the last one wins")."""
@@ -161,57 +215,14 @@ def query_integer(query: dict[str, str], name: str, low: int, high: int, default
     return int(raw)
 
 
-def boolean(body: dict, key: str) -> bool:
-    value = body.get(key, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad(f"field '{key}' must be true or false, got {json.dumps(value)[:20]}")
-    return value
-
-
-def object_body(body: Any, what: str) -> dict:
-    if not isinstance(body, dict):
-        raise bad(f"the body must be a JSON object with {what}")
-    return body
-
-
 # ------------------------------------------------------------------------------------- endpoints
-SESSION_FIELDS = frozenset({"turns", "time"})
-TURN_FIELDS = frozenset({"speaker", "text", "time"})
-ANSWER_FIELDS = frozenset({"question", "time", "graph", "max_tokens"})
 FILTER_FIELDS = ("after", "before", "time_field", "sessions")
-SEARCH_FIELDS = frozenset({"question", "time", "limit", *FILTER_FIELDS})
 #: sessions one batch append may hold (each within ``Limits.max_turns``)
 MAX_BATCH_SESSIONS = 100
 #: what an export document says it is (``GET /v1/users/{id}/export``, ``POST /v1/users/{id}/import``)
 EXPORT_FORMAT, EXPORT_VERSION = "qgmem-user-export", 1
 #: what a memory unit id may be (``w0003.u1``); it is never a path
 UNIT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-
-
-def check_session(body: Any, limits: Limits) -> tuple[list[dict[str, Any]], str | None]:
-    body = object_body(body, "field 'turns'")
-    only(body, SESSION_FIELDS)
-    turns = body.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise bad("field 'turns' must be a non-empty list of {\"speaker\", \"text\", \"time\"?}")
-    if len(turns) > limits.max_turns:
-        raise ApiError(413, f"field 'turns' holds {len(turns)} turns, over the limit of {limits.max_turns}")
-    session_time = when(body)
-    out = []
-    for i, turn in enumerate(turns):
-        where = f"turns[{i}]: "
-        if not isinstance(turn, dict):
-            raise bad(f"{where}a turn must be an object with 'speaker' and 'text'")
-        only(turn, TURN_FIELDS, where)
-        clean = {"speaker": text(turn, "speaker", where, limit=limits.max_speaker_chars),
-                 "text": text(turn, "text", where, limit=limits.max_turn_chars)}
-        turn_time = when(turn, "time", where)
-        if turn_time is not None:
-            clean["time"] = turn_time
-        out.append(clean)
-    return out, session_time
 
 
 def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
@@ -239,134 +250,8 @@ def check_filters(values: dict[str, Any], where: str = "field") -> Filters:
     return Filters(bounds["after"], bounds["before"], time_field, sessions)
 
 
-def check_batch(body: Any, limits: Limits) -> list[tuple[list[dict[str, Any]], str | None]]:
-    """``{"sessions": [{"turns", "time"?}, …]}``: each session checked as one append's body."""
-    body = object_body(body, "field 'sessions'")
-    only(body, {"sessions"})
-    sessions = body.get("sessions")
-    if not isinstance(sessions, list) or not sessions:
-        raise bad("field 'sessions' must be a non-empty list of {\"turns\", \"time\"?}")
-    if len(sessions) > MAX_BATCH_SESSIONS:
-        raise ApiError(413, f"field 'sessions' holds {len(sessions)} sessions, over the limit of {MAX_BATCH_SESSIONS}")
-    return [_within(f"sessions[{i}]", check_session, session, limits) for i, session in enumerate(sessions)]
-
-
-def check_import(body: Any, limits: Limits) -> list[dict[str, Any]]:
-    """An export document: its format and version, then each entry, a session (checked as an append's
-    body) or ``{"forget": unit id}``; returns the entries in journal form."""
-    body = object_body(body, "fields 'format', 'version' and 'entries' (what GET /v1/users/{id}/export returns)")
-    only(body, {"format", "version", "user", "entries"})
-    if body.get("format") != EXPORT_FORMAT or body.get("version") != EXPORT_VERSION:
-        raise bad(f"fields 'format' and 'version' must be {EXPORT_FORMAT!r} and {EXPORT_VERSION} (an export of "
-                  f"this server), got {json.dumps(body.get('format'))[:40]} and {json.dumps(body.get('version'))[:10]}")
-    entries = body.get("entries")
-    if not isinstance(entries, list):
-        raise bad("field 'entries' must be a list of sessions {\"turns\", \"time\"} and forgets {\"forget\"}")
-    out: list[dict[str, Any]] = []
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict) and "forget" in entry:
-            only(entry, {"forget"}, f"entries[{i}]: ")
-            out.append({"forget": check_unit_id(entry["forget"], f"entries[{i}]: field 'forget'")})
-        else:
-            turns, when = _within(f"entries[{i}]", check_session, entry, limits)
-            out.append({"turns": turns, "time": when})
-    return out
-
-
 def check_unit_id(value: Any, what: str = "unit id") -> str:
     if not isinstance(value, str) or not UNIT_ID.fullmatch(value):
         raise bad(f"{what} must match [A-Za-z0-9_.:-]{{1,128}} (a unit id as memories and search show it), "
                   f"got {json.dumps(value)[:40]}")
     return value
-
-
-def _within(where: str, check, value: Any, *args):
-    """``check(value, *args)`` with ``where`` in front of its message (a part of a larger body)."""
-    try:
-        return check(value, *args)
-    except ApiError as exc:
-        raise ApiError(exc.status, f"{where}: {exc.message}", exc.headers) from None
-
-
-def check_question(body: Any, limits: Limits, allowed: frozenset[str]) -> tuple[dict, str, str | None]:
-    """``(body, question, time)`` of ``/answer`` or ``/search``."""
-    body = object_body(body, "field 'question'")
-    only(body, allowed)
-    return body, text(body, "question", limit=limits.max_question_chars), when(body)
-
-
-#: OpenAI chat-completions fields this server honours, or may ignore without changing the answer
-#: (sampling settings: answers are greedy, the export's contract; caching, storage, abuse-monitoring
-#: and routing hints: ``prompt_cache_key``, ``safety_identifier``, ``metadata``, ``store``, ``service_tier``)
-CHAT_FIELDS = frozenset({"model", "messages", "user", "stream", "stream_options", "max_tokens",
-                         "max_completion_tokens", "temperature", "top_p", "seed", "presence_penalty",
-                         "frequency_penalty", "metadata", "store", "service_tier", "parallel_tool_calls",
-                         "prompt_cache_key", "safety_identifier", "graph", "time"})
-#: OpenAI fields asking for what this model cannot do: refused by name (as OpenAI refuses them for a
-#: model without the feature) unless given their neutral value
-CHAT_UNSUPPORTED = {"n": (None, 1), "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
-                    "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
-                    "logprobs": (None, False), "top_logprobs": (None, 0), "stop": (None, [], ""),
-                    "logit_bias": (None, {}), "audio": (None,), "modalities": (None, ["text"]),
-                    "prediction": (None,), "reasoning_effort": (None,), "web_search_options": (None,),
-                    "verbosity": (None, "medium")}
-
-
-def chat_request(body: Any, limits: Limits, server_max_tokens: int) -> dict[str, Any]:
-    """An OpenAI chat-completions body checked: ``user``, the question (the last user message), ``time``,
-    ``graph``, ``stream``, ``model`` and the answer's token cap (``max_completion_tokens`` or
-    ``max_tokens``, capped by the server's limit)."""
-    body = object_body(body, "fields 'user' and 'messages'")
-    for key, neutral in CHAT_UNSUPPORTED.items():
-        if key in body and body[key] not in neutral:
-            raise bad(f"field '{key}' is not supported by this server (it answers one greedy text reply from "
-                      "the user's memory); leave it out")
-    only(body, CHAT_FIELDS | set(CHAT_UNSUPPORTED))
-    user = body.get("user")
-    if not isinstance(user, str) or not user:
-        raise bad("field 'user' must name the memory to answer from (a user id)")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("field 'messages' must be a non-empty list")
-    question = None
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise bad(f"messages[{i}] must be an object with 'role' and 'content'")
-        if message["role"] == "user":
-            question = _content_text(message.get("content"), i)
-    if question is None or not question.strip():
-        raise bad("field 'messages' holds no user message with text: the last one is the question")
-    if len(question) > limits.max_question_chars:
-        raise ApiError(413, f"the question is {len(question)} characters, over the limit of "
-                            f"{limits.max_question_chars}")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad("field 'model' must be a string")
-    temperature = body.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))):
-        raise bad("field 'temperature' must be a number")
-    for name in ("stream_options", "metadata"):
-        if body.get(name) is not None and not isinstance(body[name], dict):
-            raise bad(f"field '{name}' must be an object")
-    for name in ("prompt_cache_key", "safety_identifier"):
-        if body.get(name) is not None and not isinstance(body[name], str):
-            raise bad(f"field '{name}' must be a string")
-    return {"user": user, "question": question, "time": when(body), "graph": graph(body),
-            "stream": boolean(body, "stream"), "model": model, "max_tokens": max_tokens(body, server_max_tokens)}
-
-
-def max_tokens(body: dict, server_max_tokens: int) -> int:
-    """The answer's token cap: ``max_completion_tokens`` (or the older ``max_tokens``), at most the server's."""
-    asked = [integer(body, key) for key in ("max_completion_tokens", "max_tokens")]
-    given = [a for a in asked if a is not None]
-    return min(given[0], server_max_tokens) if given else server_max_tokens
-
-
-def _content_text(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if all(isinstance(p, str) for p in parts):
-            return "\n".join(parts)
-    raise bad(f"messages[{i}].content must be a string or a list of text parts")

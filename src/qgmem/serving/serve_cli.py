@@ -46,6 +46,8 @@ class ServeSettings:
     max_import_bytes: int = 200_000_000  #: the body of POST /v1/users/{id}/import (an export of a whole user) at most; larger gets 413
     max_turns: int = 500  #: turns per appended session (past: 413)
     max_turn_chars: int = 8_000  #: characters per turn (past: 413)
+    max_json_containers: int = 2_000_000  #: objects and arrays one request body may hold (every '{' and '[' counted, before parsing; an import's too); past: 413
+    max_concurrent_imports: int = 2  #: imports read, parsed and stored at once; one more gets 503 + Retry-After
     body_timeout_s: float = 30.0  #: a request body not received within this many seconds gets 408 and the connection is closed
     max_loaded_users: int | None = None  #: users held in memory at most; the least recently used is unloaded (reloaded from the store on its next request)
     max_loaded_units: int | None = None  #: memory units held in memory at most (the memory budget), least recently used users unloaded first
@@ -74,7 +76,7 @@ def check(s: ServeSettings) -> None:
     if not s.export:
         raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
     for name in ("max_batch", "max_queue", "snapshot_every", "pool_size", "max_body_bytes", "max_import_bytes", "max_turns",
-                 "max_turn_chars"):
+                 "max_turn_chars", "max_json_containers", "max_concurrent_imports"):
         if getattr(s, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
     if not 0 < s.port < 65536:
@@ -116,7 +118,9 @@ def build_service(settings: ServeSettings):
                            engine=engine_settings(settings.lm_url, settings.lm_model, settings.lm_api_key_env))
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_import_bytes=settings.max_import_bytes,
                     max_turns=settings.max_turns,
-                    max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s)
+                    max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s,
+                    max_json_containers=settings.max_json_containers,
+                    max_concurrent_imports=settings.max_concurrent_imports)
     options = {"pool_size": settings.pool_size} if store_kind(settings.store) == "postgresql" else {}
     return MemoryService(pipeline, open_store(settings.store, **options), max_batch=settings.max_batch, max_wait_ms=settings.max_wait_ms,
                          max_queue=settings.max_queue, snapshot_every=settings.snapshot_every, limits=limits,

@@ -26,20 +26,23 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
   and ``/v1/models/{id}``.
 - ``GET /healthz``; ``GET /metrics``: Prometheus latency histograms per stage and per endpoint.
 
-Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` holds
-every body check); a full queue is a 503 with ``Retry-After``; an LM engine behind ``--lm-url`` that
-fails is a 502 with its error, or a 504 when it ran out of time; a body not received within
-``Limits.body_timeout_s`` a 408. Nothing of a request body is logged, the access log holds no query
-string, and a 500 names no path of this machine. A store that cannot be reached (a database restart) is a
-503 with ``Retry-After``, a full disk a 507; neither stored anything of the request.
+Bad input is a 4xx with a message and never reaches the models (:mod:`qgmem.serving.requests` and the
+models of :mod:`qgmem.serving.routes.protocol`; ``GET /openapi.json`` is their schema); a full queue is a
+503 with ``Retry-After``; an LM engine behind ``--lm-url`` that fails is a 502 with its error, or a 504
+when it ran out of time; a body not received within ``Limits.body_timeout_s`` a 408. The same memory is
+served as MCP tools at ``/mcp`` (:mod:`qgmem.serving.mcp`). Nothing of a request body is logged, the
+access log holds no query string, and a 500 names no path of this machine. A store that cannot be reached
+(a database restart) is a 503 with ``Retry-After``, a full disk a 507; neither stored anything of the
+request.
 """
 
 import asyncio
+import gc
 import hmac
 import logging
 import os
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 from qgmem.errors import IntegrityError, UserError
@@ -115,6 +118,23 @@ class MemoryService:
             _ = builder.parser.nlp
         self.model_name = str((pipeline.encoder.export_config.get("lm") or {}).get("id") or "qgmem")
         self.started = int(time.time())
+        self._imports = 0  # imports in progress (read, parsed, stored), counted on the event loop
+
+    def imports_running(self) -> int:
+        return self._imports
+
+    @contextmanager
+    def importing(self):
+        """One of ``limits.max_concurrent_imports`` import slots, held while an import is read, parsed and
+        stored; none free is a 503 with Retry-After at once (an import costs memory for its whole body)."""
+        if self._imports >= self.limits.max_concurrent_imports:
+            raise ApiError(503, f"{self._imports} imports are running (the limit); retry shortly",
+                           {"Retry-After": "1"})
+        self._imports += 1
+        try:
+            yield
+        finally:
+            self._imports -= 1
 
     @property
     def max_new_tokens(self) -> int:
@@ -210,6 +230,7 @@ def create_app(service: MemoryService, api_key: str | None = None):
     from fastapi import FastAPI, Request
     from starlette.concurrency import run_in_threadpool
 
+    from qgmem.serving.mcp import mount as mount_mcp
     from qgmem.serving.routes import chat, operations, users
     from qgmem.serving.routes.common import error
 
@@ -217,15 +238,17 @@ def create_app(service: MemoryService, api_key: str | None = None):
 
     @asynccontextmanager
     async def lifespan(app):
+        gc.freeze()  # the models' millions of objects leave the collector's walks: a large body's parse pauses less
         sweeper = None
         if service.users.idle_unload_s is not None:
             sweeper = asyncio.ensure_future(_sweep(service, min(30.0, max(0.05, service.users.idle_unload_s / 2))))
-        yield
+        async with mcp_sessions.run():
+            yield
         if sweeper is not None:
             sweeper.cancel()
         await run_in_threadpool(service.close)
 
-    app = FastAPI(title="qgmem", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="qgmem", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     metrics, key = service.metrics, api_key.encode() if api_key else None
 
     def authorized(header: str) -> bool:
@@ -284,6 +307,22 @@ def create_app(service: MemoryService, api_key: str | None = None):
 
     for routes in (users, chat, operations):
         app.include_router(routes.router(service))
+    mcp_sessions = mount_mcp(app, service)  # streamable HTTP at /mcp, behind the same key
+
+    def openapi() -> dict:
+        """FastAPI's schema with the request models the routes check themselves (their bodies are read
+        bounded and timed, so FastAPI does not parse them and would not list them)."""
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            from qgmem.serving.routes.protocol import request_schemas
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(request_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
     return app
 
 

@@ -9,7 +9,8 @@ import uuid
 from typing import Any
 
 from qgmem.errors import UserError
-from qgmem.serving.requests import ApiError, chat_request
+from qgmem.serving.requests import ApiError
+from qgmem.serving.routes import protocol as p
 from qgmem.serving.routes.common import activate, check_id, read_json
 
 log = logging.getLogger("qgmem.serve")
@@ -39,7 +40,7 @@ def router(service: Any):
     def model_ids() -> list[str]:
         return list(dict.fromkeys(["qgmem", service.model_name]))
 
-    @routes.api_route("/models", methods=["GET", "HEAD"])
+    @routes.api_route("/models", methods=["GET", "HEAD"], **p.route(p.ModelList))
     async def models():
         return {"object": "list", "data": [card(m) for m in model_ids()]}
 
@@ -47,26 +48,27 @@ def router(service: Any):
     async def models_options():
         return Response(status_code=204, headers={"Allow": "GET, HEAD, OPTIONS"})
 
-    @routes.get("/models/{model_id:path}")
+    @routes.get("/models/{model_id:path}", **p.route(p.ModelCard))
     async def model(model_id: str):
         if model_id not in model_ids():
             raise ApiError(404, f"no model {model_id[:100]!r} (this server has {', '.join(model_ids())})")
         return card(model_id)
 
-    @routes.post("/chat/completions")
+    @routes.post("/chat/completions", **p.route(p.ChatCompletion, p.ChatRequest))
     async def chat(request: Request):
-        asked = chat_request(await read_json(request, service.limits), service.limits, service.max_new_tokens)
-        check_id(asked["user"])
-        retrieved = await activate(service, asked["user"], asked["question"], asked["time"], asked["max_tokens"])
+        asked = p.validate(p.ChatRequest, await read_json(request, service.limits), service.limits)
+        question = asked.question(service.limits)
+        check_id(asked.user)
+        retrieved = await activate(service, asked.user, question, asked.time, asked.token_cap(service.max_new_tokens))
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
-                "model": asked["model"] or service.model_name}
-        if not asked["stream"]:
-            result, _ = await asyncio.wrap_future(service.submit(retrieved, asked["graph"]))
+                "model": asked.model or service.model_name}
+        if not asked.stream:
+            result, _ = await asyncio.wrap_future(service.submit(retrieved, asked.graph))
             service.observe(result)
             return {**head, "object": "chat.completion", "usage": usage(result), "qgmem": extras(result),
                     "choices": [{"index": 0, "finish_reason": result.finish_reason,
                                  "message": {"role": "assistant", "content": result.answer}}]}
-        return StreamingResponse(stream(service, retrieved, asked["graph"], head), media_type="text/event-stream",
+        return StreamingResponse(stream(service, retrieved, asked.graph, head), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return routes

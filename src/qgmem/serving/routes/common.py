@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from qgmem.serving.requests import ApiError, Limits, parse_body
+from qgmem.serving.requests import PARSE_INLINE_BYTES, ApiError, Limits, check_shape, parse_body
 from qgmem.serving.users import BadUserId, check_user_id
 
 #: the OpenAI error ``type`` of each status
@@ -54,7 +54,11 @@ async def read_body(request: Any, limits: Limits, max_bytes: int | None = None) 
 
 
 async def read_json(request: Any, limits: Limits, max_bytes: int | None = None) -> Any:
-    return parse_body(await read_body(request, limits, max_bytes))
+    """The body's JSON: its shape bounded first (:func:`~qgmem.serving.requests.check_shape`), a large one
+    parsed in a worker thread so that every other request is served meanwhile."""
+    raw = await read_body(request, limits, max_bytes)
+    check_shape(raw, limits)
+    return parse_body(raw) if len(raw) <= PARSE_INLINE_BYTES else await in_thread(parse_body, raw)
 
 
 async def in_thread(function, *args):

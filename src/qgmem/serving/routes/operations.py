@@ -8,9 +8,11 @@ def router(service: Any):
     from fastapi.responses import PlainTextResponse
     from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+    from qgmem.serving.routes import protocol as p
+
     routes = APIRouter()
 
-    @routes.get("/healthz")
+    @routes.get("/healthz", **p.route(p.Health))
     async def healthz():
         batcher = service.batcher
         return {"status": "ok", "users_loaded": service.users.loaded(), "queue": batcher.depth(),

@@ -6,9 +6,9 @@ import json
 import re
 from typing import Any
 
-from qgmem.serving.requests import (ANSWER_FIELDS, EXPORT_FORMAT, EXPORT_VERSION, FILTER_FIELDS, SEARCH_FIELDS,
-                                    bad, check_batch, check_filters, check_import, check_question, check_session,
-                                    check_unit_id, graph, integer, max_tokens, query_integer, query_params)
+from qgmem.serving.requests import (EXPORT_FORMAT, EXPORT_VERSION, FILTER_FIELDS, bad, check_filters,
+                                    check_unit_id, query_integer, query_params)
+from qgmem.serving.routes import protocol as p
 from qgmem.serving.routes.common import activate, check_id, in_thread, read_json
 from qgmem.serving.users import UnknownUser
 
@@ -39,42 +39,41 @@ def router(service: Any):
         service.count_loaded()
         return result
 
-    @routes.post("/sessions")
+    @routes.post("/sessions", **p.route(p.Appended, p.Session))
     async def append_session(user_id: str, request: Request):
         check_id(user_id)
         key = idempotency_key(request)
-        turns, session_time = check_session(await read_json(request, limits), limits)
+        turns, session_time = p.validate(p.Session, await read_json(request, limits), limits).plain()
         result = await in_thread(service.users.append, user_id, turns, session_time, key)
         return acknowledged(result)
 
-    @routes.post("/sessions/batch")
+    @routes.post("/sessions/batch", **p.route(p.BatchAppended, p.Batch))
     async def append_batch(user_id: str, request: Request):
         check_id(user_id)
         key = idempotency_key(request)
-        sessions = check_batch(await read_json(request, limits), limits)
+        sessions = [s.plain() for s in p.validate(p.Batch, await read_json(request, limits), limits).sessions]
         result = await in_thread(service.users.append_batch, user_id, sessions, key)
         return acknowledged(result)
 
-    @routes.post("/answer")
+    @routes.post("/answer", **p.route(p.AnswerResult, p.AnswerRequest))
     async def answer(user_id: str, request: Request):
         check_id(user_id)
-        body, question, when = check_question(await read_json(request, limits), limits, ANSWER_FIELDS)
-        mode, cap = graph(body), max_tokens(body, service.max_new_tokens)
-        retrieved = await activate(service, user_id, question, when, cap)
-        result, batch = await asyncio.wrap_future(service.submit(retrieved, mode))
+        asked = p.validate(p.AnswerRequest, await read_json(request, limits), limits)
+        cap = min(asked.max_tokens or service.max_new_tokens, service.max_new_tokens)
+        retrieved = await activate(service, user_id, asked.question, asked.time, cap)
+        result, batch = await asyncio.wrap_future(service.submit(retrieved, asked.graph))
         service.observe(result)
         return {"user": user_id, **result.to_dict(), "batch_size": batch}
 
-    @routes.post("/search")
+    @routes.post("/search", **p.route(p.SearchResult, p.SearchRequest))
     async def search(user_id: str, request: Request):
         check_id(user_id)
-        body, question, when = check_question(await read_json(request, limits), limits, SEARCH_FIELDS)
-        result = await in_thread(service.search, user_id, question, when, integer(body, "limit", 1, 1000),
-                                 check_filters(body))
+        asked = p.validate(p.SearchRequest, await read_json(request, limits), limits)
+        result = await in_thread(service.search, user_id, asked.question, asked.time, asked.limit, asked.filters())
         service.metrics.observe("activation", result["seconds"]["activation"])
         return result
 
-    @routes.get("/memories")
+    @routes.get("/memories", **p.route(p.Memories))
     async def memories(user_id: str, request: Request):
         check_id(user_id)
         query = query_params(request.query_params.multi_items(), ("offset", "limit", *FILTER_FIELDS))
@@ -83,28 +82,30 @@ def router(service: Any):
                                query_integer(query, "limit", 1, MAX_PAGE, 100),
                                check_filters(listed, "query parameter"))
 
-    @routes.delete("/memories/{unit_id}")
+    @routes.delete("/memories/{unit_id}", **p.route(p.Forgotten))
     async def forget(user_id: str, unit_id: str):
         check_id(user_id)
         result = await in_thread(service.users.forget, user_id, check_unit_id(unit_id))
         service.count_loaded()
         return result
 
-    @routes.get("/export")
+    @routes.get("/export", **p.route(p.ExportDocument))
     async def export(user_id: str):
         check_id(user_id)
         entries = await in_thread(service.users.export, user_id)  # an unknown user is a 404 before the stream
         return StreamingResponse(export_document(user_id, entries), media_type="application/json")
 
-    @routes.post("/import")
+    @routes.post("/import", **p.route(p.Imported, p.ExportDocument))
     async def import_user(user_id: str, request: Request):
         check_id(user_id)
-        entries = check_import(await read_json(request, limits, limits.max_import_bytes), limits)
-        result = await in_thread(service.users.import_user, user_id, entries)
+        with service.importing():
+            body = await read_json(request, limits, limits.max_import_bytes)
+            entries = await in_thread(p.import_entries, body, limits)
+            result = await in_thread(service.users.import_user, user_id, entries)
         service.count_loaded()
         return result
 
-    @routes.delete("")
+    @routes.delete("", **p.route(p.Deleted))
     async def delete_user(user_id: str):
         check_id(user_id)
         if not await in_thread(service.users.delete, user_id):
