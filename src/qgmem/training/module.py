@@ -21,7 +21,6 @@ from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
 from qgmem.model.graph_modes import empty_graph
-from qgmem.errors import SettingError
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model import checkpoint_keys as CK
 from qgmem.model.encoder import EncoderConfig
