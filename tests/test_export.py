@@ -23,9 +23,10 @@ from qgmem.serving import GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.serving.pipeline import load_lm_for
 from qgmem.training.datamodule import QGMemDataModule, synthetic_items
 from qgmem.training.module import QGMemModule
+from qgmem.training.stages import NodeWordAlignment
 
 D = 8
-PAPER = dict(features="text", readout="mean", num_graph_tokens=1, align_steps=0, align_weight=0.0)  # not the defaults
+PAPER = dict(features="text", readout="mean", num_graph_tokens=1, stages=[])  # not the defaults
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ NETS = {"mean": {}, "queries": {"readout": "queries", "num_graph_tokens": 2, "fe
         "nodes": {"readout": "nodes", "num_graph_tokens": 3, "features": "node_words"},
         "summary_nodes": {"readout": "summary_nodes", "num_graph_tokens": 3, "features": "node_words"},
         "summary_units": {"readout": "summary_units", "num_graph_tokens": 4, "features": "text"}}
-ALIGN = {"align_steps": 3, "align_weight": 0.5}
+ALIGN = {"stages": [NodeWordAlignment(steps=3, weight=0.5)]}
 TRAINING = {"nodes": ALIGN, "summary_nodes": ALIGN}  # module settings that are not the network's
 
 

@@ -130,3 +130,41 @@ def test_an_older_checkpoint_s_prompt_contract_is_gathered_from_its_two_places()
         "max_prompt_tokens": 99}
     assert checkpoint_prompt({"enable_thinking": True}, {"max_prompt_tokens": 300, "max_answer_tokens": None}) == {
         "enable_thinking": True, "max_prompt_tokens": 300}
+
+
+def test_an_older_checkpoint_s_flat_stage_settings_read_as_its_stages():
+    from qgmem.older_records import checkpoint_hparams, checkpoint_stages
+
+    words = {"align_steps": 300, "align_objective": "words", "align_batch_size": 32, "align_lr": 0.003,
+             "align_weight": 5.0, "distill_weight": 0.0, "distill_topk": 16, "teacher_cache_dir": None}
+    assert checkpoint_stages(words) == [{"class_path": "qgmem.training.stages.NodeWordAlignment",
+                                         "init_args": {"steps": 300, "batch_size": 32, "lr": 0.003, "weight": 5.0}}]
+    compact = {**words, "align_objective": "reconstruct", "align_steps": 40, "align_batch_size": 8, "align_weight": 0.0,
+               "distill_weight": 2.0, "teacher_cache_dir": "/t"}
+    assert checkpoint_stages(compact) == [
+        {"class_path": "qgmem.training.stages.MemoryReconstruction", "init_args": {"steps": 40, "batch_size": 8,
+                                                                                   "lr": 0.003}},
+        {"class_path": "qgmem.training.stages.Distillation", "init_args": {"weight": 2.0, "topk": 16, "cache_dir": "/t"}}]
+    # the paper's (no stage at all), a checkpoint older than the stages, and one older than align_objective
+    assert checkpoint_stages({**words, "align_steps": 0, "align_weight": 0.0}) == []
+    assert checkpoint_stages({"graph": "token"}) == []
+    assert checkpoint_stages({"align_steps": 5, "align_weight": 0.5}) == [
+        {"class_path": "qgmem.training.stages.NodeWordAlignment", "init_args": {"steps": 5, "weight": 0.5}}]
+    # the whole hyperparameter block: the flat and retired keys go, the rest stays; today's block is kept
+    read = checkpoint_hparams({**compact, "graph": "none", "match_embedding_scale": True})
+    assert read == {"graph": "none", "stages": checkpoint_stages(compact)}
+    today = {"graph": "token", "stages": []}
+    assert checkpoint_hparams(today) == today
+
+
+def test_the_stage_records_an_older_checkpoint_gets_build_the_stages():
+    """Each record names a stage class and its settings as they are today (a drift fails here)."""
+    from qgmem.older_records import checkpoint_stages
+    from qgmem.training.stages import Distillation, MemoryReconstruction, NodeWordAlignment, as_stage
+
+    stages = [as_stage(r) for r in checkpoint_stages({"align_objective": "reconstruct", "align_steps": 4,
+                                                      "align_batch_size": 2, "align_lr": 0.01, "distill_weight": 0.5,
+                                                      "distill_topk": 8, "teacher_cache_dir": "t"})]
+    assert stages == [MemoryReconstruction(steps=4, batch_size=2, lr=0.01), Distillation(weight=0.5, topk=8, cache_dir="t")]
+    assert [as_stage(r) for r in checkpoint_stages({"align_steps": 3, "align_weight": 0.5, "align_lr": 0.1})] == [
+        NodeWordAlignment(steps=3, lr=0.1, weight=0.5)]

@@ -3,8 +3,9 @@
 One home for every such rule, so an old record reads the same wherever it is opened.
 
 Export ``config.json`` (older format versions), the graph-token network and prompt blocks of exports and
-checkpoints (renamed fields, fields added since), and a checkpoint's prompt contract (kept in two places
-before it had one block) read as the version of today would have written them.
+checkpoints (renamed fields, fields added since), a checkpoint's prompt contract (kept in two places
+before it had one block) and its training stages (flat ``align_*``/``distill_*`` settings before
+``model.stages`` listed them) read as the version of today would have written them.
 
 Settings that tuning rounds added and later retired: exports, stores and caches written before a setting
 was retired record it (and cache and store keys hash it). Today's code always behaves as one value of
@@ -70,6 +71,47 @@ def checkpoint_prompt(hp: dict[str, Any], info: dict[str, Any]) -> dict[str, Any
     legacy = {"enable_thinking": hp.get("enable_thinking"), "max_prompt_tokens": info.get("max_prompt_tokens"),
               "max_answer_tokens": info.get("max_answer_tokens")}
     return {k: v for k, v in legacy.items() if v is not None}
+
+#: a checkpoint's training-stage hyperparameters before ``model.stages`` listed the stages
+#: (``align_objective``: ``words`` or ``reconstruct``; a checkpoint without one predates ``reconstruct``)
+STAGE_HPARAMS = ("align_steps", "align_objective", "align_batch_size", "align_lr", "align_weight",
+                 "distill_weight", "distill_topk", "teacher_cache_dir")
+#: module hyperparameters retired without a trace in the trained weights (the checkpoint's replace them)
+RETIRED_MODULE_HPARAMS = ("match_embedding_scale",)
+#: where the stages of such a checkpoint live today
+STAGES_PACKAGE = "qgmem.training.stages"
+
+
+def checkpoint_stages(hp: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stages an older checkpoint's flat hyperparameters describe, as ``{class_path, init_args}`` records
+    (a setting the checkpoint lacks is left to the stage's default; none recorded: no stages)."""
+    def args(**names: str) -> dict[str, Any]:
+        return {new: hp[old] for new, old in names.items() if hp.get(old) is not None}
+
+    stages = []
+    steps, weight = int(hp.get("align_steps") or 0), float(hp.get("align_weight") or 0.0)
+    pre = args(steps="align_steps", batch_size="align_batch_size", lr="align_lr")
+    if hp.get("align_objective", "words") == "reconstruct":
+        if steps > 0:
+            stages.append({"class_path": f"{STAGES_PACKAGE}.MemoryReconstruction", "init_args": pre})
+    elif steps > 0 or weight > 0:
+        stages.append({"class_path": f"{STAGES_PACKAGE}.NodeWordAlignment",
+                       "init_args": {**pre, **args(weight="align_weight")}})
+    if float(hp.get("distill_weight") or 0.0) > 0:
+        stages.append({"class_path": f"{STAGES_PACKAGE}.Distillation",
+                       "init_args": args(weight="distill_weight", topk="distill_topk", cache_dir="teacher_cache_dir")})
+    return stages
+
+
+def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's module hyperparameters as today's module takes them: the flat stage settings of an
+    older one as its ``stages`` list, retired settings left out."""
+    if "stages" in hp:
+        return {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS}
+    stages = checkpoint_stages(hp)
+    dropped = set(STAGE_HPARAMS) | set(RETIRED_MODULE_HPARAMS)
+    return {**{k: v for k, v in hp.items() if k not in dropped}, "stages": stages}
+
 
 #: activation: retired field -> the value today's activation always uses
 ACTIVATION_RETIRED: dict[str, object] = {

@@ -15,8 +15,6 @@ from bench_script import load_bench_script
 from qgmem.training.module import QGMemModule
 
 X = load_bench_script("bench.studies.graph_token.crossfit")
-#: the module settings the compact recipes need (the reconstruction and distillation stages)
-STAGES = ("align_objective", "distill_weight", "distill_topk", "teacher_cache_dir")
 CATEGORIES = ["abstention_evidence", "user_evidence"]
 
 
@@ -30,15 +28,16 @@ def test_the_named_variants_resolve_to_their_module_data_and_training_settings(t
     assert answer["data"] == {**product["data"], "memory_units": 3}  # the text budget, same prompt cap
     assert {k: answer["model"][k] for k in ("readout", "num_graph_tokens")} == {"readout": "summary_units",
                                                                               "num_graph_tokens": 11}
-    assert not {"align_objective", "distill_weight", "teacher_cache_dir"} & set(answer["model"])  # today's recipe
+    assert answer["model"]["stages"] == setting["model"]["stages"]  # today's recipe: the product's stages
     assert (answer["max_steps"], answer["val_check_interval"], answer["patience"]) == (120, 10, 2)
     full = X.unit_settings(setting, X.variant_of("m3-full"), tmp_path)
-    assert {k: full["model"][k] for k in ("align_objective", "align_steps", "align_batch_size", "align_weight",
-                                          "distill_weight", "distill_topk", "teacher_cache_dir")} == {
-        "align_objective": "reconstruct", "align_steps": 150, "align_batch_size": 8, "align_weight": 0.0,
-        "distill_weight": 2.0, "distill_topk": 16, "teacher_cache_dir": str(tmp_path / "teacher")}
+    assert full["model"]["stages"] == [
+        {"class_path": "qgmem.training.stages.MemoryReconstruction", "init_args": {"steps": 150, "batch_size": 8}},
+        {"class_path": "qgmem.training.stages.Distillation",
+         "init_args": {"weight": 2.0, "topk": 16, "cache_dir": str(tmp_path / "teacher")}}]
+    assert "cache_dir" not in X.STAGE2["init_args"]  # the unit's copy got it, not the shared record
     recon = X.unit_settings(setting, X.variant_of("m3-recon"), tmp_path)
-    assert recon["model"]["align_objective"] == "reconstruct" and "distill_weight" not in recon["model"]
+    assert [s["class_path"].rsplit(".", 1)[1] for s in recon["model"]["stages"]] == ["MemoryReconstruction"]
     k20 = X.variant_of("m3-full-k20")
     assert (k20["text_units"], k20["graph_units"], k20["model"]["num_graph_tokens"]) == (3, 20, 21)
     assert X.variant_of("product")["graph_units"] is None and not X.variant_of("td0.5-1")["named_form"]
@@ -46,13 +45,15 @@ def test_the_named_variants_resolve_to_their_module_data_and_training_settings(t
         X.variant_of("m5")
 
 
-@pytest.mark.skipif(not set(STAGES) <= set(inspect.signature(QGMemModule).parameters),
-                    reason="the reconstruction and distillation stages are not in QGMemModule yet")
 def test_every_compact_variants_module_settings_are_module_parameters(tmp_path):
+    from qgmem.training.stages import as_stage, check_stages
+
     known = set(inspect.signature(QGMemModule).parameters)
     setting = X.product_setting(str(X.REPO / "configs" / "default.yaml"))
     for name in X.COMPACT:
-        assert set(X.unit_settings(setting, X.variant_of(name), tmp_path)["model"]) <= known, name
+        model = X.unit_settings(setting, X.variant_of(name), tmp_path)["model"]
+        assert set(model) <= known, name
+        check_stages([as_stage(s) for s in model["stages"]])  # each record builds a stage in range
 
 
 def _scores(qa, cats, nll, preds):

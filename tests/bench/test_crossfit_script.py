@@ -27,7 +27,9 @@ def _config(tmp_path):
     lm = save_random_lm(tmp_path / "lm", hidden_size=32, layers=1)
     cfg = {"trainer": {"accelerator": "cpu", "precision": "32-true", "gradient_clip_val": 1.0, "max_steps": 2,
                        "val_check_interval": 1},
-           "model": {"lm": str(lm), "align_steps": 2, "align_batch_size": 4, "num_graph_tokens": 5,
+           "model": {"lm": str(lm), "num_graph_tokens": 5,
+                     "stages": [{"class_path": "qgmem.training.stages.NodeWordAlignment",
+                                 "init_args": {"steps": 2, "batch_size": 4}}],
                      "max_new_tokens": 4, "val_generate_batches": 0},
            "data": {"data_path": str(write_convomem(tmp_path / "convomem", items_per_person=3)),
                     "cache_dir": str(tmp_path / "cache"), "distractor_conversations": 1, "batch_size": 2,
@@ -217,12 +219,12 @@ def test_the_full_recipes_stage_1_is_a_piece_of_its_own_recorded_and_reused(tmp_
 
     config = tmp_path / "config.yaml"
     cfg = yaml.safe_load(_config(tmp_path).read_text())
-    cfg["model"]["align_steps"] = 0  # the product's word stage off: the variant sets its own
+    cfg["model"]["stages"] = []  # the product's word stage off: the variant sets its own
     config.write_text(yaml.safe_dump(cfg))
     script = load_bench_script("bench.studies.graph_token.crossfit")
     script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=2)
-    monkeypatch.setitem(script.COMPACT["m3-full"]["model"], "align_steps", 3)
-    monkeypatch.setitem(script.COMPACT["m3-full"]["model"], "align_batch_size", 2)
+    monkeypatch.setitem(script.STAGE1["init_args"], "steps", 3)
+    monkeypatch.setitem(script.STAGE1["init_args"], "batch_size", 2)
     real, seen = reconstruction.reconstruct_memory, {}
 
     def spy(net, *a, **k):  # the weights before and after the real stage

@@ -28,7 +28,9 @@ def config(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("lc")
     lm = save_random_lm(root / "lm", hidden_size=32, layers=2)
     cfg = {"trainer": {"accelerator": "cpu", "precision": "32-true", "gradient_clip_val": 1.0},
-           "model": {"lm": str(lm), "align_steps": 2, "align_batch_size": 4, "num_graph_tokens": 5},
+           "model": {"lm": str(lm), "num_graph_tokens": 5,
+                     "stages": [{"class_path": "qgmem.training.stages.NodeWordAlignment",
+                                 "init_args": {"steps": 2, "batch_size": 4}}]},
            "data": {"data_path": str(write_convomem(root / "convomem")), "cache_dir": str(root / "cache"),
                     "distractor_conversations": 1, "split_ratios": [0.5, 0.25, 0.25], "batch_size": 2,
                     "max_prompt_tokens": 128, "max_answer_tokens": 8}}

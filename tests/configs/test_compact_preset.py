@@ -12,9 +12,15 @@ from qgmem.configs import preset_path
 
 REPO = Path(__file__).resolve().parents[2]
 #: what the compact preset changes over the default preset, and to what
+#: (the stages as the file lists them: the settings it sets; resolved, every setting is printed)
+STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction", "init_args": {"steps": 40, "batch_size": 8}},
+          {"class_path": "qgmem.training.stages.Distillation", "init_args": {"weight": 2.0}}]
 COMPACT = {"data.memory_units": 3, "model.readout": "summary_units", "model.num_graph_tokens": 11,
-           "model.align_objective": "reconstruct", "model.align_steps": 40, "model.align_batch_size": 8,
-           "model.align_weight": 0.0, "model.distill_weight": 2.0}
+           "model.stages": STAGES}
+RESOLVED_STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction",
+                    "init_args": {"steps": 40, "batch_size": 8, "lr": 3e-3}},
+                   {"class_path": "qgmem.training.stages.Distillation",
+                    "init_args": {"weight": 2.0, "topk": 16, "cache_dir": None}}]
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -51,7 +57,7 @@ def test_compact_loads_by_name_and_its_budgets_hold_together():
 
     compact = resolved_config(["--config", "compact"])
     default = resolved_config(["--config", "default"])
-    assert _differ(default, compact) == COMPACT
+    assert _differ(default, compact) == {**COMPACT, "model.stages": RESOLVED_STAGES}
     # the text budget is the top m of the graph's k units, and the readout holds one token per unit besides the pooled one
     k = compact["data"]["activation"]["k"]
     assert compact["data"]["memory_units"] == 3 <= k == 10

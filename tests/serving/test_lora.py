@@ -27,7 +27,7 @@ def lora_run(tiny_lm_path, tmp_path_factory):
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                        "init_args": {"warmup_steps": 0}},
                          encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         features="text", readout="mean", num_graph_tokens=1, align_steps=0, align_weight=0.0,
+                         features="text", readout="mean", num_graph_tokens=1, stages=[],
                          lora=LoraSettings(r=2, alpha=4, target_modules=["q_proj", "v_proj"]))
     data = QGMemDataModule.from_items(synthetic_items(4, 8, seed=1), synthetic_items(2, 8, seed=2), lm=tiny_lm_path,
                                       batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)

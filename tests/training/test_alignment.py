@@ -15,6 +15,7 @@ from qgmem.training.alignment import align_node_tokens
 from qgmem.training.collate import GraphTextCollator
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.module import QGMemModule
+from qgmem.training.stages import NodeWordAlignment
 from qgmem.training.synthetic import synthetic_items
 
 D = 8
@@ -70,7 +71,7 @@ def fit(lm_path, root, **kwargs):
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                        "init_args": {"warmup_steps": 1}},
                          **{"features": "node_words", "readout": "nodes", "num_graph_tokens": 4,
-                            "align_steps": 0, "align_weight": 0.0, **kwargs})
+                            "stages": [], **kwargs})
     data = QGMemDataModule.from_items(synthetic_items(6, D, seed=1), synthetic_items(2, D, seed=2), lm=lm_path,
                                       batch_size=2, max_prompt_tokens=96, max_answer_tokens=8)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_progress_bar=False,
@@ -82,10 +83,13 @@ def fit(lm_path, root, **kwargs):
 
 
 def test_fit_runs_the_alignment_stage_first(lm_path, tmp_path):
-    module, trainer, _ = fit(lm_path, tmp_path, align_steps=5, align_weight=0.5)
+    module, trainer, _ = fit(lm_path, tmp_path, stages=[NodeWordAlignment(steps=5, batch_size=32, weight=0.5)])
     assert module.alignment_result["steps"] == 5
     assert module.alignment_result["last_loss"] < module.alignment_result["first_loss"]
     assert "train/align" in trainer.callback_metrics  # the auxiliary loss of every answer step
+    # the answer NLL plus 0.5 x the alignment loss, as logged (the last step's)
+    total = trainer.callback_metrics["train/nll_step"] + 0.5 * trainer.callback_metrics["train/align_step"]
+    assert torch.allclose(trainer.callback_metrics["train/loss_step"], total)
     plain, trainer, _ = fit(lm_path, tmp_path / "plain")
     assert not getattr(plain, "alignment_result", None) and "train/align" not in trainer.callback_metrics
 

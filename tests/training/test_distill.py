@@ -13,6 +13,7 @@ from qgmem.model.random_lm import save_random_lm
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.distill import teacher_targets, topk_kl
 from qgmem.training.module import QGMemModule
+from qgmem.training.stages import Distillation
 from qgmem.training.synthetic import synthetic_items
 from qgmem.training.teacher import TeacherEntry, build_teacher
 
@@ -58,9 +59,8 @@ def make_module(lm_path, **kwargs) -> QGMemModule:
     seed_everything(0)
     return QGMemModule(lm=lm_path, feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0),
                        max_new_tokens=3, val_generate_batches=1, features="text", readout="mean",
-                       num_graph_tokens=1, align_steps=0, align_weight=0.0,
-                       lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
-                                     "init_args": {"warmup_steps": 1}}, **kwargs)
+                       num_graph_tokens=1, lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
+                                                         "init_args": {"warmup_steps": 1}}, **{"stages": [], **kwargs})
 
 
 def make_data(lm_path, n_train=4, batch_size=4) -> QGMemDataModule:
@@ -71,7 +71,8 @@ def make_data(lm_path, n_train=4, batch_size=4) -> QGMemDataModule:
 
 
 def test_the_distilled_loss_falls_on_a_fixed_batch(lm_path, tmp_path):
-    module = make_module(lm_path, distill_weight=2.0, distill_topk=8)
+    stage = Distillation(weight=2.0, topk=8)
+    module = make_module(lm_path, stages=[stage])
     with torch.no_grad():  # a random LM's outputs are near uniform whatever it reads; larger weights make
         for name, weight in module.lm.named_parameters():  # them peaked and sensitive to the input, as trained
             if "norm" not in name:
@@ -79,17 +80,22 @@ def test_the_distilled_loss_falls_on_a_fixed_batch(lm_path, tmp_path):
     data = make_data(lm_path, n_train=2, batch_size=2)
     data.setup("fit")
     module.use_prompt_settings(data.prompt_settings)
-    module.teacher, _ = build_teacher(module.lm, lm_path, module.tokenizer, module.prompt_encoder.settings,
-                                      data.split("train"), topk=8, folder=tmp_path, progress=False)
+    stage.teacher, _ = build_teacher(module.lm, lm_path, module.tokenizer, module.prompt_encoder.settings,
+                                     data.split("train"), topk=8, folder=tmp_path, progress=False)
     batch = next(iter(data.train_dataloader()))
     module.train()
-    ce, kl = module.distill_losses(batch)
+
+    def losses():
+        ce, answer = module.answer_logits(batch)
+        return ce, stage.term(module, batch, answer)
+
+    ce, kl = losses()
     torch.testing.assert_close(ce, module(batch))  # the answer loss of the same student forward
     optimizer = torch.optim.Adam(module.net.parameters(), lr=0.05)
     totals, kls = [], []
     for _ in range(12):
-        ce, kl = module.distill_losses(batch)
-        total = ce + module.hparams.distill_weight * kl
+        ce, kl = losses()
+        total = ce + stage.weight * kl
         optimizer.zero_grad()
         total.backward()
         optimizer.step()
@@ -103,13 +109,13 @@ def test_fit_builds_the_teacher_under_the_run_root_and_logs_each_term(lm_path, t
         trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, limit_val_batches=0, num_sanity_val_steps=0,
                           enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
                           logger=False, default_root_dir=root)
-        module = make_module(lm_path, distill_weight=0.5, distill_topk=4)
+        module = make_module(lm_path, stages=[Distillation(weight=0.5, topk=4)])
         trainer.fit(module, datamodule=make_data(lm_path, batch_size=2))
         return trainer, module
 
     trainer, module = fit(tmp_path)
     assert {"train/nll", "train/kl", "train/loss"} <= set(trainer.callback_metrics)
-    assert sorted(module.teacher) == [f"synthetic#{i}" for i in range(4)]
+    assert sorted(module.stages[0].teacher) == [f"synthetic#{i}" for i in range(4)]
     assert len(list((tmp_path / "teacher").glob("*.safetensors"))) == 4
     metrics = trainer.callback_metrics  # the last step's: train/loss = answer NLL + λ · KL
     torch.testing.assert_close(metrics["train/loss"], metrics["train/nll"] + 0.5 * metrics["train/kl"])
@@ -122,6 +128,7 @@ def test_a_teacher_build_that_fails_on_rank_0_stops_every_rank(lm_path, tmp_path
     from types import SimpleNamespace
 
     import qgmem.training.module as M
+    import qgmem.training.teacher as T
     from qgmem.ranks import OtherRankFailed
 
     def broken(*a, **k):
@@ -133,18 +140,19 @@ def test_a_teacher_build_that_fails_on_rank_0_stops_every_rank(lm_path, tmp_path
         flags.append(flag)
         return True
 
-    module = make_module(lm_path, distill_weight=0.5, distill_topk=4)
+    stage = Distillation(weight=0.5, topk=4)
+    module = make_module(lm_path, stages=[stage])
     data = make_data(lm_path, batch_size=2)
     data.setup("fit")
-    monkeypatch.setattr(M, "build_teacher", broken)
+    monkeypatch.setattr(T, "build_teacher", broken)
     fake = SimpleNamespace(world_size=2, is_global_zero=rank == 0, default_root_dir=str(tmp_path),
                            strategy=SimpleNamespace(reduce_boolean_decision=any_rank))
     monkeypatch.setattr(M.QGMemModule, "trainer", property(lambda self: fake))
     with pytest.raises(OSError if rank == 0 else OtherRankFailed, match="not writable" if rank == 0 else "rank 0"):
-        module.build_teacher(data)
+        stage.fit_start(module, data)
     assert flags == [rank == 0]  # rank 0 reported its failure; rank 1 had nothing to report and did not build
     # negative control: nobody failed, every rank reads the cache rank 0 filled
-    monkeypatch.setattr(M, "build_teacher", build_teacher)
+    monkeypatch.setattr(T, "build_teacher", build_teacher)
     fake.is_global_zero, fake.strategy = True, SimpleNamespace(reduce_boolean_decision=lambda flag, all=True: flag)
-    module.build_teacher(data)
-    assert len(module.teacher) == len(data.split("train"))
+    stage.fit_start(module, data)
+    assert len(stage.teacher) == len(data.split("train"))

@@ -14,11 +14,12 @@ from qgmem.model.pretrained import ExportFormatError
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.module import QGMemModule
+from qgmem.training.stages import NodeWordAlignment
 from qgmem.training.synthetic import synthetic_items
 
 D = 8
 NET = dict(feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0), features="node_words",
-           readout="nodes", num_graph_tokens=3, max_new_tokens=2, val_generate_batches=0, align_weight=0.0)
+           readout="nodes", num_graph_tokens=3, max_new_tokens=2, val_generate_batches=0, stages=[])
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def trained(lm_path, tmp_path_factory):
     """A run with the alignment stage (2 steps) and 2 answer steps, exported."""
     root = tmp_path_factory.mktemp("run")
     seed_everything(0)
-    module = QGMemModule(lm=lm_path, align_steps=2, **NET)
+    module = QGMemModule(lm=lm_path, **{**NET, "stages": [NodeWordAlignment(steps=2, weight=0.0)]})
     trainer = fit(module, lm_path, root, max_steps=2)
     ckpt = root / "model.ckpt"
     trainer.save_checkpoint(ckpt)
@@ -54,8 +55,8 @@ def test_an_export_round_trips_through_zero_steps(lm_path, trained, tmp_path):
     _, export, _ = trained
     exported = load_file(str(export / WEIGHTS_FILE))
     seed_everything(1)  # another initialisation, which init_from replaces
-    module = QGMemModule(lm=lm_path, align_steps=0, init_from=str(export), **NET)
-    fresh = QGMemModule(lm=lm_path, align_steps=0, **NET)
+    module = QGMemModule(lm=lm_path, init_from=str(export), **NET)
+    fresh = QGMemModule(lm=lm_path, **NET)
     assert any(not torch.equal(v, exported[k]) for k, v in fresh.net.state_dict().items())  # a control
     fit(module, lm_path, tmp_path, max_steps=0)
     state = module.net.state_dict()
@@ -67,7 +68,7 @@ def test_the_alignment_stage_saves_what_a_later_run_starts_from(lm_path, trained
     root, _, first = trained
     saved = root / "alignment" / WEIGHTS_FILE
     assert first.alignment_result["weights"] == str(saved) and saved.is_file()
-    module = QGMemModule(lm=lm_path, align_steps=0, init_from=str(saved), **NET)
+    module = QGMemModule(lm=lm_path, init_from=str(saved), **NET)
     weights = load_file(str(saved))
     assert all(torch.equal(module.net.state_dict()[k], weights[k]) for k in weights)
     # the stage's output, not the end of the run: answer steps moved the weights after it
@@ -92,7 +93,7 @@ def test_a_checkpoint_loads_after_its_starting_weights_are_gone(lm_path, trained
     _, export, _ = trained
     start = tmp_path / "start"
     shutil.copytree(export, start)
-    module = QGMemModule(lm=lm_path, align_steps=0, init_from=str(start), **NET)
+    module = QGMemModule(lm=lm_path, init_from=str(start), **NET)
     trainer = fit(module, lm_path, tmp_path / "run", max_steps=1)
     ckpt = tmp_path / "run.ckpt"
     trainer.save_checkpoint(ckpt)

@@ -12,6 +12,7 @@ from qgmem.model.random_lm import save_random_lm
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.synthetic import synthetic_items
 from qgmem.training.module import QGMemModule
+from qgmem.training.stages import NodeWordAlignment
 
 D = 8
 ENC = EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0)
@@ -20,7 +21,7 @@ def warmup(steps: int, **init_args) -> dict:
 
 
 #: the paper's network, not the defaults
-PAPER = dict(features="text", readout="mean", num_graph_tokens=1, align_steps=0, align_weight=0.0)
+PAPER = dict(features="text", readout="mean", num_graph_tokens=1, stages=[])
 
 
 @pytest.fixture(scope="module")
@@ -255,7 +256,7 @@ class RankWeights(Callback):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("settings", [{}, {"features": "node_words", "readout": "nodes", "num_graph_tokens": 3,
-                                          "align_steps": 2, "align_weight": 0.5}], ids=["paper", "aligned"])
+                                          "stages": [NodeWordAlignment(steps=2, weight=0.5)]}], ids=["paper", "aligned"])
 def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path, settings, capfd):
     """Also with the alignment stage, whose result rank 0 broadcasts before the first answer step.
 
@@ -277,7 +278,7 @@ def test_two_process_ddp_spawn_selects_a_checkpoint(lm_path, tmp_path, settings,
     assert ranks[0]["sampler"] == ranks[1]["sampler"] == "EpochRandomSampler"
     assert len(ranks[0]["share"]) == 4 and sorted(ranks[0]["share"] + ranks[1]["share"]) == list(range(8))
     if settings:  # the alignment stage ran (and moved the weights) before the comparison
-        assert module.hparams.align_steps == 2
+        assert module.hparams.stages[0]["init_args"]["steps"] == 2
     out, err = capfd.readouterr()
     assert "Trainer.fit" in out + err  # the ranks' own output is captured here (the check can see them)
     assert "sync_dist=True" not in out + err

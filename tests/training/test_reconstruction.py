@@ -6,7 +6,6 @@ import pytest
 import torch
 from lightning.pytorch import Trainer, seed_everything
 
-from qgmem.errors import SettingError
 from qgmem.lm import load_causal_lm, load_tokenizer
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.fusion import IGNORE_INDEX
@@ -17,6 +16,7 @@ from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.module import QGMemModule
 from qgmem.training.reconstruction import (CUE, MAX_TARGET_TOKENS, ReconstructionCollator, hidden_entries,
                                            pick_targets, reconstruct_memory)
+from qgmem.training.stages import MemoryReconstruction
 from qgmem.training.synthetic import synthetic_items
 
 D = 8
@@ -86,19 +86,11 @@ def test_reconstruction_loss_falls_and_the_lm_stays_as_it_was(lm_path):
     assert reconstruct_memory(net, lm, tokenizer, train, graphs, memory_units=3, steps=0) == {}
 
 
-@pytest.mark.parametrize("weight", [1.0, 0.5])
-def test_reconstruct_refuses_the_word_alignment_weight(weight):
-    with pytest.raises(SettingError, match=r"model\.align_weight = .*model\.align_objective = 'reconstruct'"):
-        QGMemModule(align_objective="reconstruct", align_weight=weight)  # refused before any LM is loaded
-    with pytest.raises(SettingError, match="align_objective"):
-        QGMemModule(align_objective="paraphrase")
-
-
 def test_fit_runs_the_reconstruction_stage_with_the_data_s_text_budget(lm_path, tmp_path):
     seed_everything(0)
     module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=0,
-                         features="text", readout="summary_units", num_graph_tokens=4, align_steps=3,
-                         align_objective="reconstruct", align_weight=0.0)
+                         features="text", readout="summary_units", num_graph_tokens=4,
+                         stages=[MemoryReconstruction(steps=3, batch_size=32)])
     data = QGMemDataModule.from_items(items(4), items(2, seed=2), lm=lm_path, batch_size=2, max_prompt_tokens=96,
                                       max_answer_tokens=8, memory_units=2)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=1, logger=False, enable_progress_bar=False,

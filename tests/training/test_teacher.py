@@ -113,5 +113,5 @@ def test_a_corrupt_entry_is_detected_and_rebuilt(lm, tmp_path, forwards, damage,
 def test_a_sample_without_memory_text_cannot_be_taught(lm, tmp_path):
     items = synthetic_items(2, seed=1)
     del items[1]["memory_text"]
-    with pytest.raises(SettingError, match=r"model\.distill_weight.*synthetic#1.*'memory_text'"):
+    with pytest.raises(SettingError, match=r"model\.stages: Distillation.*synthetic#1.*'memory_text'"):
         build(lm, items, tmp_path)

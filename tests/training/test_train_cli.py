@@ -42,7 +42,7 @@ def tiny_args(root: Path, lm_path: str, *extra: str) -> list[str]:
         "  check_val_every_n_epoch: null\n  num_sanity_val_steps: 0\n  enable_progress_bar: false\n"
         "  enable_model_summary: false\n  log_every_n_steps: 1\n"
         "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  max_new_tokens: 3\n"
-        "  features: text\n  readout: mean\n  num_graph_tokens: 1\n  align_steps: 0\n  align_weight: 0.0\n"
+        "  features: text\n  readout: mean\n  num_graph_tokens: 1\n  stages: []\n"
         "lr_scheduler: {class_path: qgmem.training.schedule.WarmupCosine, init_args: {warmup_steps: 1}}\n")
     return ["--config", str(config), "--trainer.default_root_dir", str(root), "--model.lm", lm_path, *extra]
 
@@ -131,6 +131,32 @@ def test_subcommands_fit_then_test_and_validate_a_checkpoint_without_retraining(
     scalars = read_scalars(root)
     assert len(scalars["val/nll"]) == 2 and len(scalars["test/nll"]) == 1  # fit's validation + validate's
     assert scalars["val/nll"][-1] == pytest.approx(float(best.stem.split("val_nll")[1]), abs=1e-4)
+
+
+def test_a_checkpoint_with_the_older_flat_stage_settings_loads_and_validates(lm_path, tmp_path, capsys):
+    """Before ``model.stages``, a checkpoint kept its stages as ``align_*``/``distill_*`` hyperparameters:
+    it loads with those stages (``qgmem.older_records``), as a module and through ``--ckpt_path``."""
+    from qgmem.training.module import QGMemModule
+    from qgmem.training.stages import NodeWordAlignment
+
+    root = tmp_path / "run"
+    run_subcommand(["fit", *tiny_args(root, lm_path, "--trainer.max_steps", "1", "--trainer.val_check_interval", "1",
+                                      "--model.stages+=NodeWordAlignment", "--model.stages.steps", "1",
+                                      "--model.stages.batch_size", "2")], datamodule_class=TinyData)
+    ckpt = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)
+    hp = ckpt["hyper_parameters"]
+    assert hp["stages"] == [{"class_path": "qgmem.training.stages.NodeWordAlignment",
+                             "init_args": {"steps": 1, "batch_size": 2, "lr": 3e-3, "weight": 5.0}}]
+    del hp["stages"]
+    hp.update(align_steps=1, align_objective="words", align_batch_size=2, align_lr=3e-3, align_weight=0.5,
+              distill_weight=0.0, distill_topk=16, teacher_cache_dir=None, match_embedding_scale=True)
+    old = tmp_path / "old.ckpt"
+    torch.save(ckpt, old)
+    assert QGMemModule.load_from_checkpoint(old, weights_only=True).stages == [
+        NodeWordAlignment(steps=1, batch_size=2, weight=0.5)]
+    capsys.readouterr()
+    run_subcommand(["validate", *tiny_args(root, lm_path), "--ckpt_path", str(old)], datamodule_class=TinyData)
+    assert "val/nll" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("config,expected", [("default", EMBEDDED_LM),
@@ -286,16 +312,40 @@ def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsy
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("flag,value,message", [
-    ("--model.distill_weight", "-0.5", "model.distill_weight must be >= 0 (0 = off), got -0.5"),
-    ("--model.distill_topk", "0", "model.distill_topk must be >= 1, got 0")])
-def test_train_script_refuses_a_bad_distillation_setting(flag, value, message, capsys):
-    """A negative λ or an empty top-k is one message naming the setting and exit 2, before the LM loads."""
+@pytest.mark.parametrize("args,message", [
+    (["--model.stages+=Distillation", "--model.stages.weight", "-0.5"],
+     "model.stages: Distillation: weight must be > 0 (leave the stage out for none), got -0.5"),
+    (["--model.stages+=Distillation", "--model.stages.topk", "0"], "model.stages: Distillation: topk must be >= 1, got 0"),
+    (["--model.stages.steps", "0", "--model.stages.weight", "0"],
+     "model.stages: NodeWordAlignment: steps and weight are both 0, so the stage does nothing"),
+    (["--model.stages+=NodeWordAlignment"], "model.stages lists NodeWordAlignment twice"),
+    (["--model.stages", '[{"class_path": "MemoryReconstruction", "init_args": {"steps": 0}}]'],
+     "model.stages: MemoryReconstruction: steps and batch_size must be >= 1")])
+def test_train_script_refuses_a_bad_stage_setting(args, message, capsys):
+    """A stage setting out of range, or a stage listed twice, is one message naming the stage and exit 2,
+    before the LM loads."""
     from qgmem import job as training_cli
 
-    assert training_cli.script_main([flag, value]) == 2
+    assert training_cli.script_main(args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_preset_s_stages_are_changed_from_the_command_line():
+    """The last stage's settings by name, a stage appended with ``+=``, the whole list as JSON."""
+    from qgmem.job import resolved_config
+
+    def stages(*args: str) -> list[tuple[str, dict]]:
+        return [(s["class_path"].rsplit(".", 1)[1], s["init_args"]) for s in resolved_config(list(args))["model"]["stages"]]
+
+    assert stages() == [("NodeWordAlignment", {"steps": 300, "batch_size": 32, "lr": 3e-3, "weight": 5.0})]
+    assert stages("--model.stages.steps", "3")[0][1]["steps"] == 3
+    assert [name for name, _ in stages("--model.stages+=Distillation")] == ["NodeWordAlignment", "Distillation"]
+    assert stages("--model.stages", "[]") == []
+    compact = stages("--config", "compact")
+    assert compact == [("MemoryReconstruction", {"steps": 40, "batch_size": 8, "lr": 3e-3}),
+                       ("Distillation", {"weight": 2.0, "topk": 16, "cache_dir": None})]
+    assert stages("--config", "compact", "--model.stages.topk", "8")[1][1]["topk"] == 8  # the last one
 
 
 class NoMemoryTextData(TinyData):
@@ -309,8 +359,8 @@ class NoMemoryTextData(TinyData):
 def test_distillation_without_the_teachers_text_is_a_setting_error(lm_path, tmp_path):
     from qgmem.errors import SettingError
 
-    with pytest.raises(SettingError, match=r"model\.distill_weight.*synthetic#0.*no field 'memory_text'"):
-        main(tiny_args(tmp_path / "run", lm_path, "--model.distill_weight", "2.0", "--export", "false"),
+    with pytest.raises(SettingError, match=r"model\.stages: Distillation.*synthetic#0.*no field 'memory_text'"):
+        main(tiny_args(tmp_path / "run", lm_path, "--model.stages+=Distillation", "--export", "false"),
              datamodule_class=NoMemoryTextData)
 
 
@@ -323,25 +373,20 @@ def test_train_script_refuses_a_text_budget_above_the_graphs_naming_both(capsys)
     assert "data.memory_units = 11 is more than data.activation.k = 10" in err and "Traceback" not in err
 
 
-def test_train_script_refuses_the_word_alignment_weight_with_the_reconstruct_objective(capsys):
-    """The auxiliary word loss belongs to the ``words`` objective: asking for both is one message and exit 2."""
-    from qgmem import job as training_cli
-
-    assert training_cli.script_main(["--model.align_objective", "reconstruct", "--model.align_weight", "1.0"]) == 2
-    err = capsys.readouterr().err
-    assert "model.align_weight = 1.0" in err and "model.align_objective = 'reconstruct'" in err
-    assert "Traceback" not in err
-
-
 def test_the_compact_recipe_trains_and_exports_with_both_stages(lm_path, tmp_path, capsys):
     """The compact preset's recipe at tiny scale: per-unit tokens, stage 1 (reconstruction) and stage 2
-    (distillation) in one run, and an export that records the text budget."""
+    (distillation) in one run, an export that records the text budget, and checkpoints that record the stages."""
     root = tmp_path / "run"
+    stages = [{"class_path": "qgmem.training.stages.MemoryReconstruction", "init_args": {"steps": 2, "batch_size": 2}},
+              {"class_path": "qgmem.training.stages.Distillation", "init_args": {"weight": 2.0}}]
     metrics = main(tiny_args(root, lm_path, "--model.readout", "summary_units", "--model.num_graph_tokens", "4",
-                             "--model.align_objective", "reconstruct", "--model.align_steps", "2",
-                             "--model.align_batch_size", "2", "--model.distill_weight", "2.0",
-                             "--data.memory_units", "0"), datamodule_class=TinyData)
+                             "--model.stages", json.dumps(stages), "--data.memory_units", "0"), datamodule_class=TinyData)
     assert any((root / "teacher").iterdir())  # the teacher cache was built under the run
+    recorded = torch.load(root / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]["stages"]
+    assert recorded == [{"class_path": "qgmem.training.stages.MemoryReconstruction",
+                         "init_args": {"steps": 2, "batch_size": 2, "lr": 3e-3}},
+                        {"class_path": "qgmem.training.stages.Distillation",
+                         "init_args": {"weight": 2.0, "topk": 16, "cache_dir": None}}]
     assert math.isfinite(metrics["val"]["val/nll"])
     config = json.loads((root / "export" / "config.json").read_text())
     assert config["prompt"]["memory_units"] == 0 and config["graph_token"]["readout"] == "summary_units"

@@ -33,8 +33,8 @@ most prompts, not all: each unit records how many of its held-out prompts were t
 ``summary_units`` readout (one graph token per working-memory unit after the pooled one, K = 1 + k_graph):
 
 - ``m3-answer``: today's recipe: the node-word pre-stage (today's alignment settings) and answer CE;
-- ``m3-full``: stage 1, reconstruction of memory entries from the graph tokens (``align_objective:
-  reconstruct``, :data:`RECONSTRUCT_STEPS` steps, ``align_weight`` 0), then stage 2, answer CE +
+- ``m3-full``: stage 1, reconstruction of memory entries from the graph tokens (the ``MemoryReconstruction``
+  stage, :data:`RECONSTRUCT_STEPS` steps, in place of the word stage), then stage 2, answer CE +
   :data:`DISTILL_WEIGHT` × KL(teacher ‖ student) over the answer tokens (teacher: the frozen LM reading the
   full 10-unit text, its top-:data:`DISTILL_TOPK` logits cached under ``ROOT/teacher``);
 - ``m3-recon``: stage 1 alone (λ = 0), if time allows;
@@ -133,16 +133,18 @@ RECONSTRUCT_BATCH = 8  # entries per reconstruction step, as the compact preset 
 DISTILL_WEIGHT, DISTILL_TOPK = 2.0, 16
 #: the text-only reference of the compact variants: the frozen LM reading this many units, no graph
 TEXT_REFERENCE_UNITS = 10
-#: stage 1 (reconstruction) and stage 2 (distillation) as the compact variants set them
-STAGE1 = {"align_objective": "reconstruct", "align_steps": RECONSTRUCT_STEPS, "align_batch_size": RECONSTRUCT_BATCH,
-          "align_weight": 0.0}
-STAGE2 = {"distill_weight": DISTILL_WEIGHT, "distill_topk": DISTILL_TOPK}
+#: stage 1 (reconstruction) and stage 2 (distillation) as the compact variants list them (``model.stages``)
+STAGE1 = {"class_path": "qgmem.training.stages.MemoryReconstruction",
+          "init_args": {"steps": RECONSTRUCT_STEPS, "batch_size": RECONSTRUCT_BATCH}}
+STAGE2 = {"class_path": "qgmem.training.stages.Distillation",
+          "init_args": {"weight": DISTILL_WEIGHT, "topk": DISTILL_TOPK}}
 #: the compact variants, named before any run: text budget m, graph budget k_graph, the training recipe
+#: (``m3-answer`` keeps the product's stages)
 COMPACT = {
     "m3-answer": {"text_units": 3, "graph_units": 10, "model": {}},
-    "m3-full": {"text_units": 3, "graph_units": 10, "model": {**STAGE1, **STAGE2}},
-    "m3-recon": {"text_units": 3, "graph_units": 10, "model": dict(STAGE1)},
-    "m3-full-k20": {"text_units": 3, "graph_units": 20, "model": {**STAGE1, **STAGE2}},
+    "m3-full": {"text_units": 3, "graph_units": 10, "model": {"stages": [STAGE1, STAGE2]}},
+    "m3-recon": {"text_units": 3, "graph_units": 10, "model": {"stages": [STAGE1]}},
+    "m3-full-k20": {"text_units": 3, "graph_units": 20, "model": {"stages": [STAGE1, STAGE2]}},
 }
 
 
@@ -168,9 +170,10 @@ def variant_of(name: str) -> dict[str, Any]:
 def unit_settings(setting: dict[str, Any], variant: dict[str, Any], root: Path) -> dict[str, Any]:
     """One unit's data-module and module keyword arguments and its training length (the seed aside)."""
     data, model_cfg, trainer_cfg = {**setting["data"], **variant["data"]}, dict(setting["model"]), setting["trainer"]
-    model = {**model_cfg, **variant["model"]}
-    if model.get("distill_weight"):  # the teacher's answer-token distributions, cached once for every unit
-        model["teacher_cache_dir"] = str(root / "teacher")
+    model = json.loads(json.dumps({**model_cfg, **variant["model"]}))  # the stage records are the unit's own
+    for stage in model.get("stages") or []:  # the teacher's answer-token distributions, cached once for every unit
+        if stage["class_path"].rsplit(".", 1)[-1] == "Distillation":
+            stage["init_args"] = {**(stage.get("init_args") or {}), "cache_dir": str(root / "teacher")}
     early = variant["early_stop"]
     return {"data": {"batch_size": int(data.get("batch_size", 4)),
                      "eval_batch_size": int(data.get("eval_batch_size", 8)),
@@ -325,15 +328,17 @@ def best_weights_callback():
 
 
 def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, Any], name: str) -> dict[str, Any]:
-    """Stage 1 (``align_objective: reconstruct``) as a piece of its own, before the fit: the module's
-    pre-training stage, run as :meth:`QGMemModule.on_train_start` runs it (same function, settings, draw
+    """Stage 1 (the ``MemoryReconstruction`` stage) as a piece of its own, before the fit: the module's
+    pre-training phase, run as :meth:`QGMemModule.on_train_start` runs it (same function, settings, draw
     order), its weights recorded at ``path`` and reused by a rerun; the fit then starts from them with the
-    stage off. A full-recipe unit is then two pieces of under 40 minutes each, not one of over an hour.
+    phase done. A full-recipe unit is then two pieces of under 40 minutes each, not one of over an hour.
     ``{}`` when the variant has no such stage."""
     import torch
 
-    hp = module.hparams
-    if hp.align_objective != "reconstruct" or int(hp.align_steps) <= 0:
+    from qgmem.training.stages import MemoryReconstruction
+
+    stage = next((s for s in module.stages if isinstance(s, MemoryReconstruction)), None)
+    if stage is None:
         return {}
     if path is not None and path.exists():
         saved = torch.load(path)
@@ -346,13 +351,13 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
         result = module.pretrain(loader.dataset, loader.collate_fn.graphs, seed=dm.order_seed, progress=True)
         clock["stage1"] = time.perf_counter() - t
         saved = {"state": {k: v.detach().clone() for k, v in module.net.state_dict().items()},
-                 "result": {**result, "steps": int(hp.align_steps), "seconds": round(clock["stage1"], 1)}}
+                 "result": {**result, "steps": stage.steps, "seconds": round(clock["stage1"], 1)}}
         if path is not None:
             torch.save(saved, path)
         print(f"  [{name}] stage 1: {clock['stage1']:.0f} s, loss {result.get('first_loss', float('nan')):.3f} -> "
               f"{result.get('last_loss', float('nan')):.3f}", flush=True)
     module.net.load_state_dict(saved["state"])
-    hp.align_steps = 0  # the fit starts from stage 1's weights
+    module.alignment_result = saved["result"]  # the pre-training phase is done: the fit starts from its weights
     return saved["result"]
 
 

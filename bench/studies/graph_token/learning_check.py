@@ -66,8 +66,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--features", default=None, help="model.features (default: the config's)")
     p.add_argument("--readout", default=None, help="model.readout (default: the config's)")
     p.add_argument("--num-graph-tokens", type=int, default=None)
-    p.add_argument("--align-steps", type=int, default=None, help="model.align_steps (default: the config's)")
-    p.add_argument("--align-weight", type=float, default=None, help="model.align_weight (default: the config's)")
+    p.add_argument("--align-steps", type=int, default=None,
+                   help="the NodeWordAlignment stage's steps (default: the config's stages)")
+    p.add_argument("--align-weight", type=float, default=None,
+                   help="the NodeWordAlignment stage's weight (default: the config's stages)")
     p.add_argument("--lora-r", type=int, default=8, help="--protocol lora: adapter rank (q/k/v/o projections)")
     p.add_argument("--max-prompt-tokens", type=int, default=None)
     p.add_argument("--generate", nargs="*", default=[], help="conditions whose greedy answers are scored for EM/F1")
@@ -104,6 +106,28 @@ def kind_of(name: str) -> str:
     return "budget" if name.startswith("budget") else "lora" if name.startswith("lora") else name
 
 
+WORDS = "qgmem.training.stages.NodeWordAlignment"
+
+
+def with_word_stage(stages: list[dict[str, Any]] | None, steps: int | None,
+                    weight: float | None) -> list[dict[str, Any]]:
+    """``stages`` (records; ``None``: the module's default, the word stage alone) with the word stage's
+    ``steps`` and ``weight`` set where given; left out when both end at 0."""
+    stages = [dict(s) for s in (stages if stages is not None else [{"class_path": WORDS}])]
+    words = next((s for s in stages if s["class_path"].rsplit(".", 1)[-1] == "NodeWordAlignment"), None)
+    if words is None:
+        words = {"class_path": WORDS}
+        stages.append(words)
+    words["init_args"] = {**(words.get("init_args") or {}),
+                          **{k: v for k, v in (("steps", steps), ("weight", weight)) if v is not None}}
+    from qgmem.training.stages import as_stage
+
+    word = as_stage(words)
+    if word.steps == 0 and word.weight == 0:
+        stages.remove(words)
+    return stages
+
+
 def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
     data_cfg = dict(cfg.get("data") or {})
     model_cfg = dict(cfg.get("model") or {})
@@ -125,15 +149,16 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
         model_cfg["lr_scheduler"] = {"class_path": "qgmem.training.schedule.WarmupCosine",
                                      "init_args": {"warmup_steps": args.warmup}}
     for key, value in (("features", args.features),
-                       ("readout", args.readout), ("num_graph_tokens", args.num_graph_tokens),
-                       ("align_steps", args.align_steps), ("align_weight", args.align_weight)):
+                       ("readout", args.readout), ("num_graph_tokens", args.num_graph_tokens)):
         if value is not None:
             model_cfg[key] = value
+    if args.align_steps is not None or args.align_weight is not None:
+        model_cfg["stages"] = with_word_stage(model_cfg.get("stages"), args.align_steps, args.align_weight)
     model_cfg.update(graph=overrides.get("graph", "token"), max_new_tokens=args.max_new_tokens)
     if "lora" in overrides:
         model_cfg["lora"] = overrides["lora"]
     if model_cfg["graph"] == "none":  # nothing of the graph network is trained or scored
-        model_cfg.update(align_steps=0, align_weight=0.0)
+        model_cfg["stages"] = []
     if data_cfg.get("lm") is None:  # linked from model.lm, as LightningCLI does (the signature when unset)
         data_cfg["lm"] = model_cfg.get("lm") or module_default("lm")
     conditions = ["none"] if model_cfg["graph"] == "none" else list(args.conditions)

@@ -51,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         where = f"history {args.history}" + (f" (case {case.id})" if case.qas else "")
     answers = pipe.answer(args.question, graph=args.graph, question_times=[args.time] * len(args.question))
     if args.json:
-        print(json.dumps({"memory_units": len(store), "source": where, "construction_seconds": pipe.memory.seconds,
+        # the store's size is store_units, as in the memory service (memory_units is the prompt's text budget m)
+        print(json.dumps({"store_units": len(store), "source": where, "construction_seconds": pipe.memory.seconds,
                           "answers": [a.to_dict() for a in answers]}, indent=1, ensure_ascii=False))
         return 0
     for a in answers:

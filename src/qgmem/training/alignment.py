@@ -1,13 +1,13 @@
-"""The pre-training stage: before answer training, teach the graph-token network the LM's input space.
+"""The pre-training loop: before answer training, teach the graph-token network the LM's input space.
 
-It has two objectives (``model.align_objective``), run by one loop (:func:`run_stage`):
+Two training stages (:mod:`qgmem.training.stages`) pre-train with it (:func:`run_stage`):
 
-- ``words``: fit node tokens to the LM's word embeddings. Like the feature-alignment stage of visual
+- ``NodeWordAlignment``: fit node tokens to the LM's word embeddings. Like the feature-alignment stage of visual
   instruction tuning, it teaches the projector the LM's input space before the answer loss is used, but
   the target is known in closed form (the mean word embedding of each node's text,
   :mod:`qgmem.model.alignment`), so the stage runs no LM forward pass: a step is the graph encoder and
   projector over one batch of training graphs (0.2–0.3 s on 2 CPU cores).
-- ``reconstruct``: the frozen LM regenerates working-memory entries from the graph tokens alone
+- ``MemoryReconstruction``: the frozen LM regenerates working-memory entries from the graph tokens alone
   (:mod:`qgmem.training.reconstruction`).
 
 Either reads the training split only.
@@ -97,7 +97,7 @@ def align_node_tokens(net: torch.nn.Module, dataset: Sequence[dict[str, Any]], c
         graph = batch["graph"].to(device)
         if getattr(graph, "node_word_ids", None) is None:
             raise ValueError("node-token alignment needs node texts in the samples (field 'node_text'); "
-                             "rebuild the data cache or set model.align_steps: 0")
+                             "rebuild the data cache or leave NodeWordAlignment out of model.stages")
         return alignment_loss(net.node_tokens(graph), graph.node_word_ids, embedding)
 
     return run_stage(net, loader, loss_of, steps=steps, lr=lr, what="node-token alignment", progress=progress)

@@ -89,6 +89,23 @@ class QGMemCLI(LightningCLI):
         with as_user_error(ValueError, prefix="bad setting: "):
             super().instantiate_classes()
 
+    def _parse_ckpt_path(self) -> None:
+        """A subcommand's ``--ckpt_path`` sets ``model`` from the checkpoint's hyperparameters (Lightning's
+        rule), read as today's module takes them (:func:`qgmem.older_records.checkpoint_hparams`: an older
+        checkpoint's flat stage settings become its ``stages``)."""
+        from lightning.fabric.utilities.cloud_io import _load as pl_load
+
+        from qgmem.older_records import checkpoint_hparams
+
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not (ckpt_path and Path(ckpt_path).is_file()):
+            return
+        hparams = dict(pl_load(ckpt_path, map_location="cpu").get("hyper_parameters") or {})
+        hparams.pop("_instantiator", None)
+        if hparams:
+            self.config = self.parser.parse_object({subcommand: {"model": checkpoint_hparams(hparams)}}, self.config)
+
     def before_instantiate_classes(self) -> None:
         """A run given ``--ckpt_path`` takes the checkpoint's weights, so ``model.init_from`` is not read.
 

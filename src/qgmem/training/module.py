@@ -13,7 +13,7 @@ import inspect
 import os
 import warnings
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
@@ -21,10 +21,8 @@ from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
 from qgmem.model.graph_modes import empty_graph
-from qgmem.errors import SettingError
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model import checkpoint_keys as CK
-from qgmem.model.alignment import alignment_loss
 from qgmem.model.encoder import EncoderConfig
 from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import IGNORE_INDEX, answer_logits, answer_nll, insert_token, shared_prefix_length
@@ -34,9 +32,8 @@ from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.provenance import provenance
 from qgmem.training.metrics import AnswerScores
-from qgmem.training.distill import teacher_targets, topk_kl
 from qgmem.training.records import EvalRecords, by_category
-from qgmem.training.teacher import TEACHER_PROMPT_TOKENS, TeacherEntry, build_teacher
+from qgmem.training.stages import AnswerLogits, NodeWordAlignment, Stage, as_stage, check_stages, stage_record
 
 # The frozen LM is absent from checkpoints and in eval mode during fit, both on purpose.
 warnings.filterwarnings("ignore", message="Found keys that are in the model state dict but not in the checkpoint")
@@ -74,8 +71,8 @@ class QGMemModule(LightningModule):
     """Graph-token training over a frozen LM; batches come from ``GraphTextCollator``.
 
     The defaults are the product's: ``python train.py`` trains them, and its preset changes only the
-    CPU budget. The paper's network is ``features: text``, ``readout: mean``, ``num_graph_tokens: 1``,
-    ``align_steps: 0``, ``align_weight: 0`` (preset ``qwen3_8b``). The default readout,
+    CPU budget (and lists the stages, the signature's). The paper's network is ``features: text``,
+    ``readout: mean``, ``num_graph_tokens: 1`` and no stages (preset ``qwen3_8b``). The default readout,
     ``summary_nodes`` with 17 tokens (the paper's pooled token, then the first 16 nodes), had the lowest
     validation answer NLL in the setting ``train.py`` runs among the paper's token, ``nodes`` (16) and
     itself; docs/BENCHMARKS.md holds that table and the learning check.
@@ -95,29 +92,12 @@ class QGMemModule(LightningModule):
             ``num_graph_tokens - 1`` nodes).
         num_graph_tokens: Graph tokens of the ``queries``, ``nodes``, ``summary_nodes`` and ``summary_units``
             readouts (1 with ``mean``; ``summary_units`` over ``k_graph`` units: ``1 + k_graph``).
-        align_steps: Steps of the pre-training stage run before answer training (0 = off), with the
-            objective ``align_objective`` (:mod:`qgmem.training.alignment`).
-        align_objective: ``words``: the projector's per-node output is fitted to the LM's word embedding of
-            each node's text, no LM forward pass (on 2 CPU cores 0.2–0.3 s a step, the graph encoder and
-            projector); ``reconstruct``: the frozen LM regenerates working-memory entries the prompt's text
-            leaves out from the graph tokens alone (:mod:`qgmem.training.reconstruction`; an LM forward
-            and backward pass a step).
-        align_batch_size: Graphs per pre-training step.
-        align_lr: Adam learning rate of the pre-training stage.
-        align_weight: Weight of the ``words`` alignment loss added to the answer loss in every training step
-            (0 = off), which keeps node tokens readable as words while the answer loss trains; the
-            ``reconstruct`` objective refuses a nonzero weight.
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
-        distill_weight: λ of the distillation term added to the answer loss, λ · KL(teacher ‖ student)
-            over the answer tokens, where the teacher is the same frozen LM reading every working-memory
-            unit as text and no graph tokens (:mod:`qgmem.training.distill`). 0 = off (answer loss
-            only); the named candidates are 2.0 (xRAG's) and 0.5.
-        distill_topk: ``k``, the teacher's most likely next tokens kept per answer token in the teacher
-            cache (its distribution is the softmax over them).
-        teacher_cache_dir: Folder of the teacher cache (:mod:`qgmem.training.teacher`; ``None`` =
-            ``<trainer.default_root_dir>/teacher``). Entries are content-addressed, so runs and folds that
-            share a folder share what they have in common.
+        stages: The recipe beside the answer loss (:mod:`qgmem.training.stages`): pre-training phases run
+            before answer training and terms added to the loss each step, in list order (``None`` = the
+            product's: :class:`~qgmem.training.stages.NodeWordAlignment` with its defaults; ``[]`` = the
+            answer loss alone). Each is a stage object or its ``{class_path, init_args}`` record.
         max_new_tokens: Greedy generation length for EM/F1.
         val_generate_batches: Validation batches (per process) that are also decoded and scored.
         test_generate_batches: Test batches (per process) that are decoded and scored (``None`` = all).
@@ -127,31 +107,28 @@ class QGMemModule(LightningModule):
         prompt: The run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
             from the data module (``data.prompt_settings``), so the collator, the answer filter, this
             module's generations and the export all use one setting.
-        match_embedding_scale: Scale the projector's output to the RMS of the LM's token embeddings at init.
         optimizer: The optimizer as ``{class_path, init_args}`` (linked from the CLI's ``--optimizer``;
             ``None`` = :data:`DEFAULT_OPTIMIZER`), built over the trainable parameters.
         lr_scheduler: The schedule as ``{class_path, init_args}`` (linked from ``--lr_scheduler``;
             ``None`` = :data:`DEFAULT_LR_SCHEDULER`), stepped every optimizer step; a class taking
             ``total_steps`` gets the run's estimated steps.
         init_from: Start the encoder and projector from these weights: an export folder, or a
-            ``graph_encoder.safetensors`` such as the one the alignment stage saves under
+            ``graph_encoder.safetensors`` such as the one the pre-training phase saves under
             ``<default_root_dir>/alignment/`` (names and shapes must match this network's).
     """
 
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
-                 align_steps: int = 300, align_objective: Literal["words", "reconstruct"] = "words",
-                 align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
-                 graph: GraphMode = "token",
-                 distill_weight: float = 0.0, distill_topk: int = 16, teacher_cache_dir: str | None = None,
+                 graph: GraphMode = "token", stages: list[Stage] | None = None,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
-                 prompt: PromptSettings | None = None, match_embedding_scale: bool = True,
+                 prompt: PromptSettings | None = None,
                  optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
                  init_from: str | None = None):
         super().__init__()
-        _check_align(align_objective, align_weight)
+        self.stages = [as_stage(s) for s in ([NodeWordAlignment()] if stages is None else stages)]
+        check_stages(self.stages)
         # a misspelt class fails here, not after the cache build
         _class_of(optimizer or DEFAULT_OPTIMIZER, torch.optim.Optimizer, "optimizer")
         _class_of(lr_scheduler or DEFAULT_LR_SCHEDULER, torch.optim.lr_scheduler.LRScheduler, "lr_scheduler")
@@ -160,9 +137,9 @@ class QGMemModule(LightningModule):
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
         prompt = replace(prompt, num_graph_tokens=num_graph_tokens)  # the prompt holds as many slots as the readout gives
         check_mode(graph)
-        check_distill(distill_weight, distill_topk)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
+        self.hparams["stages"] = [stage_record(s) for s in self.stages]  # what the checkpoint was trained with
         self.hparams["prompt"] = prompt.to_dict()
 
         self.lm = load_causal_lm(lm, dtype=lm_dtype)
@@ -173,9 +150,9 @@ class QGMemModule(LightningModule):
                                                   encoder=encoder, projector_hidden=projector_hidden,
                                                   features=features, readout=readout, num_graph_tokens=num_graph_tokens))
         self.net.use_word_embedding(self.lm.get_input_embeddings())
-        if match_embedding_scale:
-            target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
-            self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
+        # the projector's output starts at the RMS of the LM's token embeddings
+        target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
+        self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
         if init_from:
             from qgmem.model.init_from import load_initial_weights
 
@@ -197,11 +174,12 @@ class QGMemModule(LightningModule):
         self.test_predictions: list[dict[str, Any]] = []  # the last test's rows (TestPredictionsWriter)
         self._examples: list[dict[str, str]] = []
         self.data_info: dict[str, Any] = {}
-        self.teacher: dict[str, TeacherEntry] | None = None  # the training samples' teacher targets, by qa_id
-        self._keep_lm_frozen()
+        self.alignment_result: dict[str, Any] | None = None  # the pre-training phase's losses, once it ran
+        self.alignment_seconds = 0.0
+        self.keep_lm_frozen()
 
     # ----------------------------------------------------------------------------------------- modes
-    def _keep_lm_frozen(self) -> None:
+    def keep_lm_frozen(self) -> None:
         """Eval mode for the whole LM; with checkpointing, flag only the decoder layers as training.
 
         transformers recomputes a layer in backward only when that layer module is in training mode;
@@ -216,7 +194,7 @@ class QGMemModule(LightningModule):
 
     def train(self, mode: bool = True):
         super().train(mode)
-        self._keep_lm_frozen()
+        self.keep_lm_frozen()
         return self
 
     # ------------------------------------------------------------------------------------ forward
@@ -262,14 +240,11 @@ class QGMemModule(LightningModule):
             return 0
         return shared_prefix_length(batch["input_ids"], batch["attention_mask"], batch["graph_pos"])
 
-    def distill_losses(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The batch's answer NLL (as ``forward``) and its KL(teacher ‖ student), from one student forward."""
+    def answer_logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, AnswerLogits]:
+        """The batch's answer NLL (as ``forward``) and the logits it came from, for a stage's term."""
         embeds, mask, positions, labels = self.fused_inputs(batch)
-        logits, targets, rows = answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch))
-        if self.teacher is None:
-            raise RuntimeError("distill_weight > 0 but no teacher was built (QGMemModule.on_fit_start builds it)")
-        ids, teacher_logits = teacher_targets(self.teacher, batch["qa_id"], targets, rows)
-        return torch.nn.functional.cross_entropy(logits, targets), topk_kl(logits, ids, teacher_logits)
+        answer = AnswerLogits(*answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch)))
+        return torch.nn.functional.cross_entropy(answer.logits, answer.targets), answer
 
     def sample_nll(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample mean answer NLL ``[B]`` and answer-token counts ``[B]`` (their weighted mean = ``forward``)."""
@@ -290,8 +265,9 @@ class QGMemModule(LightningModule):
     # -------------------------------------------------------------------------------------- steps
     def _step(self, batch: dict[str, Any], stage: str, batch_idx: int = 0) -> torch.Tensor:
         B = batch["input_ids"].size(0)
-        if stage == "train" and self.hparams.distill_weight > 0:
-            (loss, kl), per_row = self.distill_losses(batch), None
+        answer = None
+        if stage == "train" and any(s.adds_term and s.reads_logits for s in self.stages):
+            (loss, answer), per_row = self.answer_logits(batch), None
         elif stage == "train":
             loss, per_row = self(batch), None
         else:
@@ -311,14 +287,22 @@ class QGMemModule(LightningModule):
                     self._examples.append({"question": q, "answer": a, "prediction": p})
         if per_row is not None:
             self.records[stage].add(batch, per_row, predictions)
-        ids = getattr(batch["graph"], "node_word_ids", None)
-        if stage == "train" and self.hparams.align_weight > 0 and ids is not None:
-            align = alignment_loss(self.net.node_tokens(batch["graph"]), ids, self.lm.get_input_embeddings().weight)
-            self.log("train/align", align, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
-            loss = loss + self.hparams.align_weight * align
-        if stage == "train" and self.hparams.distill_weight > 0:
-            self.log("train/kl", kl, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
-            loss = loss + self.hparams.distill_weight * kl
+        if stage == "train":
+            loss = self._add_terms(batch, loss, answer)
+        return loss
+
+    def _add_terms(self, batch: dict[str, Any], loss: torch.Tensor, answer: AnswerLogits | None) -> torch.Tensor:
+        """The answer loss plus each stage's weighted term, in list order; each term is logged as
+        ``train/<term_name>``, and the sum as ``train/loss`` when a term was added."""
+        B = batch["input_ids"].size(0)
+        added = False
+        for stage in self.stages:
+            value = stage.term(self, batch, answer) if stage.adds_term else None
+            if value is None:
+                continue
+            self.log(f"train/{stage.term_name}", value, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
+            loss, added = loss + stage.weight * value, True
+        if added:
             self.log("train/loss", loss, batch_size=B, on_step=True, on_epoch=True, sync_dist=True)
         return loss
 
@@ -400,57 +384,34 @@ class QGMemModule(LightningModule):
         """Lightning's loader, without the ``init_from`` the run started from (unless it is passed).
 
         The checkpoint's weights replace those starting weights anyway, so a module re-created where that
-        file does not exist (another machine, a cleaned run folder) still loads.
+        file does not exist (another machine, a cleaned run folder) still loads. An older checkpoint's
+        flat stage settings read as its stages (:func:`qgmem.older_records.checkpoint_hparams`).
         """
         kwargs.setdefault("init_from", None)
+        if "stages" not in kwargs:  # a checkpoint written before the stages were listed keeps them flat
+            from lightning.fabric.utilities.cloud_io import _load as pl_load
+
+            from qgmem.older_records import checkpoint_hparams
+
+            checkpoint = pl_load(checkpoint_path, map_location="cpu", weights_only=kwargs.get("weights_only"))
+            hparams = checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {}
+            if hasattr(checkpoint_path, "seek"):  # a file object: Lightning reads it again
+                checkpoint_path.seek(0)
+            if "stages" not in hparams:
+                kwargs["stages"] = checkpoint_hparams(hparams)["stages"]
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_fit_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         self.data_info = describe_datamodule(datamodule)
         self.use_prompt_settings(getattr(datamodule, "prompt_settings", None))
-        if self.hparams.distill_weight > 0:
-            self.build_teacher(datamodule)
-
-    def build_teacher(self, datamodule) -> None:
-        """The training samples' teacher targets (:mod:`qgmem.training.teacher`): rank 0 computes the
-        missing ones, then every rank reads them from the cache folder."""
-        from lightning.pytorch.utilities import rank_zero_info
-
-        if datamodule is None:
-            raise SettingError("model.distill_weight > 0 needs a data module: the teacher is built over its "
-                               "training split at fit start")
-        folder = self.hparams.teacher_cache_dir or os.path.join(self.trainer.default_root_dir, "teacher")
-        dataset = datamodule.train_dataloader().dataset
-
-        def build():
-            return build_teacher(self.lm, self.hparams.lm, self.tokenizer, self.prompt_encoder.settings, dataset,
-                                 topk=self.hparams.distill_topk, folder=folder, progress=self.trainer.is_global_zero)
-
-        self.lm.eval()  # the teacher is the LM as it reads: no layer flagged for recomputation
-        try:
-            if self.trainer.world_size > 1:  # rank 0 fills the cache, the others wait (and stop if it failed)
-                from qgmem.ranks import raise_on_every_rank
-
-                error = None
-                if self.trainer.is_global_zero:
-                    try:
-                        build()
-                    except Exception as exc:  # noqa: BLE001 -- raised below, on every rank
-                        error = exc
-                raise_on_every_rank(error, lambda flag: self.trainer.strategy.reduce_boolean_decision(flag, all=False),
-                                    "the teacher cache's build on rank 0")
-            self.teacher, stats = build()
-        finally:
-            self._keep_lm_frozen()
-        rank_zero_info(f"teacher: {stats['samples']} training samples, {stats['hits']} reused, {stats['misses']} "
-                       f"computed, {stats['corrupt']} corrupt rewritten, {stats['truncated']} over the "
-                       f"{TEACHER_PROMPT_TOKENS}-token cap, {stats['seconds']:.1f} s ({folder})")
+        for stage in self.stages:
+            stage.fit_start(self, datamodule)
 
     def on_train_start(self) -> None:
-        """Run the pre-training stage once, at the start of a fresh fit (never on resume)."""
-        steps = int(self.hparams.align_steps)
-        if steps <= 0 or self.global_step > 0:
+        """Run the pre-training phase once, at the start of a fresh fit (never on resume, nor when
+        :meth:`pretrain` already ran it)."""
+        if not any(s.pretrains for s in self.stages) or self.global_step > 0 or self.alignment_result is not None:
             return
         import time
 
@@ -468,25 +429,32 @@ class QGMemModule(LightningModule):
         if result and self.trainer.is_global_zero and self.trainer.default_root_dir:
             from qgmem.model.init_from import ALIGNMENT_DIR, save_weights
 
-            # a later run can skip the stage: --model.init_from <this file> --model.align_steps 0
+            # a later run can start from here without the phase: --model.init_from <this file>, and the
+            # pre-training stages' steps 0 (or the stages left out)
             result["weights"] = str(save_weights(self.net, os.path.join(self.trainer.default_root_dir,
                                                                           ALIGNMENT_DIR)))
         if result:
             self.log_dict({"align/first_loss": result["first_loss"], "align/last_loss": result["last_loss"]},
                           sync_dist=True)
 
-    def pretrain(self, dataset, graphs, *, seed: int, progress: bool = False) -> dict[str, float]:
-        """The pre-training stage (``align_objective``, ``align_steps`` and their settings) on ``net``, in
-        place, over ``dataset`` collated by ``graphs`` in the order of ``seed``; returns its losses."""
-        from qgmem.training.alignment import align_node_tokens
-        from qgmem.training.reconstruction import reconstruct_memory
+    def pretrain(self, dataset, graphs, *, seed: int, progress: bool = False) -> dict[str, Any]:
+        """The pre-training phase: each stage's, in list order, on ``net`` in place, over ``dataset``
+        collated by ``graphs`` in the order of ``seed``; returns its losses (``{}`` without one).
 
-        stage = dict(steps=int(self.hparams.align_steps), batch_size=self.hparams.align_batch_size,
-                     lr=self.hparams.align_lr, seed=seed, device=self.device, progress=progress)
-        if self.hparams.align_objective == "reconstruct":
-            return reconstruct_memory(self.net, self.lm, self.tokenizer, dataset, graphs,
-                                      memory_units=self.prompt_encoder.settings.memory_units, **stage)
-        return align_node_tokens(self.net, dataset, graphs, self.lm.get_input_embeddings().weight, **stage)
+        One pre-training stage: its ``first_loss``, ``last_loss`` and ``steps``. Several: the first
+        stage's first loss, the last stage's last loss, the steps of all, and each stage's result under
+        its class name (``stages``).
+        """
+        results = {type(s).__name__: s.pretrain(self, dataset, graphs, seed=seed, progress=progress)
+                   for s in self.stages if s.pretrains}
+        self.alignment_result = {}  # ran (a fit that follows skips it)
+        runs = [r for r in results.values() if r]
+        if len(runs) == 1:
+            self.alignment_result = runs[0]
+        elif runs:
+            self.alignment_result = {"first_loss": runs[0]["first_loss"], "last_loss": runs[-1]["last_loss"],
+                                     "steps": sum(r["steps"] for r in runs), "stages": results}
+        return self.alignment_result
 
     def use_prompt_settings(self, settings: PromptSettings | None) -> None:
         """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
@@ -514,23 +482,6 @@ class QGMemModule(LightningModule):
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
         self.data_info = dict(checkpoint.get(CK.DATA_INFO) or {})
-
-
-def check_distill(weight: float, topk: int) -> None:
-    """Refuse a negative distillation weight or an empty top-k, naming the setting."""
-    if not weight >= 0:
-        raise SettingError(f"model.distill_weight must be >= 0 (0 = off), got {weight}")
-    if topk < 1:
-        raise SettingError(f"model.distill_topk must be >= 1, got {topk}")
-
-
-def _check_align(objective: str, weight: float) -> None:
-    """The pre-training objective is known, and the auxiliary word loss is only asked of ``words``."""
-    if objective not in ("words", "reconstruct"):
-        raise SettingError(f"model.align_objective must be 'words' or 'reconstruct', got {objective!r}")
-    if objective == "reconstruct" and weight != 0:
-        raise SettingError(f"model.align_weight = {weight} adds the word-alignment loss, which model.align_objective "
-                           "= 'reconstruct' does not train: set model.align_weight: 0 (or align_objective: words)")
 
 
 def _class_of(spec: dict[str, Any], base: type, what: str) -> type:

@@ -1,4 +1,4 @@
-"""The ``reconstruct`` objective of the pre-training stage: graph tokens the frozen LM can read back as memory.
+"""The ``MemoryReconstruction`` stage's objective: graph tokens the frozen LM can read back as memory.
 
 A frozen LM reading soft tokens needs a retention objective before the task loss: answer loss alone
 does not make a token hold its input (xRAG, ICAE and ClipCap all pre-train the projector on

@@ -1,6 +1,6 @@
 """The distillation teacher: the frozen LM's answer-token distributions when it reads the full text.
 
-Stage 2 of training the encoder to be read (``model.distill_weight`` > 0) pulls the student, the LM
+Stage 2 of training the encoder to be read (the :class:`~qgmem.training.stages.Distillation` stage) pulls the student, the LM
 reading the compact prompt (its top ``m`` units as text + the graph tokens), towards the same frozen LM
 reading every unit of the working memory as text and no graph tokens. The teacher never changes during
 a run, so its distributions are computed once per training sample and kept on disk: at each answer
@@ -159,14 +159,14 @@ def build_teacher(lm, lm_id: str, tokenizer, settings: PromptSettings, dataset, 
         item = dataset[index]
         missing = next((f for f in _FIELDS if item.get(f) is None), None)
         if missing:
-            raise SettingError(f"model.distill_weight > 0 needs the full-text teacher, but training sample {index} "
+            raise SettingError(f"model.stages: Distillation needs the full-text teacher, but training sample {index} "
                                f"(qa_id {item.get('qa_id', '?')!r}) has no field {missing!r}")
         qa_id = str(item["qa_id"])
         prompt = encoder.prompt(item["memory_text"], item["question"])
         answer = encoder.answer(item["answer"])
         name = cache.name(prompt.ids, answer)
         if names.setdefault(qa_id, name) != name:
-            raise SettingError(f"model.distill_weight > 0 looks teacher targets up by qa_id, but training samples "
+            raise SettingError(f"model.stages: Distillation looks teacher targets up by qa_id, but training samples "
                                f"share qa_id {qa_id!r} with different contents")
         stats["truncated"] += prompt.memory_tokens_dropped > 0
         if name in table or name in todo:
