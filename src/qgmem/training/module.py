@@ -30,6 +30,7 @@ from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import IGNORE_INDEX, answer_logits, answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+from qgmem.model.kv_prefix import Injection, kv_scale, lm_kv_shape, reading
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.provenance import provenance
@@ -95,6 +96,11 @@ class QGMemModule(LightningModule):
             ``num_graph_tokens - 1`` nodes).
         num_graph_tokens: Graph tokens of the ``queries``, ``nodes``, ``summary_nodes`` and ``summary_units``
             readouts (1 with ``mean``; ``summary_units`` over ``k_graph`` units: ``1 + k_graph``).
+        injection: Where the graph enters the frozen LM: ``input`` (the ``K`` graph tokens among the input
+            embeddings) or ``kv_prefix`` (``K`` positions of keys and values at every layer, written by the
+            projector at the same slot; :mod:`qgmem.model.kv_prefix`). ``kv_prefix`` trains with the
+            ``reconstruct`` pre-training or none (the word alignment fits input embeddings) and without
+            gradient checkpointing.
         align_steps: Steps of the pre-training stage run before answer training (0 = off), with the
             objective ``align_objective`` (:mod:`qgmem.training.alignment`).
         align_objective: ``words``: the projector's per-node output is fitted to the LM's word embedding of
@@ -141,6 +147,7 @@ class QGMemModule(LightningModule):
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
+                 injection: Injection = "input",
                  align_steps: int = 300, align_objective: Literal["words", "reconstruct"] = "words",
                  align_batch_size: int = 32, align_lr: float = 3e-3, align_weight: float = 5.0,
                  graph: GraphMode = "token",
@@ -152,6 +159,7 @@ class QGMemModule(LightningModule):
                  init_from: str | None = None):
         super().__init__()
         _check_align(align_objective, align_weight)
+        _check_injection(injection, align_objective, align_steps, align_weight, gradient_checkpointing)
         # a misspelt class fails here, not after the cache build
         _class_of(optimizer or DEFAULT_OPTIMIZER, torch.optim.Optimizer, "optimizer")
         _class_of(lr_scheduler or DEFAULT_LR_SCHEDULER, torch.optim.lr_scheduler.LRScheduler, "lr_scheduler")
@@ -169,12 +177,15 @@ class QGMemModule(LightningModule):
         self.tokenizer = load_tokenizer(lm)
         self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
+        kv = dict(zip(("lm_layers", "lm_kv_width"), lm_kv_shape(self.lm))) if injection == "kv_prefix" else {}
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
                                                   encoder=encoder, projector_hidden=projector_hidden,
-                                                  features=features, readout=readout, num_graph_tokens=num_graph_tokens))
+                                                  features=features, readout=readout, num_graph_tokens=num_graph_tokens,
+                                                  injection=injection, **kv))
         self.net.use_word_embedding(self.lm.get_input_embeddings())
-        if match_embedding_scale:
-            target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
+        if match_embedding_scale:  # the input embeddings' RMS, or each layer's key and value RMS
+            target = kv_scale(self.lm) if kv else \
+                self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
             self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
         if init_from:
             from qgmem.model.init_from import load_initial_weights
@@ -239,18 +250,22 @@ class QGMemModule(LightningModule):
         return Batch.from_data_list([g.to(first.x.device) for g in shuffled(graphs, alone)])
 
     def fused_inputs(self, batch: dict[str, Any], generation: bool = False):
-        """Text embeddings with the graph token inserted: ``(embeds, mask, position_ids, labels)``."""
+        """Text embeddings with the graph token inserted: ``(embeds, mask, position_ids, labels, read)``, where
+        ``read`` is the context the LM must run in to read a key/value prefix (nothing for ``input``)."""
         prefix = "gen_" if generation else ""
         ids = batch[f"{prefix}input_ids"]
         embeds = self.lm.get_input_embeddings()(ids)
         token = self.graph_tokens(batch["graph"])
         labels = None if generation else batch["labels"]
-        return insert_token(embeds, batch[f"{prefix}attention_mask"], batch[f"{prefix}graph_pos"], token, labels)
+        pos = batch[f"{prefix}graph_pos"]
+        return (*insert_token(embeds, batch[f"{prefix}attention_mask"], pos, token, labels),
+                reading(self.lm, token, pos))
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Mean answer-token NLL of a batch."""
-        embeds, mask, positions, labels = self.fused_inputs(batch)
-        return answer_nll(self.lm, embeds, mask, positions, labels, shared_prefix=self.shared_prefix(batch))
+        embeds, mask, positions, labels, read = self.fused_inputs(batch)
+        with read:
+            return answer_nll(self.lm, embeds, mask, positions, labels, shared_prefix=self.shared_prefix(batch))
 
     def shared_prefix(self, batch: dict[str, Any]) -> int:
         """Columns every row shares before the graph slot (the template head), run once as a cache.
@@ -264,8 +279,9 @@ class QGMemModule(LightningModule):
 
     def distill_losses(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch's answer NLL (as ``forward``) and its KL(teacher ‖ student), from one student forward."""
-        embeds, mask, positions, labels = self.fused_inputs(batch)
-        logits, targets, rows = answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch))
+        embeds, mask, positions, labels, read = self.fused_inputs(batch)
+        with read:
+            logits, targets, rows = answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch))
         if self.teacher is None:
             raise RuntimeError("distill_weight > 0 but no teacher was built (QGMemModule.on_fit_start builds it)")
         ids, teacher_logits = teacher_targets(self.teacher, batch["qa_id"], targets, rows)
@@ -273,18 +289,20 @@ class QGMemModule(LightningModule):
 
     def sample_nll(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample mean answer NLL ``[B]`` and answer-token counts ``[B]`` (their weighted mean = ``forward``)."""
-        embeds, mask, positions, labels = self.fused_inputs(batch)
-        per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none",
-                             shared_prefix=self.shared_prefix(batch))
+        embeds, mask, positions, labels, read = self.fused_inputs(batch)
+        with read:
+            per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none",
+                                 shared_prefix=self.shared_prefix(batch))
         return per_row, (labels[:, 1:] != IGNORE_INDEX).sum(1)
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any]) -> list[str]:
-        embeds, mask, _, _ = self.fused_inputs(batch, generation=True)
+        embeds, mask, _, _, read = self.fused_inputs(batch, generation=True)
         enc, settings = self.prompt_encoder, self.prompt_encoder.settings
-        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.hparams.max_new_tokens,
-                       stop_ids=enc.stop_ids, pad_id=enc.pad_id,
-                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        with read:
+            out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds,
+                           max_new_tokens=self.hparams.max_new_tokens, stop_ids=enc.stop_ids, pad_id=enc.pad_id,
+                           stop_at_newline=settings.first_line and not settings.enable_thinking)
         return [final_answer(t, settings.first_line) for t in out.texts]
 
     # -------------------------------------------------------------------------------------- steps
@@ -531,6 +549,22 @@ def _check_align(objective: str, weight: float) -> None:
     if objective == "reconstruct" and weight != 0:
         raise SettingError(f"model.align_weight = {weight} adds the word-alignment loss, which model.align_objective "
                            "= 'reconstruct' does not train: set model.align_weight: 0 (or align_objective: words)")
+
+
+def _check_injection(injection: str, objective: str, steps: int, weight: float, checkpointing: bool) -> None:
+    """A key/value prefix is not an input embedding: the word alignment cannot fit it, and a recomputed
+    layer would run without the prefix's hooks."""
+    if injection not in ("input", "kv_prefix"):
+        raise SettingError(f"model.injection must be 'input' or 'kv_prefix', got {injection!r}")
+    if injection != "kv_prefix":
+        return
+    if weight != 0 or (steps > 0 and objective == "words"):
+        raise SettingError("model.injection = 'kv_prefix' writes keys and values, which the word alignment "
+                           "(model.align_objective: words, model.align_weight) cannot fit: set model.align_weight: 0 "
+                           "and model.align_objective: reconstruct (or model.align_steps: 0)")
+    if checkpointing:
+        raise SettingError("model.injection = 'kv_prefix' does not run with model.gradient_checkpointing: a "
+                           "recomputed layer would be recomputed without the prefix")
 
 
 def _class_of(spec: dict[str, Any], base: type, what: str) -> type:
