@@ -162,3 +162,20 @@ def test_ablated_and_sham_graphs_without_edge_units_are_counted():
              "b": {"ablated_graph": graph([-1, -1]), "sham_graph": graph([0, 0])},  # read back as unknown
              "c": {}, "d": {"ablated_graph": Data(x=torch.zeros(1, 3), edge_index=torch.zeros(2, 0, dtype=torch.long))}}
     assert X.without_edge_units(table) == 2  # a graph without edges has nothing to place
+
+
+def test_the_deep_reader_variants_are_named_with_their_injection_and_budgets(tmp_path):
+    setting = X.product_setting(str(X.REPO / "configs" / "default.yaml"))
+    figures = {}
+    for name in ("kv3-answer", "kv3-full", "kv0-full"):
+        variant = X.variant_of(name)
+        model = X.unit_settings(setting, variant, tmp_path)["model"]
+        figures[name] = (variant["injection"], variant["text_units"], variant["graph_units"], model["num_graph_tokens"])
+        assert model["injection"] == "kv_prefix" and model["align_weight"] == 0.0, name
+    assert figures == {"kv3-answer": ("kv_prefix", 3, 10, 11), "kv3-full": ("kv_prefix", 3, 10, 11),
+                       "kv0-full": ("kv_prefix", 0, 10, 11)}
+    assert X.unit_settings(setting, X.variant_of("kv3-answer"), tmp_path)["model"]["align_steps"] == 0
+    for name in ("kv3-full", "kv0-full"):  # the full recipe: stage 1 reconstruction, stage 2 distillation
+        model = X.unit_settings(setting, X.variant_of(name), tmp_path)["model"]
+        assert (model["align_objective"], model["distill_weight"]) == ("reconstruct", 2.0), name
+    assert X.variant_of("m3-full")["injection"] == X.variant_of("product")["injection"] == "input"
