@@ -25,7 +25,7 @@ from qgmem.errors import ExportFormatError
 
 #: graph-token network: how a config written before these fields existed reads (the paper's network); the
 #: product's defaults are ``QGMemModule``'s signature, so the network config has none
-GRAPH_TOKEN_LEGACY_FIELDS = {"features": "text", "readout": "mean", "num_graph_tokens": 1, "injection": "input"}
+GRAPH_TOKEN_LEGACY_FIELDS = {"features": "text", "readout": "mean", "num_graph_tokens": 1}
 #: graph-token network: fields renamed since, old name -> name (K was ``num_queries`` before it had one
 #: name everywhere)
 GRAPH_TOKEN_RENAMED = {"num_queries": "num_graph_tokens"}

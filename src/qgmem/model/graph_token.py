@@ -31,8 +31,9 @@ class GraphTokenConfig:
     ``k_graph`` units takes ``num_graph_tokens = 1 + k_graph``).
     ``injection``: where the ``K`` readout vectors enter the LM: ``input`` (``K`` vectors among its input
     embeddings) or ``kv_prefix`` (a key and a value per vector at each of the LM's ``lm_layers`` layers,
-    ``lm_kv_width`` wide; :mod:`qgmem.model.kv_prefix`). An export written before the setting reads as
-    ``input``.
+    ``lm_kv_width`` wide; :mod:`qgmem.model.kv_prefix`). The one field with a default: a config that
+    names no injection (every one written before the setting, and a network built in code) is ``input``;
+    the product's choice is ``QGMemModule``'s signature.
     """
 
     feature_dim: int

@@ -30,7 +30,7 @@ from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import IGNORE_INDEX, answer_logits, answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
-from qgmem.model.kv_prefix import Injection, kv_scale, lm_kv_shape, reading
+from qgmem.model.kv_prefix import INJECTIONS, Injection, kv_scale, lm_kv_shape, reading
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.provenance import provenance
@@ -554,8 +554,8 @@ def _check_align(objective: str, weight: float) -> None:
 def _check_injection(injection: str, objective: str, steps: int, weight: float, checkpointing: bool) -> None:
     """A key/value prefix is not an input embedding: the word alignment cannot fit it, and a recomputed
     layer would run without the prefix's hooks."""
-    if injection not in ("input", "kv_prefix"):
-        raise SettingError(f"model.injection must be 'input' or 'kv_prefix', got {injection!r}")
+    if injection not in INJECTIONS:
+        raise SettingError(f"model.injection must be one of {INJECTIONS}, got {injection!r}")
     if injection != "kv_prefix":
         return
     if weight != 0 or (steps > 0 and objective == "words"):
