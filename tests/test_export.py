@@ -96,7 +96,8 @@ def test_export_config_and_model_card(exported):
     net = {"features": "text", "readout": "mean", "num_graph_tokens": 1, **NETS[config["graph_token"]["readout"]]}
     assert config["graph_token"] == {"feature_dim": D, "edge_dim": D, "lm_hidden": 32, "projector_hidden": None,
                                      "encoder": {"hidden": 16, "heads": 2, "layers": 2, "dropout": 0.0,
-                                                 "attention_dropout": 0.0}, **net}
+                                                 "attention_dropout": 0.0},
+                                     "injection": "input", "lm_layers": None, "lm_kv_width": None, **net}
     assert config["readout"] == {"kind": net["readout"], "num_graph_tokens": net["num_graph_tokens"]}
     assert config["features"] == net["features"] and config["prompt"]["include_memory_text"] is True
     assert config["prompt"]["num_graph_tokens"] == net["num_graph_tokens"]

@@ -170,8 +170,9 @@ def main() -> None:
             def step(full: bool = False):
                 with autocast:
                     if full:  # the naive path: [B, T, vocab] logits and the loss over them
-                        e, m, p, lab = module.fused_inputs(batch)
-                        loss = module.lm(inputs_embeds=e, attention_mask=m, position_ids=p, labels=lab).loss
+                        e, m, p, lab, read = module.fused_inputs(batch)
+                        with read:
+                            loss = module.lm(inputs_embeds=e, attention_mask=m, position_ids=p, labels=lab).loss
                     else:  # the project's step (QGMemModule.forward = the training loss)
                         loss = module(batch)
                 loss.backward()

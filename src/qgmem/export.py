@@ -90,6 +90,14 @@ def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
     return PromptSettings.from_dict(checkpoint_prompt(hp, info))
 
 
+#: where the graph enters the LM, by ``graph_token.injection`` (the export's ``graph_token_position``)
+GRAPH_POSITION = {
+    "input": "before the first token of the user content",
+    "kv_prefix": "keys and values at every layer, at the positions before the first token of the user content "
+                 "(rotated there like input tokens)",
+}
+
+
 def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any] | None,
                   graph_mode: str | None = None) -> dict[str, Any]:
     """``config.json`` of the export of ``ckpt`` (without the weights); ``graph_mode``: see
@@ -121,7 +129,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
         "prompt": prompt_settings(hp, info).to_dict(),
-        "graph_token_position": "before the first token of the user content",
+        "graph_token_position": GRAPH_POSITION[graph_token["injection"]],
         "generation": {"max_new_tokens": hp.get("max_new_tokens")},
         "sentence_encoder": {"id": info.get("sentence_encoder"),
                              "dim": info.get("feature_dim", graph_token.get("feature_dim"))},

@@ -163,3 +163,22 @@ def test_ablated_and_sham_graphs_without_edge_units_are_counted():
              "b": {"ablated_graph": graph([-1, -1]), "sham_graph": graph([0, 0])},  # read back as unknown
              "c": {}, "d": {"ablated_graph": Data(x=torch.zeros(1, 3), edge_index=torch.zeros(2, 0, dtype=torch.long))}}
     assert X.without_edge_units(table) == 2  # a graph without edges has nothing to place
+
+
+def test_the_deep_reader_variants_are_named_with_their_injection_and_budgets(tmp_path):
+    setting = X.product_setting(str(X.REPO / "configs" / "default.yaml"))
+    figures = {}
+    for name in ("kv3-answer", "kv3-full", "kv0-full"):
+        variant = X.variant_of(name)
+        model = X.unit_settings(setting, variant, tmp_path)["model"]
+        figures[name] = (variant["injection"], variant["text_units"], variant["graph_units"], model["num_graph_tokens"])
+        assert model["injection"] == "kv_prefix", name
+        assert "NodeWordAlignment" not in str(model["stages"]), name  # the word alignment fits input embeddings
+    assert figures == {"kv3-answer": ("kv_prefix", 3, 10, 11), "kv3-full": ("kv_prefix", 3, 10, 11),
+                       "kv0-full": ("kv_prefix", 0, 10, 11)}
+    assert X.unit_settings(setting, X.variant_of("kv3-answer"), tmp_path)["model"]["stages"] == []
+    for name in ("kv3-full", "kv0-full"):  # the full recipe: stage 1 reconstruction, stage 2 distillation
+        model = X.unit_settings(setting, X.variant_of(name), tmp_path)["model"]
+        assert [s["class_path"].rsplit(".", 1)[1] for s in model["stages"]] == ["MemoryReconstruction", "Distillation"]
+        assert model["stages"][1]["init_args"]["weight"] == 2.0, name
+    assert X.variant_of("m3-full")["injection"] == X.variant_of("product")["injection"] == "input"

@@ -257,3 +257,28 @@ def test_the_full_recipes_stage_1_is_a_piece_of_its_own_recorded_and_reused(tmp_
     monkeypatch.setattr(reconstruction, "reconstruct_memory", refuse)
     assert script.main(argv) == 0
     assert json.loads((runs / "fold-0-seed-0.json").read_text())["stage1"] == saved["result"]
+
+
+def test_a_deep_reader_unit_runs_with_its_stages_and_records_its_injection(tmp_path, monkeypatch):
+    """``kv0-full`` end to end on the tiny setting: the graph alone as keys and values at every layer, stage 1
+    (reconstruction) and distillation; its unit and summary say ``kv_prefix`` and the budgets."""
+    config = tmp_path / "config.yaml"
+    cfg = yaml.safe_load(_config(tmp_path).read_text())
+    cfg["model"]["stages"] = []  # the product's word stage off: the variant sets its own
+    config.write_text(yaml.safe_dump(cfg))
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+    script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=2)
+    monkeypatch.setitem(script.STAGE1["init_args"], "steps", 2)
+    monkeypatch.setitem(script.STAGE1["init_args"], "batch_size", 2)
+    root, out = tmp_path / "root", tmp_path / "kv.json"
+    argv = ["--config", str(config), "--root", str(root), "--folds", "3", "--fold-list", "0", "--seeds", "0",
+            "--variants", "kv0-full", "--n-boot", "100", "--threads", "1", "--out", str(out)]
+    assert script.main(argv) == 0
+    unit = json.loads((root / "runs" / "kv0-full" / "fold-0-seed-0.json").read_text())
+    assert unit["injection"] == "kv_prefix" and unit["text_units"] == 0 and unit["graph_tokens"] == 11
+    assert unit["stage1"]["steps"] == 2 and unit["steps_run"] >= 1
+    assert set(unit["scores"]["nll"]) == set(script.CONDITIONS)
+    result = json.loads(out.read_text())
+    s = result["summaries"]["kv0-full"]
+    assert (s["injection"], s["text_units"], s["graph_units"]) == ("kv_prefix", 0, 10)
+    assert result["variant_settings"]["kv0-full"]["model"]["injection"] == "kv_prefix"

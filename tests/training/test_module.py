@@ -73,7 +73,7 @@ def test_only_encoder_and_projector_get_gradients(lm_path, graph):
 def test_text_only_ablation_inserts_nothing(lm_path):
     module = make_module(lm_path, graph="none")
     batch = a_batch(lm_path, module)
-    embeds, mask, _, labels = module.fused_inputs(batch)
+    embeds, mask, _, labels, _ = module.fused_inputs(batch)
     assert embeds.shape[1] == batch["input_ids"].shape[1] and torch.equal(labels, batch["labels"])
     with_token = make_module(lm_path, graph="token").fused_inputs(batch)[0]
     assert with_token.shape[1] == batch["input_ids"].shape[1] + 1

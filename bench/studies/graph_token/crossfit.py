@@ -42,6 +42,21 @@ most prompts, not all: each unit records how many of its held-out prompts were t
   samples are built with ``data.activation.k: 20`` (a config of its own, so a samples folder of its
   own), and the command refuses it over the samples of k = 10.
 
+**The deep reader** (docs/graph_token.md, *The deep reader*): the graph as keys and values at every layer
+(``model.injection: kv_prefix``, :mod:`qgmem.model.kv_prefix`), K = 11 slots over the top 10 units, early
+stopping as above, named before any run:
+
+- ``kv3-answer``: text budget m = 3, answer CE alone (no stage 1: the word alignment fits input embeddings);
+- ``kv3-full``: m = 3, stage 1 (reconstruction) and stage 2 (distillation) as ``m3-full``;
+- ``kv0-full``: the graph alone (m = 0) with the full recipe.
+
+Each summary records ``injection``, ``text_units`` and ``graph_units``; they are not candidates of the compact
+prompt's rule, whose choice they would not change::
+
+    python -m bench.studies.graph_token.crossfit --root checkpoints/crossfit --variants kv3-answer kv3-full kv0-full \\
+        --seeds 0 1 --max-minutes 40 --text10 checkpoints/crossfit/headroom-KEY/scores.jsonl \\
+        --out docs/results/crossfit_kv.json
+
 They train until validation stops improving (:data:`EARLY_STOP`: a validation every 10 steps, stop after
 2 without a lower answer NLL, at most 120 steps; best weights as always) and record the learning curve
 (the answer NLL of each training step, each validation's) and the steps run. Stage 1 runs before the fit
@@ -138,13 +153,20 @@ STAGE1 = {"class_path": "qgmem.training.stages.MemoryReconstruction",
           "init_args": {"steps": RECONSTRUCT_STEPS, "batch_size": RECONSTRUCT_BATCH}}
 STAGE2 = {"class_path": "qgmem.training.stages.Distillation",
           "init_args": {"weight": DISTILL_WEIGHT, "topk": DISTILL_TOPK}}
+#: the deep reader's training without stage 1: no word alignment (it fits input embeddings, not keys and values)
+KV = {"injection": "kv_prefix"}
+KV_ANSWER = {**KV, "stages": []}
 #: the compact variants, named before any run: text budget m, graph budget k_graph, the training recipe
-#: (``m3-answer`` keeps the product's stages)
+#: (``m3-answer`` keeps the product's stages; the ``kv`` ones read the graph as keys and values at every
+#: layer, ``model.injection: kv_prefix``)
 COMPACT = {
     "m3-answer": {"text_units": 3, "graph_units": 10, "model": {}},
     "m3-full": {"text_units": 3, "graph_units": 10, "model": {"stages": [STAGE1, STAGE2]}},
     "m3-recon": {"text_units": 3, "graph_units": 10, "model": {"stages": [STAGE1]}},
     "m3-full-k20": {"text_units": 3, "graph_units": 20, "model": {"stages": [STAGE1, STAGE2]}},
+    "kv3-answer": {"text_units": 3, "graph_units": 10, "model": dict(KV_ANSWER)},
+    "kv3-full": {"text_units": 3, "graph_units": 10, "model": {**KV, "stages": [STAGE1, STAGE2]}},
+    "kv0-full": {"text_units": 0, "graph_units": 10, "model": {**KV, "stages": [STAGE1, STAGE2]}},
 }
 
 
@@ -153,7 +175,7 @@ def variant_of(name: str) -> dict[str, Any]:
     a compact variant's text budget), module settings (readout, stages), early stopping, and its budgets
     (``None``: the samples' k for the graph, all of it for the text)."""
     base = {"name": name, "data": {}, "model": {}, "early_stop": None, "text_units": None, "graph_units": None,
-            "named_form": False}
+            "named_form": False, "injection": "input"}
     if name == "product":  # today's default: its tokens are checked in both forms too (the rule's last check)
         return {**base, "named_form": True}
     if name.startswith("td"):
@@ -163,7 +185,8 @@ def variant_of(name: str) -> dict[str, Any]:
         c = COMPACT[name]
         return {**base, "data": {"memory_units": c["text_units"]}, "early_stop": dict(EARLY_STOP),
                 "model": {"readout": "summary_units", "num_graph_tokens": 1 + c["graph_units"], **c["model"]},
-                "text_units": c["text_units"], "graph_units": c["graph_units"], "named_form": True}
+                "text_units": c["text_units"], "graph_units": c["graph_units"], "named_form": True,
+                "injection": c["model"].get("injection", "input")}
     raise SystemExit(f"--variants: unknown variant {name!r} (product, tdP-M, e.g. td0.5-1, or {', '.join(COMPACT)})")
 
 
@@ -538,6 +561,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
             **({"named": named} if named is not None else {}), **meta,
             "val_f1": sum(val_f1) / max(1, len(val_f1)),
             "text_units": variant["text_units"], "graph_tokens": int(module.hparams.num_graph_tokens),
+            "injection": str(module.hparams.get("injection", "input")),
             "prompt_text_tokens": [len(p.ids) for p in prompts],
             "prompts_trimmed": sum(p.memory_tokens_dropped > 0 for p in prompts),
             "score_s": round(sum(p["score_s"] for p in pieces.values()) + val["score_s"], 1)}
@@ -661,7 +685,7 @@ def summary(root: Path, variant: dict[str, Any], seeds: list[int], folds: int, i
             out["prompt_tokens"]["text10"] = {"text": out["text10_prompt_tokens"], "graph": 0,
                                               "all": out["text10_prompt_tokens"]}
         out["prompts_trimmed"] = sum(u["prompts_trimmed"] for u in first)
-    out.update(variant=variant["name"], folds_done=done, seeds=seeds,
+    out.update(variant=variant["name"], folds_done=done, seeds=seeds, injection=variant["injection"],
                text_units=variant["text_units"] if variant["text_units"] is not None else graph_units,
                graph_units=variant["graph_units"] if variant["graph_units"] is not None else graph_units,
                val_nll_best={f"{f}-{s}": runs[(f, s)]["val_nll_best"] for f in done for s in seeds},
@@ -718,7 +742,8 @@ def choose_compact(root: Path, names: list[str], seeds: list[int], folds: int) -
     """The compact prompt's named rule (:func:`~qgmem.evaluation.crossfit.compact_choice`) against ``product``."""
     from qgmem.evaluation.crossfit import compact_choice
 
-    candidates = {n: unit_val_figures(root, n, seeds, folds) for n in names if n in COMPACT}
+    candidates = {n: unit_val_figures(root, n, seeds, folds) for n in names
+                  if n in COMPACT and "injection" not in COMPACT[n]["model"]}  # the deep reader has a rule of its own
     if not candidates:
         return None
     out = compact_choice(unit_val_figures(root, "product", seeds, folds), candidates, units=folds * len(seeds))
@@ -761,7 +786,7 @@ def choose_answer_mode(compact: dict[str, Any], summaries: dict[str, Any], folds
 def print_table(s: dict[str, Any]) -> None:
     cats = sorted(s["per_category_n"])
     print(f"\n### {s['variant']}: {s['n']} questions (folds {s['folds_done']}), seeds {s['seeds']}; text "
-          f"{s['text_units']} units, graph {s['graph_units']} units\n")
+          f"{s['text_units']} units, graph {s['graph_units']} units, injection {s.get('injection', 'input')}\n")
     print("| condition | answer NLL |\n| --- | --- |")
     for c, v in s["nll"].items():
         print(f"| {c} | {v:.3f} |" if v is not None else f"| {c} | - |")
@@ -923,7 +948,7 @@ def main(argv=None) -> int:
     final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}),
              **({"compact_choice": compact} if compact else {}), **({"answer_mode": mode} if mode else {}),
              "variant_settings": {v["name"]: {k: v[k] for k in ("data", "model", "early_stop", "text_units",
-                                                                 "graph_units", "named_form")} for v in variants},
+                                                                 "graph_units", "named_form", "injection")} for v in variants},
              **({"text10": str(args.text10)} if args.text10 else {}), "folds": args.folds,
              "seeds": args.seeds, "fold_seed": args.fold_seed,
              "cases": len(cases), "scored_cases": len(scored), "samples_key": spec.samples_key,

@@ -234,6 +234,7 @@ def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) ->
     import torch
 
     from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
+    from qgmem.model.kv_prefix import reading
 
     out: list[float | None] = [None] * len(retrieved)
     todo = [i for i, qa in enumerate(qas) if qa.category not in RUBRIC_CATEGORIES and str(qa.answer).strip()]
@@ -255,7 +256,9 @@ def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) ->
         token = None if mode == "none" else pipe.encoder.encode([graphs[i] for i in index])
         embeds = pipe.lm.get_input_embeddings()(ids.to(device))
         fused = insert_token(embeds, mask.to(device), pos.to(device), token, labels.to(device))
-        for i, v in zip(index, answer_nll(pipe.lm, *fused, reduction="none").float().cpu().tolist()):
+        with reading(pipe.lm, token, pos):
+            values = answer_nll(pipe.lm, *fused, reduction="none")
+        for i, v in zip(index, values.float().cpu().tolist()):
             out[i] = float(v)
     return out
 

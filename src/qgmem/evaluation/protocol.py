@@ -240,6 +240,7 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
     the pairing (ties, how many partners differ, how many items have an ablated graph).
     """
     from qgmem.model.fusion import answer_nll, insert_token
+    from qgmem.model.kv_prefix import reading
     from qgmem.prompting import final_answer, generate as generate_text
 
     unknown = sorted(set(conditions) - set(CONDITIONS))
@@ -272,7 +273,8 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
             embeds = module.lm.get_input_embeddings()(batch["input_ids"])
             token = None if condition == "none" else module.net(batch["graph"])
             fused = insert_token(embeds, batch["attention_mask"], batch["graph_pos"], token, batch["labels"])
-            values = answer_nll(module.lm, *fused, reduction="none", shared_prefix=module.shared_prefix(batch))
+            with reading(module.lm, token, batch["graph_pos"]):
+                values = answer_nll(module.lm, *fused, reduction="none", shared_prefix=module.shared_prefix(batch))
             for i, v in zip(index, values.float().cpu().tolist()):
                 rows[i] = v
             if condition in generate:
@@ -280,10 +282,11 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
                 g_embeds, g_mask, _, _ = insert_token(gen_embeds, batch["gen_attention_mask"], batch["gen_graph_pos"],
                                                       token)
                 enc = collator.encoder
-                out = generate_text(module.lm, module.tokenizer, g_mask, inputs_embeds=g_embeds,
-                                    max_new_tokens=module.hparams.max_new_tokens, stop_ids=enc.stop_ids,
-                                    pad_id=enc.pad_id,
-                                    stop_at_newline=enc.settings.first_line and not enc.settings.enable_thinking)
+                with reading(module.lm, token, batch["gen_graph_pos"]):
+                    out = generate_text(module.lm, module.tokenizer, g_mask, inputs_embeds=g_embeds,
+                                        max_new_tokens=module.hparams.max_new_tokens, stop_ids=enc.stop_ids,
+                                        pad_id=enc.pad_id,
+                                        stop_at_newline=enc.settings.first_line and not enc.settings.enable_thinking)
                 for i, t in zip(index, out.texts):
                     predictions[i] = final_answer(t, enc.settings.first_line)
         if not all(math.isfinite(x) for x in rows if x is not None):

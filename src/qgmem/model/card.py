@@ -83,6 +83,8 @@ def model_card(config: dict[str, Any]) -> str:
         f"- sentence encoder: `{sentence.get('id')}` ({sentence.get('dim')}-d node/edge features)",
         f"- encoder: {enc.get('layers')} layers, {enc.get('heads')} heads, width {enc.get('hidden')}; "
         f"answers read {_answer_mode(config)}",
+        *([f"- the graph enters the LM as keys and values at every one of its {g.get('lm_layers')} layers "
+           "(`injection: kv_prefix`); `--lm-url` cannot serve it"] if g.get("injection") == "kv_prefix" else []),
         f"- prompt: {json.dumps({k: v for k, v in (config.get('prompt') or {}).items() if k != 'system_prompt'})}",
         f"- activation: {json.dumps(config.get('activation_key_parameters') or {})}",
         f"- trained on: `{config.get('dataset')}`" + (f" (data licence {licence})" if licence else "")

@@ -3,7 +3,8 @@
 Two jobs, kept free of Lightning so serving reuses them (decoding is :func:`qgmem.prompting.generate`):
 
 - :func:`insert_token` places ``K`` vectors per row at ``pos`` (right- or left-padded rows alike) and keeps
-  the attention mask, labels and position ids consistent with the padding;
+  the attention mask, labels and position ids consistent with the padding (for ``injection: kv_prefix``
+  the ``K`` columns are placeholders whose keys and values :mod:`qgmem.model.kv_prefix` writes);
 - :func:`answer_logits` runs the LM's base model and applies the output head **only** at positions whose
   next token is a label, so no full-vocabulary logits are computed over the prompt; :func:`answer_nll`
   (the answer loss) and the distillation term read them.
@@ -22,11 +23,16 @@ def insert_token(embeds: torch.Tensor, attention_mask: torch.Tensor, pos: torch.
     """Insert the ``K`` graph tokens ``token[b]`` before column ``pos[b]`` of row ``b``.
 
     ``embeds`` ``[B, T, H]``, ``attention_mask`` ``[B, T]``, ``pos`` ``[B]``, ``token`` ``[B, K, H]``
-    (``[B, H]`` is one token per row, ``K = 1``; ``None``: no insertion, the text-only ablation).
-    Returns ``(embeds, attention_mask, position_ids, labels)`` with length ``T + K`` (``T`` without a
+    (``[B, H]`` is one token per row, ``K = 1``; ``None`` or ``K = 0``: no insertion, the text-only prompt;
+    a key/value prefix, :class:`qgmem.model.kv_prefix.KVPrefix`: its ``K`` placeholder columns, which
+    :func:`qgmem.model.kv_prefix.reading` fills at every layer). Returns ``(embeds, attention_mask, position_ids, labels)`` with length ``T + K`` (``T`` without a
     token); the new columns are attended to and never labels. Position ids count attended columns only,
     so left padding does not shift positions.
     """
+    if hasattr(token, "slot_embeddings"):  # a per-layer key/value prefix: K placeholder columns
+        token = token.slot_embeddings(embeds)
+    if token is not None and token.dim() == 3 and token.size(1) == 0:
+        token = None  # an empty graph block: exactly the text-only prompt
     if token is not None:
         if token.dim() == 2:
             token = token.unsqueeze(1)

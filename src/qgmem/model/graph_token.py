@@ -15,6 +15,7 @@ from torch import nn
 from qgmem.model.encoder import EncoderConfig, RelationalGraphEncoder
 from qgmem.model.alignment import MAX_WORD_PIECES, PAD_PIECE, word_targets
 from qgmem.model.features import compose, edge_width, needs_fact, needs_words, node_width
+from qgmem.model.kv_prefix import Injection, KVPrefix, KVProjector, check_injection
 from qgmem.model.projector import GraphProjector
 from qgmem.model.readout import GraphReadout, check_readout
 from qgmem.older_records import read_graph_token
@@ -28,6 +29,11 @@ class GraphTokenConfig:
     ``readout``: ``mean`` (one token), ``queries``, ``nodes``, ``summary_nodes`` or ``summary_units``
     (``num_graph_tokens`` tokens, see :mod:`qgmem.model.readout`; ``summary_units`` over a graph of
     ``k_graph`` units takes ``num_graph_tokens = 1 + k_graph``).
+    ``injection``: where the ``K`` readout vectors enter the LM: ``input`` (``K`` vectors among its input
+    embeddings) or ``kv_prefix`` (a key and a value per vector at each of the LM's ``lm_layers`` layers,
+    ``lm_kv_width`` wide; :mod:`qgmem.model.kv_prefix`). The one field with a default: a config that
+    names no injection (every one written before the setting, and a network built in code) is ``input``;
+    the product's choice is ``QGMemModule``'s signature.
     """
 
     feature_dim: int
@@ -38,10 +44,17 @@ class GraphTokenConfig:
     features: str = field(kw_only=True)
     readout: str = field(kw_only=True)
     num_graph_tokens: int = field(kw_only=True)
+    injection: Injection = field(default="input", kw_only=True)
+    lm_layers: int | None = field(default=None, kw_only=True)
+    lm_kv_width: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         edge_width(self.features, self.edge_dim)  # validates the option
         check_readout(self.readout, self.num_graph_tokens)
+        check_injection(self.injection)
+        if self.injection == "kv_prefix" and not (self.lm_layers and self.lm_kv_width):
+            raise ValueError("injection 'kv_prefix' needs the LM's layer count and key/value width "
+                             f"(lm_layers, lm_kv_width), got {self.lm_layers} and {self.lm_kv_width}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,7 +76,11 @@ class GraphTokenNet(nn.Module):
                                               edge_width(config.features, config.edge_dim), config.encoder)
         object.__setattr__(self, "_word_source", None)  # the LM's input embeddings, for ``node_words`` (not saved)
         self.readout = GraphReadout(config.readout, config.encoder.hidden, config.num_graph_tokens, config.encoder.heads)
-        self.projector = GraphProjector(config.encoder.hidden, config.lm_hidden, config.projector_hidden)
+        if config.injection == "kv_prefix":
+            self.projector = KVProjector(config.encoder.hidden, config.lm_hidden, config.lm_layers, config.lm_kv_width,
+                                         config.projector_hidden)
+        else:
+            self.projector = GraphProjector(config.encoder.hidden, config.lm_hidden, config.projector_hidden)
 
     def use_word_embedding(self, embedding: nn.Module | torch.Tensor) -> None:
         """The frozen LM's input embeddings (module or ``[V, H]`` weight), read by the ``node_words``
@@ -88,15 +105,20 @@ class GraphTokenNet(nn.Module):
             ids = torch.full((graph.x.size(0), MAX_WORD_PIECES), PAD_PIECE, dtype=torch.long, device=graph.x.device)
         return word_targets(ids.to(table.device), table.detach())[0].to(graph.x.device)
 
-    def forward(self, graph) -> torch.Tensor:
+    def forward(self, graph) -> torch.Tensor | KVPrefix:
         """``graph``: a PyG ``Data`` or ``Batch`` with ``x``, ``edge_index``, ``edge_attr`` (and ``edge_fact``
-        when the features need it, ``edge_unit`` with the ``summary_units`` readout)."""
+        when the features need it, ``edge_unit`` with the ``summary_units`` readout). Returns the graph tokens
+        ``[num_graphs, K, lm_hidden]``, or with ``injection: kv_prefix`` their :class:`KVPrefix`."""
         h, batch, num_graphs = self.node_states(graph)
-        return self.projector(self.readout(h, batch, num_graphs, graph.edge_index, getattr(graph, "edge_unit", None)))
+        out = self.projector(self.readout(h, batch, num_graphs, graph.edge_index, getattr(graph, "edge_unit", None)))
+        return KVPrefix(out) if self.config.injection == "kv_prefix" else out
 
     def node_tokens(self, graph) -> torch.Tensor:
         """Every node's state through the projector, ``[N, lm_hidden]``: what a ``nodes`` readout inserts
         for that node, and what :mod:`qgmem.model.alignment` fits to the LM's word embeddings."""
+        if self.config.injection != "input":
+            raise ValueError(f"node tokens are input embeddings; injection {self.config.injection!r} writes "
+                             "keys and values instead (the word alignment does not apply to it)")
         return self.projector(self.node_states(graph)[0])
 
     def node_states(self, graph) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -258,6 +258,7 @@ class QGMemPipeline:
     def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str,
                         streamer: Any = None) -> list[Answer]:
         from qgmem.model.fusion import insert_token
+        from qgmem.model.kv_prefix import KVPrefix, reading
 
         encoded = self.encode_prompts(batch)
         has_memory = [r.store_units > 0 for r in batch]
@@ -276,16 +277,18 @@ class QGMemPipeline:
         if any(has_memory) and isinstance(self.lm, RemoteLM):
             texts, counts, finish = self.lm.answer(embeds, mask, caps, self.prompts.stop_ids, newline, streamer)
         elif any(has_memory):
-            out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=max(caps),
-                           stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
-                           stop_at_newline=newline, streamer=streamer, prefix_ids=self.prompts.head_ids)
+            with reading(self.lm, token, pos):  # a key/value prefix, read at every layer (nothing for input)
+                out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=max(caps),
+                               stop_ids=self.prompts.stop_ids, pad_id=self.prompts.pad_id,
+                               stop_at_newline=newline, streamer=streamer, prefix_ids=self.prompts.head_ids)
             out, finish = self._cut(out, caps, newline)
             texts, counts = out.texts, out.num_tokens
         else:  # nothing was remembered: the honest answer needs no LM call
             texts, counts, finish = [""] * len(batch), [0] * len(batch), ["stop"] * len(batch)
         t2 = time.perf_counter()
         n = len(batch)
-        graph_slots = 0 if token is None else (token.size(1) if token.dim() == 3 else 1)
+        graph_slots = 0 if token is None else token.num_slots if isinstance(token, KVPrefix) else \
+            (token.size(1) if token.dim() == 3 else 1)
         answers = []
         for r, p, text, n_new, memory_present, reason in zip(batch, encoded, texts, counts, has_memory, finish):
             answer = final_answer(text, settings.first_line) if memory_present else NO_MEMORY_ANSWER
@@ -336,6 +339,11 @@ def load_lm_for(encoder: GraphTokenEncoder, lm: str | None, lm_dtype: str | None
         raise ExportFormatError("the export's config has no field 'lm.id': the LM it was trained against is unknown")
     dtype = lm_dtype or lm_cfg.get("load_dtype") or "auto"
     if engine is not None:
+        if (cfg.get("graph_token") or {}).get("injection", "input") != "input":
+            raise ExportFormatError(f"{encoder.source}: the export writes the graph as keys and values at every "
+                                    "layer (field 'graph_token.injection' = 'kv_prefix'), which --lm-url cannot send "
+                                    "through the engine's prompt-embeddings API; serve this export in process "
+                                    "(without --lm-url)")
         if cfg.get("lora"):
             raise ExportFormatError(f"{encoder.source}: the export adapts the LM with LoRA (field 'lora'), and an "
                                     "engine behind --lm-url runs the LM without the adapters; serve this export "

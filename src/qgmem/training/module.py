@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
 from qgmem.model.graph_modes import empty_graph
+from qgmem.errors import SettingError
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
 from qgmem.model import checkpoint_keys as CK
 from qgmem.model.encoder import EncoderConfig
@@ -28,6 +29,7 @@ from qgmem.model.features import GraphFeatures
 from qgmem.model.fusion import IGNORE_INDEX, answer_logits, answer_nll, insert_token, shared_prefix_length
 from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+from qgmem.model.kv_prefix import INJECTIONS, Injection, kv_scale, lm_kv_shape, reading
 from qgmem.model.readout import Readout
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
 from qgmem.provenance import provenance
@@ -92,6 +94,10 @@ class QGMemModule(LightningModule):
             ``num_graph_tokens - 1`` nodes).
         num_graph_tokens: Graph tokens of the ``queries``, ``nodes``, ``summary_nodes`` and ``summary_units``
             readouts (1 with ``mean``; ``summary_units`` over ``k_graph`` units: ``1 + k_graph``).
+        injection: Where the graph enters the frozen LM: ``input`` (the ``K`` graph tokens among the input
+            embeddings) or ``kv_prefix`` (``K`` positions of keys and values at every layer, written by the
+            projector at the same slot; :mod:`qgmem.model.kv_prefix`). ``kv_prefix`` trains without the
+            ``NodeWordAlignment`` stage (it fits input embeddings) and without gradient checkpointing.
         graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
         stages: The recipe beside the answer loss (:mod:`qgmem.training.stages`): pre-training phases run
@@ -120,6 +126,7 @@ class QGMemModule(LightningModule):
     def __init__(self, lm: str = EMBEDDED_LM, lm_dtype: str = "auto", feature_dim: int = 384,
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
+                 injection: Injection = "input",
                  graph: GraphMode = "token", stages: list[Stage] | None = None,
                  max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
                  num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
@@ -129,6 +136,7 @@ class QGMemModule(LightningModule):
         super().__init__()
         self.stages = [as_stage(s) for s in ([NodeWordAlignment()] if stages is None else stages)]
         check_stages(self.stages)
+        _check_injection(injection, self.stages, gradient_checkpointing)
         # a misspelt class fails here, not after the cache build
         _class_of(optimizer or DEFAULT_OPTIMIZER, torch.optim.Optimizer, "optimizer")
         _class_of(lr_scheduler or DEFAULT_LR_SCHEDULER, torch.optim.lr_scheduler.LRScheduler, "lr_scheduler")
@@ -146,12 +154,15 @@ class QGMemModule(LightningModule):
         self.tokenizer = load_tokenizer(lm)
         self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
+        kv = dict(zip(("lm_layers", "lm_kv_width"), lm_kv_shape(self.lm))) if injection == "kv_prefix" else {}
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
                                                   encoder=encoder, projector_hidden=projector_hidden,
-                                                  features=features, readout=readout, num_graph_tokens=num_graph_tokens))
+                                                  features=features, readout=readout, num_graph_tokens=num_graph_tokens,
+                                                  injection=injection, **kv))
         self.net.use_word_embedding(self.lm.get_input_embeddings())
-        # the projector's output starts at the RMS of the LM's token embeddings
-        target = self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
+        # the projector's output starts at the RMS of the LM's token embeddings, or of each layer's keys and values
+        target = kv_scale(self.lm) if kv else \
+            self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
         self.net.projector.match_scale(target, torch.randn(64, encoder.hidden))
         if init_from:
             from qgmem.model.init_from import load_initial_weights
@@ -217,18 +228,22 @@ class QGMemModule(LightningModule):
         return Batch.from_data_list([g.to(first.x.device) for g in shuffled(graphs, alone)])
 
     def fused_inputs(self, batch: dict[str, Any], generation: bool = False):
-        """Text embeddings with the graph token inserted: ``(embeds, mask, position_ids, labels)``."""
+        """Text embeddings with the graph token inserted: ``(embeds, mask, position_ids, labels, read)``, where
+        ``read`` is the context the LM must run in to read a key/value prefix (nothing for ``input``)."""
         prefix = "gen_" if generation else ""
         ids = batch[f"{prefix}input_ids"]
         embeds = self.lm.get_input_embeddings()(ids)
         token = self.graph_tokens(batch["graph"])
         labels = None if generation else batch["labels"]
-        return insert_token(embeds, batch[f"{prefix}attention_mask"], batch[f"{prefix}graph_pos"], token, labels)
+        pos = batch[f"{prefix}graph_pos"]
+        return (*insert_token(embeds, batch[f"{prefix}attention_mask"], pos, token, labels),
+                reading(self.lm, token, pos))
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """Mean answer-token NLL of a batch."""
-        embeds, mask, positions, labels = self.fused_inputs(batch)
-        return answer_nll(self.lm, embeds, mask, positions, labels, shared_prefix=self.shared_prefix(batch))
+        embeds, mask, positions, labels, read = self.fused_inputs(batch)
+        with read:
+            return answer_nll(self.lm, embeds, mask, positions, labels, shared_prefix=self.shared_prefix(batch))
 
     def shared_prefix(self, batch: dict[str, Any]) -> int:
         """Columns every row shares before the graph slot (the template head), run once as a cache.
@@ -242,24 +257,27 @@ class QGMemModule(LightningModule):
 
     def answer_logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, AnswerLogits]:
         """The batch's answer NLL (as ``forward``) and the logits it came from, for a stage's term."""
-        embeds, mask, positions, labels = self.fused_inputs(batch)
-        answer = AnswerLogits(*answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch)))
+        embeds, mask, positions, labels, read = self.fused_inputs(batch)
+        with read:
+            answer = AnswerLogits(*answer_logits(self.lm, embeds, mask, positions, labels, self.shared_prefix(batch)))
         return torch.nn.functional.cross_entropy(answer.logits, answer.targets), answer
 
     def sample_nll(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample mean answer NLL ``[B]`` and answer-token counts ``[B]`` (their weighted mean = ``forward``)."""
-        embeds, mask, positions, labels = self.fused_inputs(batch)
-        per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none",
-                             shared_prefix=self.shared_prefix(batch))
+        embeds, mask, positions, labels, read = self.fused_inputs(batch)
+        with read:
+            per_row = answer_nll(self.lm, embeds, mask, positions, labels, reduction="none",
+                                 shared_prefix=self.shared_prefix(batch))
         return per_row, (labels[:, 1:] != IGNORE_INDEX).sum(1)
 
     @torch.no_grad()
     def generate(self, batch: dict[str, Any]) -> list[str]:
-        embeds, mask, _, _ = self.fused_inputs(batch, generation=True)
+        embeds, mask, _, _, read = self.fused_inputs(batch, generation=True)
         enc, settings = self.prompt_encoder, self.prompt_encoder.settings
-        out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds, max_new_tokens=self.hparams.max_new_tokens,
-                       stop_ids=enc.stop_ids, pad_id=enc.pad_id,
-                       stop_at_newline=settings.first_line and not settings.enable_thinking)
+        with read:
+            out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds,
+                           max_new_tokens=self.hparams.max_new_tokens, stop_ids=enc.stop_ids, pad_id=enc.pad_id,
+                           stop_at_newline=settings.first_line and not settings.enable_thinking)
         return [final_answer(t, settings.first_line) for t in out.texts]
 
     # -------------------------------------------------------------------------------------- steps
@@ -482,6 +500,22 @@ class QGMemModule(LightningModule):
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
         self.data_info = dict(checkpoint.get(CK.DATA_INFO) or {})
+
+
+def _check_injection(injection: str, stages: list[Stage], checkpointing: bool) -> None:
+    """A key/value prefix is not an input embedding: the word alignment cannot fit it, and a recomputed
+    layer would run without the prefix's hooks."""
+    if injection not in INJECTIONS:
+        raise SettingError(f"model.injection must be one of {INJECTIONS}, got {injection!r}")
+    if injection != "kv_prefix":
+        return
+    if any(isinstance(s, NodeWordAlignment) for s in stages):
+        raise SettingError("model.injection = 'kv_prefix' writes keys and values, which the NodeWordAlignment "
+                           "stage (it fits input embeddings to words) cannot train: list MemoryReconstruction "
+                           "in model.stages instead, or no pre-training stage")
+    if checkpointing:
+        raise SettingError("model.injection = 'kv_prefix' does not run with model.gradient_checkpointing: a "
+                           "recomputed layer would be recomputed without the prefix")
 
 
 def _class_of(spec: dict[str, Any], base: type, what: str) -> type:

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
+from qgmem.model.kv_prefix import reading
 from qgmem.prompting.contract import memory_entries
 from qgmem.training.alignment import run_stage, seeded_loader
 
@@ -87,7 +88,8 @@ def reconstruction_loss(net: torch.nn.Module, lm, batch: dict[str, Any]) -> torc
     embeds = lm.get_input_embeddings()(batch["input_ids"])
     start = torch.zeros(embeds.size(0), dtype=torch.long, device=device)  # the graph tokens come first
     embeds, mask, positions, labels = insert_token(embeds, batch["attention_mask"], start, tokens, batch["labels"])
-    return answer_nll(lm, embeds, mask, positions, labels)
+    with reading(lm, tokens, start):  # a key/value prefix is read at every layer
+        return answer_nll(lm, embeds, mask, positions, labels)
 
 
 def reconstruct_memory(net: torch.nn.Module, lm, tokenizer, dataset: Sequence[dict[str, Any]], graphs: Callable, *,
