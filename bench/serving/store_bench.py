@@ -10,7 +10,10 @@ Through ``UserMemories`` with the export's models (the parser extractor, spaCy, 
   questions activated (the first, which builds the activator, reported apart);
 - mixed (``--mixed-seconds``, Postgres only): ``--replicas`` ``qgmem serve`` processes over one database,
   ``--clients`` clients spreading their requests over them: 20 % appends of a 20-turn session, 80 %
-  searches (answers off), over 4 users every replica serves. Appends + searches per second.
+  searches (answers off), over 4 users; round robin (every replica serves every user, and replays the
+  others' appends), and with more than one replica also by user (each user's requests to one replica,
+  as a proxy hashing the user id routes them). Appends + searches per second, and the replicas' CPU
+  seconds per request.
 
 ``--store folder`` measures the folder format (journal + snapshot folders) with the code of the commit
 before the database stores: run it from a checkout of that commit (the script only needs
@@ -107,13 +110,13 @@ def api_figures(stores: Stores, pipeline, appends: int, sizes: list[int], search
     from qgmem.serving.users import UserMemories
 
     out: dict = {}
-    users = UserMemories(stores.fresh(), pipeline)
-    times = []
-    for turns in sessions(appends):
-        started = time.perf_counter()
-        users.append("appender", turns)
-        times.append(time.perf_counter() - started)
-    out["append_20_turns_p50_ms"] = p50(times)
+    if appends:
+        users, times = UserMemories(stores.fresh(), pipeline), []
+        for turns in sessions(appends):
+            started = time.perf_counter()
+            users.append("appender", turns)
+            times.append(time.perf_counter() - started)
+        out["append_20_turns_p50_ms"] = p50(times)
     for units in sizes:
         where = stores.fresh()
         stores.seed(where, "big", units)
@@ -136,10 +139,11 @@ def api_figures(stores: Stores, pipeline, appends: int, sizes: list[int], search
     return out
 
 
-def mixed(stores: Stores, export: str, replicas: int, clients: int, seconds: float) -> dict:
+def mixed(stores: Stores, export: str, replicas: int, clients: int, seconds: float, by_user: bool) -> dict:
+    """``by_user``: each user's requests go to one replica (a proxy hashing the user id), else round robin."""
     import httpx
 
-    from bench.serving.serve_load import start_server
+    from bench.serving.serve_load import cpu_seconds, start_server
 
     url = stores.fresh()
     servers = [start_server(export, threads=1, store=url) for _ in range(replicas)]
@@ -155,9 +159,9 @@ def mixed(stores: Stores, export: str, replicas: int, clients: int, seconds: flo
         rng, http = random.Random(n), httpx.Client(timeout=120)
         k = n
         while time.monotonic() < stop:
-            base = servers[k % replicas][1]
-            k += 1
             user_id = rng.choice(user_ids)
+            base = servers[(user_ids.index(user_id) if by_user else k) % replicas][1]
+            k += 1
             started = time.perf_counter()
             if rng.random() < 0.2:
                 kind, r = "append", http.post(f"{base}/v1/users/{user_id}/sessions", json={"turns": rng.choice(pool)})
@@ -171,18 +175,22 @@ def mixed(stores: Stores, export: str, replicas: int, clients: int, seconds: flo
                     counts["errors"] += 1
 
     threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    cpu_before = sum(cpu_seconds(proc.pid) for proc, _, _ in servers)
     started = time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.monotonic() - started
+    cpu = sum(cpu_seconds(proc.pid) for proc, _, _ in servers) - cpu_before
     for proc, _, http in servers:
         http.close()
         proc.terminate()
         proc.wait(timeout=60)
     done = len(counts["append"]) + len(counts["search"])
-    return {"replicas": replicas, "requests_per_s": round(done / elapsed, 2), "appends": len(counts["append"]),
+    return {"replicas": replicas, "routing": "by user" if by_user else "round robin",
+            "requests_per_s": round(done / elapsed, 2), "server_cpu_s_per_request": round(cpu / max(done, 1), 3),
+            "appends": len(counts["append"]),
             "searches": len(counts["search"]), "errors": counts["errors"],
             "append_p50_ms": p50(counts["append"]) if counts["append"] else None,
             "search_p50_ms": p50(counts["search"]) if counts["search"] else None}
@@ -210,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = load_models(args.export, device="cpu")
         out = {"store": args.store, **api_figures(stores, pipeline, args.appends, args.sizes, args.searches)}
         if args.mixed_seconds:
-            out["mixed"] = [mixed(stores, args.export, n, args.clients, args.mixed_seconds) for n in args.replicas]
+            runs = [(n, by_user) for n in args.replicas for by_user in ((False, True) if n > 1 else (False,))]
+            out["mixed"] = [mixed(stores, args.export, n, args.clients, args.mixed_seconds, by_user)
+                            for n, by_user in runs]
         out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         stores.close()

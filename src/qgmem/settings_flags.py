@@ -48,7 +48,7 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def flag_name(f: dataclasses.Field) -> str:
-    """The flag of a settings field: ``--store-root`` for ``store_root`` (or the ``flag`` its metadata names)."""
+    """The flag of a settings field: ``--max-batch`` for ``max_batch`` (or the ``flag`` its metadata names)."""
     return "--" + f.metadata.get("flag", f.name).replace("_", "-")
 
 

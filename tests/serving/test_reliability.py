@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,7 @@ def test_a_postgres_restart_gives_503s_then_recovers_without_restarting_serve(pi
         service.users.store.close()
     finally:
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_full_disk_under_sqlite_is_a_clear_5xx_and_loses_nothing_acknowledged(pipeline, tmp_path):  # noqa: F811

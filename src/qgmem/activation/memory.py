@@ -79,7 +79,7 @@ class Memory:
         """A new memory: this one with ``sessions`` appended (:meth:`~qgmem.memory.builder.MemoryBuilder.append`:
         new units, traces regrouped, the trace index extended; the earlier history is not rebuilt).
 
-        This memory is left as it was, so a caller can drop the new one (a failed journal write) and
+        This memory is left as it was, so a caller can drop the new one (a failed commit) and
         go on with this one. The new memory's first question extends this one's activator instead of
         building another (its dense indexes gain the new rows); this one then builds a fresh activator
         if it is ever asked again.
