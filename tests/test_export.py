@@ -253,7 +253,6 @@ def test_serving_loads_without_lightning_or_training_code(exported):
     assert result.stdout.strip().splitlines()[-1] == "32 []"
 
 
-@pytest.mark.slow
 def test_smollm2_end_to_end_generation_matches_serving(tmp_path):
     """The real SmolLM2 once: train one step, export, and serve; batched left-padded generation during
     training equals one-at-a-time generation through the export."""

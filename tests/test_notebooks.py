@@ -52,7 +52,6 @@ def figures(cells: list[dict]) -> int:
     return sum("image/png" in o.get("data", {}) for cell in cells for o in cell.get("outputs", []))
 
 
-@pytest.mark.slow
 def test_explore_memory_draws_the_local_graph_beside_the_working_memory():
     cells = execute(NOTEBOOKS_DIR / "explore_memory.ipynb")
     out = text_of(cells)
@@ -74,7 +73,6 @@ def token_and_text_only_runs(tmp_path_factory):
     return tmp / "run"
 
 
-@pytest.mark.slow
 def test_training_curves_plots_token_against_text_only(token_and_text_only_runs, monkeypatch):
     monkeypatch.setenv("RUN_DIR", str(token_and_text_only_runs))
     cells = execute(NOTEBOOKS_DIR / "training_curves.ipynb")
@@ -86,7 +84,6 @@ def test_training_curves_plots_token_against_text_only(token_and_text_only_runs,
     assert figures(cells) == 2  # NLL curves, test EM/F1 bars
 
 
-@pytest.mark.slow
 def test_training_curves_asks_for_the_text_only_run_when_only_train_py_ran(token_and_text_only_runs, tmp_path,
                                                                           monkeypatch):
     import shutil

@@ -85,7 +85,6 @@ def test_cli_rejects_unknown_command(capsys):
     assert main(["no-such-command"]) == 2 and "invalid choice: 'no-such-command'" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_sentence_encoder_is_normalized_and_memoized(sentence_encoder):
     vectors = sentence_encoder.encode(["I live in Boston.", "I moved to Denver.", "I live in Boston."])
     assert vectors.shape == (3, 384) and vectors.dtype == np.float32
@@ -97,7 +96,6 @@ def test_sentence_encoder_is_normalized_and_memoized(sentence_encoder):
     assert sentence_encoder.encode([]).shape == (0, 384)
 
 
-@pytest.mark.slow
 def test_embedded_lm_loads_frozen_and_answers():
     import torch
 

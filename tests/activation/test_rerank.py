@@ -119,7 +119,6 @@ def test_trained_reranker_path_is_checked_before_loading(tmp_path, small_store):
     assert isinstance(reranker, CrossEncoderReranker)
 
 
-@pytest.mark.slow
 def test_llm_reranker_with_smollm2(small_store):
     from qgmem.lm import EMBEDDED_LM
 

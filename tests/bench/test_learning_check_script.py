@@ -18,7 +18,7 @@ from qgmem.model.random_lm import save_random_lm
 from training.test_datamodule import write_convomem
 from bench_script import load_bench_script
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("keep_torch_threads")]  # builds a small cache with the embedded sentence encoder
+pytestmark = [pytest.mark.usefixtures("keep_torch_threads")]  # builds a small cache with the embedded sentence encoder
 
 
 

@@ -39,7 +39,6 @@ def test_unknown_preset_names_the_value_and_the_presets():
         resolve_config("qwen9")
 
 
-@pytest.mark.slow
 def test_wheel_ships_presets_as_files(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path)], check=True, cwd=tmp_path)

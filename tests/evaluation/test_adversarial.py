@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from qgmem.evaluation.adversarial import swapped_speaker_cases
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
 
@@ -39,7 +37,6 @@ def test_a_dialogue_without_two_speakers_is_left_out_and_counted():
     assert out == [] and left_out == 2
 
 
-@pytest.mark.slow
 def test_the_default_is_not_steered_by_the_wrong_name(capsys):
     """On the form fixture's swapped questions the default (names left out of the dense query) finds the
     evidence far more often than the names kept (the activation before round 10), and no less than BM25

@@ -110,7 +110,6 @@ def test_cli_bad_names_are_a_users_error(capsys):
     assert "Traceback" not in err
 
 
-@pytest.mark.slow
 def test_cli_named_convomem(capsys, tmp_path):
     from qgmem.cli import main
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from qgmem.data.loaders import load_cases
 from qgmem.data.records import Session, Turn
@@ -76,7 +75,6 @@ def test_trace_index_extend_equals_build():
     np.testing.assert_allclose(part.keys, whole.keys)
 
 
-@pytest.mark.slow
 def test_append_equals_one_pass_on_a_real_convomem_case():
     """A real ConvoMem case (7 sessions, 242 turns), the embedded parser extractor and MiniLM: appending
     its sessions one at a time equals the one-pass build in units, traces and retrieval results."""

@@ -121,7 +121,6 @@ def test_bare_list_and_lenient_types_are_accepted():
     assert (spec.turn_end, spec.object, spec.entities, spec.location) == ("T2", "3", ["Acme"], "")
 
 
-@pytest.mark.slow
 def test_end_to_end_through_local_smollm2(tmp_path):
     """The real embedded SmolLM2 (135M) rarely writes valid unit JSON; the accounting must still add up."""
     from qgmem.llm.backends import LLMConfig, make_backend

@@ -15,8 +15,6 @@ from qgmem.memory.windows import make_windows
 
 from .helpers import make_dialogue
 
-pytestmark = pytest.mark.slow  # loads the spaCy model
-
 
 @pytest.fixture(scope="module")
 def extractor() -> ParserExtractor:

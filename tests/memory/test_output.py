@@ -83,7 +83,6 @@ def test_one_store_folder_and_an_out_without_index(two_stores):
         load_built_store(out, "nobody")
 
 
-@pytest.mark.slow
 def test_a_second_build_of_one_out_stops_with_a_clear_message(tmp_path, fake_encoder, capsys):  # noqa: F811
     """Another process holds OUT's lock (as a running build does): this build stops, exit 2, and leaves
     the first one's index and summary alone (was: both wrote them, the last one won)."""

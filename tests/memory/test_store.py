@@ -198,7 +198,6 @@ def test_save_replaces_atomically_and_stale_temp_is_cleaned(built, tmp_path):
     assert not dead.exists() and live.exists() and folder.exists()
 
 
-@pytest.mark.slow
 def test_two_writers_and_a_reader_of_one_store_never_collide(tmp_path):
     """Two processes save one store over and over while a third loads it (was: `OSError: Directory not
     empty` in the writers, "missing file" errors in the reader): the swap and the load share a lock."""

@@ -89,7 +89,6 @@ def test_llm_consolidation_failure_falls_back_to_the_rule():
     assert report.llm_fallbacks == 1 and report.traces[0].transitions == ["origin", "supplement"]
 
 
-@pytest.mark.slow
 def test_changed_answer_becomes_an_update_with_the_real_encoder(sentence_encoder):
     dialogue = make_dialogue(MOVING, times=["2023-03-01T10:00:00", "2023-05-08T10:00:00"])
     builder = MemoryBuilder(ConstructionConfig(), sentence_encoder)

@@ -47,7 +47,6 @@ def test_filter_report_totals():
     assert d["totals"]["val"] == {"samples": 1, "judged": 0, "correct": 0, "kept": 1}
 
 
-@pytest.mark.slow
 def test_lm_answerer_with_tiny_random_lm_is_batched_and_deterministic(tmp_path):
     """Left-padded batches give the same greedy answers as one-at-a-time generation."""
     from qgmem.model.random_lm import save_random_lm

@@ -48,6 +48,7 @@ def test_two_processes_build_the_serial_dataset(data, tmp_path):
     assert_same_samples(rows_of(pooled.dataset_dir), rows_of(serial.dataset_dir))
 
 
+@pytest.mark.slow  # worker processes that each start torch: minutes on a busy 2-core machine
 def test_every_case_is_reported_once_as_its_shard_is_written(data, tmp_path, monkeypatch):
     from qgmem.samples import replay_pool
 
@@ -70,6 +71,7 @@ def test_every_case_is_reported_once_as_its_shard_is_written(data, tmp_path, mon
     assert samples.complete and not samples.damaged_shards(planned)
 
 
+@pytest.mark.slow  # worker processes that each start torch: minutes on a busy 2-core machine
 def test_more_processes_than_cases_left_use_one_per_case(data, tmp_path):
     spec = _dm(data, tmp_path / "c", answer_filter="none", cache_processes=4).cache_spec
     samples = C.SampleCache(spec.samples_dir)
@@ -84,6 +86,7 @@ def test_more_processes_than_cases_left_use_one_per_case(data, tmp_path):
     assert samples.complete
 
 
+@pytest.mark.slow  # worker processes that each start torch: minutes on a busy 2-core machine
 def test_a_failed_case_stops_a_strict_build_by_name_and_keeps_the_written_shards(data, tmp_path):
     dm = _dm(data, tmp_path / "strict", answer_filter="none", cache_processes=2)
     with pytest.raises(WorkerFailed, match=r"case \d+ \('.*p-bob.*'.*construction/activation failed: "
@@ -103,6 +106,7 @@ def test_a_failed_case_stops_a_strict_build_by_name_and_keeps_the_written_shards
     assert summary["seconds"]["cases_built_this_run"] == len(plan) - len(written)
 
 
+@pytest.mark.slow  # worker processes that each start torch: minutes on a busy 2-core machine
 def test_a_lenient_build_counts_the_failed_cases_as_skipped(tmp_path):
     data = write_convomem(tmp_path / "data")
     file = next(data.rglob("p-cy_Tester.json"))
@@ -114,6 +118,7 @@ def test_a_lenient_build_counts_the_failed_cases_as_skipped(tmp_path):
     assert sum(len(v) for v in summary["samples"].values()) > 0  # the other persons' cases were built
 
 
+@pytest.mark.slow  # worker processes that each start torch: minutes on a busy 2-core machine
 def test_a_worker_that_dies_stops_the_build_with_its_exit_code(data, tmp_path):
     dm = _dm(data, tmp_path / "dies", answer_filter="none", cache_processes=2)
     with pytest.raises(WorkerFailed, match="exit code 9 before it finished"):

@@ -196,7 +196,6 @@ def test_an_answer_naming_no_mode_reads_the_exports_graph_mode(pipeline, tiny_lm
         QGMemPipeline(make_encoder(tiny_lm_path, graph_mode="text"), pipeline.lm, pipeline.tokenizer, HashEncoder(8))
 
 
-@pytest.mark.slow  # the export's own sentence encoder (MiniLM) is loaded
 def test_the_exports_budgets_reach_answer_serve_and_eval_qa(tiny_lm_path, tmp_path):
     """``load_models`` (the one loading path of ``qgmem answer``, ``qgmem serve`` and ``qgmem eval-qa``)
     takes both budgets from the export: ``activation.k`` sizes the working memory, ``prompt.memory_units``

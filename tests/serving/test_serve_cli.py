@@ -40,7 +40,6 @@ def _stop(proc) -> str:
     return proc.stdout.read()
 
 
-@pytest.mark.slow
 def test_sigkill_mid_append_loses_nothing_acknowledged_and_restart_serves_the_same(tmp_path, tiny_lm_path):
     export = make_export(tmp_path / "export", tiny_lm_path, feature_dim=384,
                          construction=ConstructionConfig(extractor="heuristic").to_dict())
