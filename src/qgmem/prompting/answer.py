@@ -19,7 +19,22 @@ from qgmem.text import strip_thinking
 #: bump when the cut's decisions change: it is part of the key of the answer filter's cached answers
 ANSWER_CUT_VERSION = 2
 
-_PHRASE = r"(?:so,?\s+|therefore,?\s+|here\s+is\s+)?(?:the\s+)?(?:final\s+|short\s+|correct\s+)?answer(?:\s+is)?"
+#: the words of a lead-in phrase, slot by slot: each slot optional but ``answer`` ("So the final answer is")
+_OPENERS, _ARTICLES, _KINDS, _CORES = ("so", "therefore", "here is"), ("the",), ("final", "short", "correct"), ("answer",)
+_VERB = "is"
+
+
+def _slot(words: tuple[str, ...], sep: str = r",?\s+") -> str:
+    return "(?:" + "|".join(w.replace(" ", r"\s+") for w in words) + ")" + sep
+
+
+_SPACE = r"\s+"
+_PHRASE = ("(?:" + _slot(_OPENERS) + ")?(?:" + _slot(_ARTICLES, _SPACE) + ")?(?:" + _slot(_KINDS, _SPACE) + ")?"
+           + _slot(_CORES, "") + "(?:" + _SPACE + _VERB + ")?")
+#: every lead-in phrase in words, to tell a line being decoded that may still become one
+_PHRASES = tuple(" ".join(w for w in (o, a, k, c, v) if w)
+                 for o in ("",) + _OPENERS for a in ("",) + _ARTICLES for k in ("",) + _KINDS for c in _CORES
+                 for v in ("", _VERB))
 #: a whole line that is only a lead-in phrase ("Answer", "The answer is", "Here is the answer.")
 _LEAD_IN = re.compile(rf"^{_PHRASE}\s*[:.]?$", re.IGNORECASE)
 #: a lead-in opening a line that goes on with the answer ("The answer is: Paris", "Answer - Paris")
@@ -61,6 +76,35 @@ def repair(line: str) -> str:
     return text.strip()
 
 
+def _may_become_lead_in_or_label(line: str) -> bool:
+    """Whether a line still being decoded may turn out a lead-in or an entry label: it is one already, it
+    is the start of a lead-in phrase, or the start of a label (``[M``)."""
+    bare = _bare(line)
+    if not bare or is_lead_in(bare) or re.fullmatch(r"\W{0,3}(?:\[(?:M\d*\]?)?)?\W{0,3}", bare):
+        return True
+    if not re.fullmatch(r"[A-Za-z ,]+", bare):
+        return False
+    words = " ".join(re.findall(r"[a-z]+", bare.lower()))
+    return any(phrase.startswith(words) for phrase in _PHRASES)
+
+
+def shown_so_far(text: str) -> tuple[str, bool]:
+    """The answer a reply being decoded has given so far, for streaming: ``(answer, complete)``.
+
+    The answer is :func:`final_answer`'s as far as it is known, so what is streamed is always the start of
+    the final answer: complete lead-in lines are skipped, a line that may still become a lead-in or an
+    entry label is held back, and an open parenthesis (a provenance, maybe) waits until it closes."""
+    ended = "\n" in text[len(text.rstrip()):]  # strip_thinking trims the line break that ends a line
+    *complete, partial = (strip_thinking(text) + ("\n" if ended else "")).split("\n")
+    line = next((line for line in complete if line.strip() and not is_lead_in(line)), None)
+    if line is not None:
+        return repair(line), True
+    if _may_become_lead_in_or_label(partial):
+        return "", False
+    shown = repair(partial)
+    return shown[:shown.index("(")].rstrip() if "(" in shown[shown.rfind(")") + 1:] else shown, False
+
+
 def final_answer(text: str, first_line: bool = True) -> str:
     """The scored answer: thinking removed, then the first line that holds an answer (or all of it),
     repaired (:func:`repair`) and trimmed."""
@@ -85,4 +129,4 @@ def reply_shape(text: str) -> str | None:
 
 
 __all__ = ["ANSWER_CUT_VERSION", "SHAPES", "answer_line", "final_answer", "holds_answer_line", "is_lead_in",
-           "repair", "reply_shape"]
+           "repair", "reply_shape", "shown_so_far"]
