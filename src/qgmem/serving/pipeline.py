@@ -34,7 +34,7 @@ from qgmem.model.features import needs_words
 from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
-from qgmem.prompting.answer import holds_answer_line
+from qgmem.prompting.answer import holds_answer_line, reply_shape
 from qgmem.prompting.contract import check_budgets
 from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
 from qgmem.serving.remote_lm import RemoteLM
@@ -297,7 +297,8 @@ class QGMemPipeline:
             tokens["total"] = tokens["prompt"] + tokens["graph"] + tokens["generated"]
             answers.append(Answer(r.question, answer, mode, cited_labels(answer, len(r.memory.units)),
                                   memory_json(r.memory), graph_json(r.memory.graph), seconds, tokens,
-                                  p.memory_tokens_dropped, finish_reason=reason))
+                                  p.memory_tokens_dropped, finish_reason=reason,
+                                  reply_shape=reply_shape(text) if memory_present else None))
         return answers
 
     def answer_cap(self, retrieved: Retrieved) -> int:
