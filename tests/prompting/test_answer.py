@@ -28,7 +28,11 @@ ECHO = "[M5] Books have such an awesome power. (Caroline; turn 98; said 20"
     ("[M2] She moved to Lisbon (Mel; turns 4-5; happened 2022; said 2023-01-02)", "She moved to Lisbon"),
     ("[M3] She paints (Mel", "She paints"),
     ("The answer is:\n[M5] Books have such an awesome power. (Caroline; turn 98)", "Books have such an awesome power."),
+    ('User, asked "Which call is that?": It\'s the one with the StapleSource referral. (User;',
+     'User, asked "Which call is that?": It\'s the one with the StapleSource referral.'),
+    ("User; turn 97", "User; turn 97"),  # a provenance alone: nothing to keep but what was said
     ("She moved in May (after the wedding).", "She moved in May (after the wedding)."),
+    ("She moved in May (after the wedding", "She moved in May (after the wedding"),
     ("She likes [M3] a lot.", "She likes [M3] a lot."),
     ("[M3]", "[M3]"),
     ("  Green.\nAnd then more.", "Green."),
@@ -47,6 +51,8 @@ def test_the_whole_reply_without_the_first_line_rule_is_repaired_too():
     ("The answer is:", "lead_in"), ("The answer is:\nPottery", "lead_in"), ("Answer:", "lead_in"),
     ("The answer is", "lead_in"), ("Here is the answer.", "lead_in"), ("Caroline said:\nyes", "lead_in"),
     (ECHO, "entry"), ("[M1]: the user keeps bees", "entry"), ("Books are powerful (Caroline; turn 98)", "entry"),
+    ("It's the one with the StapleSource referral. (User;", "entry"), ("User; turn 97", "entry"),
+    ("(turns 4-5; said 2023-01-02)", "entry"), ("She moved in May (after the wedding", None),
     ("Pottery.", None), ("The answer is pottery.", None), ("She likes [M3] a lot.", None),
 ])
 def test_reply_shapes(text, shape):

@@ -20,6 +20,10 @@ LABEL_OPENING = re.compile(r"^\W{0,3}\[M\d+\]\W{0,3}\s*")
 #: a provenance from its opening parenthesis to the end of the line, as the writer starts it: an optional
 #: speaker, then the turn label (what follows it, happened/said, a trajectory, a source, is cut with it)
 PROVENANCE_TAIL = re.compile(rf"\s*\((?:[^()\n;]{{0,80}}{re.escape(SEPARATOR.strip())}\s*)?(?:{TURNS}|{TURN}) \d[^\n]*$")
+#: a provenance cut short by the answer length: a parenthesis still open at the end of the line, past a separator
+CUT_PROVENANCE = re.compile(rf"\s*\([^()\n]*{re.escape(SEPARATOR.strip())}[^()\n]*$")
+#: a line that is a provenance and nothing else, its parentheses lost (``User; turn 97``)
+BARE_PROVENANCE = re.compile(rf"^\(?(?:[^;()\n]{{0,80}}{re.escape(SEPARATOR.strip())}\s*)?(?:{TURNS}|{TURN}) \d[^\n]*$")
 #: a parenthesis still open at the end of a reply, as when the answer length cut a provenance short
 OPEN_TAIL = re.compile(r"\s*\([^()\n]*$")
 
@@ -50,22 +54,28 @@ def entry(position: int, fact: str, meta: str) -> str:
 
 
 def is_entry_echo(line: str) -> bool:
-    """Whether ``line`` reads as a copied entry: it opens with a label or carries an entry's provenance."""
-    return bool(LABEL_OPENING.match(line.strip()) or PROVENANCE_TAIL.search(line))
+    """Whether ``line`` reads as a copied entry: it opens with a label, carries an entry's provenance (whole
+    or cut short), or is one."""
+    text = line.strip()
+    return bool(LABEL_OPENING.match(text) or PROVENANCE_TAIL.search(text) or CUT_PROVENANCE.search(text)
+                or BARE_PROVENANCE.match(text))
 
 
 def strip_entry(line: str) -> str:
-    """An echoed entry's fact: its label and its provenance (with what follows it) taken off. A reply that
-    opens with a label also loses a parenthesis left open at its end (a provenance cut short)."""
+    """An echoed entry's fact: its label and its provenance (with what follows it, or cut short) taken off;
+    a provenance alone leaves nothing. A reply that opens with a label also loses a parenthesis left open
+    at its end."""
     text = line.strip()
     labelled = LABEL_OPENING.match(text)
     if labelled:
         text = text[labelled.end():]
-    text = PROVENANCE_TAIL.sub("", text)
+    text = CUT_PROVENANCE.sub("", PROVENANCE_TAIL.sub("", text))
+    if BARE_PROVENANCE.match(text):
+        text = ""
     if labelled:
         text = OPEN_TAIL.sub("", text)
     return text.strip()
 
 
-__all__ = ["ENTRY", "HAPPENED", "LABEL_OPENING", "OPEN_TAIL", "PROVENANCE_TAIL", "SAID", "SEPARATOR", "TURN", "TURNS",
+__all__ = ["BARE_PROVENANCE", "CUT_PROVENANCE", "ENTRY", "HAPPENED", "LABEL_OPENING", "OPEN_TAIL", "PROVENANCE_TAIL", "SAID", "SEPARATOR", "TURN", "TURNS",
            "entry", "is_entry_echo", "label", "provenance", "strip_entry", "turn_label"]
