@@ -14,7 +14,8 @@ refused by name: this version cannot reproduce it (the git history holds the cod
 stores also keep their keys: a retired setting that every key held keeps its place there with the value
 today's code uses. Nothing here is a user's setting; ``ActivationConfig`` and ``ConstructionConfig``
 strip these fields from what they read and add the keyed ones to their keys. Retired command flags are
-refused by name, saying what happens instead, whether given on the command line or in a ``--config`` file.
+refused by name, saying what happens instead, whether given on the command line or in a ``--config`` file;
+so are retired preset names.
 """
 
 from __future__ import annotations
@@ -131,6 +132,12 @@ CONSTRUCTION_RETIRED: dict[str, object] = {"unread_turn_fallback": True, "source
 #: construction: retired fields that store and cache keys held while they had today's value
 CONSTRUCTION_KEYED = ("unread_turn_fallback",)
 
+
+#: presets retired by name -> what trains their setting today (``--config NAME`` is refused saying so)
+RETIRED_PRESETS: dict[str, str] = {
+    "compact": "the compact prompt is the default since issue 63 (python train.py, or --config default); "
+               "the former default is --config nodes10",
+}
 
 #: flags of ``qgmem eval-retrieval`` that no default or documented choice needed -> what happens instead
 RETRIEVAL_EVAL_FLAGS: dict[str, str] = {

@@ -137,13 +137,18 @@ def test_units_run_fold_major_so_every_variant_finishes_a_fold_before_the_next()
 def test_the_answer_mode_reads_the_chosen_defaults_figures_once_every_fold_is_in():
     script = load_bench_script("bench.studies.graph_token.crossfit")
 
-    def s(folds, plain, named):
+    def s(folds, plain, named, shares=None):
         return {"folds_done": folds, "answers_own_vs_none": {"f1": {"diff": {"mean": plain}}},
-                "answers_own_vs_none_named": {"f1": {"diff": {"mean": named}}}}
+                "answers_own_vs_none_named": {"f1": {"diff": {"mean": named}}},
+                **({"degenerate_share": shares} if shares else {})}
 
-    summaries = {"product": s([0, 1], 0.01, -0.02), "m3-answer": s([0, 1], 0.04, 0.01)}
+    even = {"plain": {"token": 0.0, "none": 0.0}, "named": {"token": 0.01, "none": 0.02}}
+    summaries = {"product": s([0, 1], 0.01, -0.02), "m3-answer": s([0, 1], 0.04, 0.01, even)}
     compact_won = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, summaries, folds=2)
     assert compact_won["default"] == "m3-answer" and compact_won["answer_graph"] == "token"
+    unshared = {**summaries, "m3-answer": s([0, 1], 0.04, 0.01)}  # F1 alone cannot ship the tokens
+    assert script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, unshared,
+                                     folds=2)["answer_graph"] is None
     kept = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": False}, summaries, folds=2)
     assert kept["default"] == "product" and kept["answer_graph"] == "none"  # its named form loses F1
     assert kept["f1_own_minus_none"] == {"plain": 0.01, "named": -0.02}

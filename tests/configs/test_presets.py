@@ -35,10 +35,16 @@ def test_resolve_keeps_paths_and_maps_names(tmp_path):
 
 
 def test_unknown_preset_names_the_value_and_the_presets():
-    with pytest.raises(FileNotFoundError, match=r"'qwen9'.*default, qwen3_8b"):
+    with pytest.raises(FileNotFoundError, match=r"'qwen9'.*default, nodes10, qwen3_8b"):
         resolve_config("qwen9")
 
 
+def test_a_retired_preset_is_refused_saying_what_replaced_it():
+    with pytest.raises(FileNotFoundError, match=r"preset 'compact' was retired: .*--config default.*--config nodes10"):
+        resolve_config("compact")
+
+
+@pytest.mark.slow
 def test_wheel_ships_presets_as_files(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp_path)], check=True, cwd=tmp_path)

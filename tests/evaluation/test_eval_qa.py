@@ -12,7 +12,8 @@ from qgmem.cli import main
 from qgmem.data.records import QA, Case, Dialogue
 from qgmem.errors import UserError
 from qgmem.llm.judge import LLMJudge, MatchJudge
-from qgmem.evaluation.eval_qa import format_table, nll_contrasts, parse_modes, score_with_judge, select_questions, summarize
+from qgmem.evaluation.eval_qa import (answer_mode_figures, format_table, nll_contrasts, parse_modes, score_with_judge,
+                                     select_questions, summarize)
 
 from serving.helpers import make_export
 
@@ -97,6 +98,33 @@ def test_table_carries_answer_nll_and_the_overall_contrasts():
     assert "| answer NLL |" in printed and "own vs none (n=4): -1.000 [-1.000, -1.000]" in printed
 
 
+#: raw replies in the shapes the issue quotes, and an answer: (reply, its shape)
+REPLIES = [("The answer is:", "lead_in"), ("[M5] Books have such an awesome power. (Caroline; turn 98; said 20", "entry"),
+           ("", "empty"), ("Pottery.", None)]
+
+
+def test_degenerate_replies_are_counted_per_mode_and_category_before_the_repair():
+    from qgmem.prompting import final_answer, reply_shape
+
+    rows = []
+    for i, (reply, shape) in enumerate(REPLIES):
+        assert reply_shape(reply) == shape
+        for mode, text in (("token", reply), ("none", "Pottery.")):
+            row = _row("a" if i < 2 else "b", mode, final_answer(text), "pottery")
+            rows.append(dict(row, reply_shape=reply_shape(text)))
+    rows.append(dict(_row("b", "token", "", "pottery"), reply_shape="empty", error="HTTP 500"))  # a failed request
+    table = {(r["category"], r["graph"]): r for r in summarize(rows, ["token", "none"])}
+    assert table[("all", "token")]["degenerate"] == {"empty": 1, "lead_in": 1, "entry": 1, "all": 3, "share": 3 / 5}
+    assert table[("a", "token")]["degenerate"]["all"] == 2 and table[("all", "none")]["degenerate"]["share"] == 0.0
+    printed = format_table(list(table.values()), "rule")
+    assert "| degenerate: empty / lead-in / entry (share) |" in printed and "| 1 / 1 / 1 (0.60) |" in printed
+    figures = answer_mode_figures({"table": list(table.values())})
+    assert figures["degenerate_share"] == {"token": 3 / 5, "none": 0.0}
+    assert figures["f1_own_minus_none"] == pytest.approx(0.0)
+    with pytest.raises(UserError, match="--graph token,none"):
+        answer_mode_figures({"table": [r for r in table.values() if r["graph"] == "token"]})
+
+
 @pytest.mark.slow
 def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, capsys):
     """Both commands on the real ConvoMem sample with a tiny export (MiniLM features, random LM)."""
@@ -124,6 +152,10 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     overall = [r for r in results["table"] if r["category"] == "all"]
     assert set(overall[0]["nll"]) == {"own_vs_none", "own_vs_shuffled"}
     assert all(r["answer_nll"] is not None for r in overall)
+    for mode in ("token", "none", "shuffled"):  # the counts are the predictions' raw reply shapes
+        shapes = [p["reply_shape"] for p in predictions if p["graph_mode"] == mode]
+        assert results["degenerate"][mode]["all"] == sum(s is not None for s in shapes)
+    assert "| degenerate: empty / lead-in / entry (share) |" in printed
     # the ablated mode: the graph without the evidence units, the prompt text the question's own
     assert main(["eval-qa", "--export", str(export), "--dataset", "convomem", "--path", str(convomem_path),
                  "--limit", "3", "--graph", "token,ablated", "--json", "--out", str(tmp_path / "eval2")]) == 0
@@ -167,6 +199,8 @@ def test_eval_qa_named_speaker_form(tiny_lm_path, tmp_path, convomem_path, capsy
     assert any(r["question"] != p["question"] for r, p in zip(runs["named"], runs["plain"]))
     assert json.loads((tmp_path / "named" / "results.json").read_text())["named_speakers"] == ["Ingrid", "Tobias"]
     assert json.loads((tmp_path / "plain" / "results.json").read_text())["named_speakers"] is None
+    for name in ("plain", "named"):
+        assert set(json.loads((tmp_path / name / "results.json").read_text())["degenerate"]) == {"none"}
 
 
 def test_eval_qa_finds_the_training_runs_split(convomem_path):

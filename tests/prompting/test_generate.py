@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate, left_pad
-from qgmem.prompting.generate import prefix_cache
+from qgmem.prompting.generate import AnswerStop, answer_stop, prefix_cache
 
 
 @pytest.fixture(scope="module")
@@ -140,14 +140,36 @@ def test_rows_are_cut_after_the_first_stop_token(smollm2_tokenizer):
                    stop_ids=[eot], pad_id=pad, stop_at_newline=True)
     assert out.ids[0] == a + [eot] and out.texts[0] == "Green"
     assert out.ids[1] == rows[1] and out.texts[1].startswith("Blue sky")  # no stop token: the whole row
-    from transformers import StopStringCriteria
-
     [criterion] = lm.kwargs["stopping_criteria"]
-    assert lm.kwargs["do_sample"] is False and isinstance(criterion, StopStringCriteria)
+    assert lm.kwargs["do_sample"] is False and isinstance(criterion, AnswerStop) and criterion.start == 0
     assert lm.kwargs["eos_token_id"] == [eot] and lm.kwargs["pad_token_id"] == pad
     generate(lm, tok, torch.ones(2, 1, dtype=torch.long), inputs_embeds=torch.zeros(2, 1, 4), max_new_tokens=width,
              stop_ids=[eot], pad_id=pad, stop_at_newline=True)
-    assert lm.kwargs["stopping_criteria"][0] is criterion  # built once per tokenizer, not once per call
+    # the vocabulary's line-break tokens are found once per tokenizer, not once per call
+    assert lm.kwargs["stopping_criteria"][0].newlines is criterion.newlines
+    generate(lm, tok, torch.ones(2, 3, dtype=torch.long), input_ids=torch.zeros(2, 3, dtype=torch.long),
+             max_new_tokens=width, stop_ids=[eot], pad_id=pad, stop_at_newline=True)
+    assert lm.kwargs["stopping_criteria"][0].start == 3  # from ids, the prompt is not part of the reply
+
+
+def _stops(tok, replies, start=0, prompt=()):
+    """What the answer criterion says after the last token of each reply (each reply its own batch row)."""
+    rows = [list(prompt) + tok(r, add_special_tokens=False)["input_ids"] for r in replies]
+    stop = answer_stop(tok, start)
+    return [bool(stop(torch.tensor([row]), None)[0]) for row in rows]
+
+
+def test_the_answer_criterion_stops_after_an_answer_line_not_after_a_lead_in(smollm2_tokenizer):
+    """The issue's shape: "The answer is:" and a line break. The plain first-line stop ended the reply there
+    and the answer was lost; the criterion lets the row go on to the answer and ends it after that line."""
+    tok = smollm2_tokenizer
+    assert _stops(tok, ["The answer is:\n", "Answer:\n\n", "The answer is\n", "Green.\n", "The answer is:\nGreen.\n",
+                        "[M5] Books have such an awesome power. (Caroline; turn 98)\n", "Green"]) == \
+        [False, False, False, True, True, True, False]
+    prompt = tok("Question: what colour?\n", add_special_tokens=False)["input_ids"]
+    # the prompt's own complete line is not a reply line: only what follows ``start`` is read
+    assert _stops(tok, ["The answer is:\n"], start=len(prompt), prompt=prompt) == [False]
+    assert _stops(tok, ["The answer is:\n"], start=0, prompt=prompt) == [True]  # a negative control of ``start``
 
 
 @pytest.mark.parametrize("text,first_line,expected", [

@@ -93,14 +93,17 @@ def test_stream_sends_the_answer_as_server_sent_events(server):
     url, _ = server
     httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).raise_for_status()
     question = {"user": "alice", "messages": [{"role": "user", "content": "Where do I live?"}]}
-    whole = httpx.post(f"{url}/v1/chat/completions", json=question).json()["choices"][0]["message"]["content"]
+    [choice] = httpx.post(f"{url}/v1/chat/completions", json=question).json()["choices"]
+    whole = choice["message"]["content"]
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={**question, "stream": True}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         lines = [line for line in r.iter_lines() if line]
     assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
     chunks = [json.loads(line[6:]) for line in lines[:-1]]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "memory" in chunks[-1]["qgmem"]
+    # the stream ends as the whole answer did (the tiny random LM may write blank lines up to the cap: "length")
+    assert chunks[-1]["choices"][0]["finish_reason"] == choice["finish_reason"] in ("stop", "length")
+    assert "memory" in chunks[-1]["qgmem"]
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == whole
 
 

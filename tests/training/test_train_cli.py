@@ -338,14 +338,15 @@ def test_a_preset_s_stages_are_changed_from_the_command_line():
     def stages(*args: str) -> list[tuple[str, dict]]:
         return [(s["class_path"].rsplit(".", 1)[1], s["init_args"]) for s in resolved_config(list(args))["model"]["stages"]]
 
-    assert stages() == [("NodeWordAlignment", {"steps": 300, "batch_size": 32, "lr": 3e-3, "weight": 5.0})]
-    assert stages("--model.stages.steps", "3")[0][1]["steps"] == 3
-    assert [name for name, _ in stages("--model.stages+=Distillation")] == ["NodeWordAlignment", "Distillation"]
+    nodes10 = ("--config", "nodes10")
+    assert stages(*nodes10) == [("NodeWordAlignment", {"steps": 300, "batch_size": 32, "lr": 3e-3, "weight": 5.0})]
+    assert stages(*nodes10, "--model.stages.steps", "3")[0][1]["steps"] == 3
+    assert [name for name, _ in stages(*nodes10, "--model.stages+=Distillation")] == ["NodeWordAlignment", "Distillation"]
     assert stages("--model.stages", "[]") == []
-    compact = stages("--config", "compact")
-    assert compact == [("MemoryReconstruction", {"steps": 40, "batch_size": 8, "lr": 3e-3}),
+    default = stages()
+    assert default == [("MemoryReconstruction", {"steps": 40, "batch_size": 8, "lr": 3e-3}),
                        ("Distillation", {"weight": 2.0, "topk": 16, "cache_dir": None})]
-    assert stages("--config", "compact", "--model.stages.topk", "8")[1][1]["topk"] == 8  # the last one
+    assert stages("--model.stages.topk", "8")[1][1]["topk"] == 8  # the last one
 
 
 class NoMemoryTextData(TinyData):

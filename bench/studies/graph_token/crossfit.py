@@ -767,7 +767,7 @@ def choose_compact(root: Path, names: list[str], seeds: list[int], folds: int) -
 def choose_answer_mode(compact: dict[str, Any], summaries: dict[str, Any], folds: int) -> dict[str, Any]:
     """The rule on the answers users read (:func:`~qgmem.evaluation.crossfit.answer_mode`) for the default
     the compact prompt's rule gave: the chosen variant, or the product; its held-out F1 own − none in both
-    forms once every fold is in its summary."""
+    forms once every fold is in its summary, and its degenerate shares where a summary holds them."""
     from qgmem.evaluation.crossfit import answer_mode
 
     default = {True: compact["chosen"], False: "product"}.get(compact["compact_default"])
@@ -776,7 +776,8 @@ def choose_answer_mode(compact: dict[str, Any], summaries: dict[str, Any], folds
     if s is not None and s["folds_done"] == list(range(folds)) and "answers_own_vs_none_named" in s:
         plain = s["answers_own_vs_none"]["f1"]["diff"]["mean"]
         named = s["answers_own_vs_none_named"]["f1"]["diff"]["mean"]
-    out = answer_mode(default, plain, named)
+    # the study records no raw replies: degenerate shares come from eval-qa runs (docs/graph_token.md)
+    out = answer_mode(default, plain, named, s.get("degenerate_share") if s is not None else None)
     print(f"answer mode of the default ({default or 'not chosen yet'}): "
           + (f"F1 own − none plain {plain:+.4f}, named {named:+.4f} -> answer_graph {out['answer_graph']}"
              if out["answer_graph"] else "not decided yet"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from qgmem.activation.records import LocalGraph
 from qgmem.memory.records import MemoryUnit
+from qgmem.prompting import entries
 
 
 def _date(value: str | None) -> str:
@@ -16,8 +17,7 @@ def _date(value: str | None) -> str:
 
 def turn_label(unit: MemoryUnit) -> str:
     """``turn 12`` or ``turns 12-13``: positions in the dialogue (ids like UUIDs would cost ~20 tokens each)."""
-    n = len(unit.source_turn_ids)
-    return f"turn {unit.order}" if n <= 1 else f"turns {unit.order}-{unit.order + n - 1}"
+    return entries.turn_label(unit.order, len(unit.source_turn_ids))
 
 
 def _trajectory(unit: MemoryUnit, store, max_states: int, labels: dict[str, int] | None = None,
@@ -34,14 +34,14 @@ def _trajectory(unit: MemoryUnit, store, max_states: int, labels: dict[str, int]
     labels = labels or {}
     if shown is not None:
         if trace.id in shown:
-            return f" Trajectory: see [M{shown[trace.id]}]."
+            return f" Trajectory: see {entries.label(shown[trace.id])}."
         shown[trace.id] = labels.get(unit.id, 0)
     states = []
     for uid, transition in zip(trace.unit_ids, trace.transitions):
         if uid == unit.id:
             label = "this entry"
         elif uid in labels:
-            label = f"[M{labels[uid]}]"
+            label = entries.label(labels[uid])
         else:
             label = store.unit(uid).fact.strip().rstrip(".")
         mark = ", current" if uid == trace.latest_unit_id else ""
@@ -55,15 +55,9 @@ def _trajectory(unit: MemoryUnit, store, max_states: int, labels: dict[str, int]
 def serialize_unit(position: int, unit: MemoryUnit, store=None, *, source_chars: int = 0, max_states: int = 3,
                    labels: dict[str, int] | None = None, shown: dict[str, int] | None = None) -> str:
     """``[M{position}] fact (speaker; turn i; happened <fact time>; said <date>) Trajectory: ... Source: ...``."""
-    meta = []
-    if unit.speaker:
-        meta.append(unit.speaker)
-    meta.append(turn_label(unit))
-    if unit.fact_time:
-        meta.append(f"happened {unit.fact_time}")
-    if unit.utterance_time:
-        meta.append(f"said {_date(unit.utterance_time)}")
-    text = f"[M{position}] {unit.fact.strip()} ({'; '.join(meta)})"
+    meta = entries.provenance(unit.speaker, turn_label(unit), unit.fact_time,
+                              _date(unit.utterance_time) if unit.utterance_time else None)
+    text = entries.entry(position, unit.fact.strip(), meta)
     text += _trajectory(unit, store, max_states, labels, shown)
     if source_chars > 0 and unit.source_text.strip():
         source = " ".join(unit.source_text.split())

@@ -1,6 +1,8 @@
 """The config hub: YAML presets shipped with the package, selectable by name (``--config qwen3_8b``).
 
-``default`` is the embedded CPU setting ``python train.py`` runs; ``qwen3_8b`` is the paper's. The one
+``default`` is the embedded CPU setting ``python train.py`` runs (the compact prompt); ``nodes10`` the former
+default (10 units of text, one graph token per node); ``qwen3_8b`` is the paper's. Retired names are refused,
+saying what replaced them (:data:`qgmem.older_records.RETIRED_PRESETS`). The one
 copy of each preset is the repository's ``configs/<name>.yaml``; the files here are links to it, which
 setuptools resolves into real files when it builds a wheel, so an installed package ships them too.
 """
@@ -20,7 +22,11 @@ def preset_names() -> list[str]:
 
 def preset_path(name: str) -> Path:
     """The file of preset ``name`` (``qwen3_8b`` or ``qwen3_8b.yaml``); ``FileNotFoundError`` lists the presets."""
+    from qgmem.older_records import RETIRED_PRESETS
+
     stem = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else name
+    if stem in RETIRED_PRESETS:
+        raise FileNotFoundError(f"preset {stem!r} was retired: {RETIRED_PRESETS[stem]}")
     if stem in preset_names():
         return Path(str(resources.files(__name__) / f"{stem}{SUFFIX}"))
     raise FileNotFoundError(f"no config file or preset named {name!r} (presets: {', '.join(preset_names())})")

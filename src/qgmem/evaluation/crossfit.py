@@ -342,20 +342,33 @@ def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, 
     return out
 
 
-ANSWER_MODE_RULE = ("Held-out folds, once the default is chosen. Its graph tokens ship only if its held-out greedy "
-                    "F1 with its own graph minus without a graph (paired by question over every (fold, seed) unit) "
-                    "has a mean not below zero both in ConvoMem's plain form and in its named-speaker form. "
-                    "Otherwise python train.py still trains and exports the encoder, and the export's default "
-                    "answer mode is the text prompt at the default's budget (answer_graph: none).")
+ANSWER_MODE_RULE = ("Held-out answers, once the default is chosen. Its graph tokens ship only if (1) its held-out "
+                    "greedy F1 with its own graph minus without a graph (paired by question) has a mean not below "
+                    "zero both in ConvoMem's plain form and in its named-speaker form, and (2) in every form measured, "
+                    "the share of degenerate replies with its graph tokens (empty, a lead-in line only, an echoed "
+                    "memory entry; eval-qa's counts, before the answer cut repairs them) is not above the share "
+                    "without them. Otherwise python train.py still trains and exports the encoder, and the export's "
+                    "default answer mode is the text prompt at the default's budget (answer_graph: none).")
 
 
-def answer_mode(default: str | None, plain: float | None, named: float | None) -> dict[str, Any]:
+def answer_mode(default: str | None, plain: float | None, named: float | None,
+                degenerate: dict[str, dict[str, float | None]] | None = None) -> dict[str, Any]:
     """:data:`ANSWER_MODE_RULE` applied: ``answer_graph`` is ``"token"`` or ``"none"`` once the default
-    (``None``: not chosen yet) has its mean held-out F1 own − none in both forms (``None``: not all units yet)."""
+    (``None``: not chosen yet) has its mean held-out F1 own − none in both forms (``None``: not all units
+    yet). ``degenerate``: per form, the share of degenerate replies ``{"token": .., "none": ..}``. A form
+    that loses F1 decides ``none`` alone; ``token`` needs the shares too (without them: not decided)."""
+    shares = {form: dict(pair) for form, pair in (degenerate or {}).items()}
     out: dict[str, Any] = {"rule": ANSWER_MODE_RULE, "default": default,
-                           "f1_own_minus_none": {"plain": plain, "named": named}, "answer_graph": None}
-    if default is not None and plain is not None and named is not None:
-        out["answer_graph"] = "token" if plain >= 0 and named >= 0 else "none"
+                           "f1_own_minus_none": {"plain": plain, "named": named}, "degenerate_share": shares,
+                           "answer_graph": None}
+    if default is None or plain is None or named is None:
+        return out
+    if plain < 0 or named < 0:
+        out["answer_graph"] = "none"
+        return out
+    complete = bool(shares) and all(s.get("token") is not None and s.get("none") is not None for s in shares.values())
+    if complete:
+        out["answer_graph"] = "token" if all(s["token"] <= s["none"] for s in shares.values()) else "none"
     return out
 
 

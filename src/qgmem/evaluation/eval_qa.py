@@ -14,7 +14,10 @@ a judge: ``rule`` (the normalized match rule) or ``llm`` (an LLM through the sha
 grading rules of :mod:`qgmem.llm.judge`). Rubric categories (ConvoMem's preference and implicit
 connection) have no reference answer: only the LLM judge scores them; otherwise they are counted as
 not scored. The efficiency columns are the paper's: retrieved-context tokens, total online tokens
-and seconds per QA by stage (memory construction amortized over the case's questions).
+and seconds per QA by stage (memory construction amortized over the case's questions). ``degenerate``
+counts the raw replies of each graph mode that the answer cut had to repair or could not
+(:func:`qgmem.prompting.reply_shape`: empty, a lead-in line, an echoed memory entry): the counts show
+what the graph tokens do to the replies, the F1 is of the repaired answers.
 ``--name-speakers`` asks the same questions in the LoCoMo form (:mod:`qgmem.evaluation.named_form`,
 shared with ``eval-retrieval``).
 """
@@ -289,7 +292,7 @@ def prediction_row(case: Any, qa: Any, answer: Any, dataset: str) -> dict[str, A
             "em": None if rubric else exact_match(answer.answer, qa.answer),
             "f1": None if rubric else token_f1(answer.answer, qa.answer),
             "correct": None, "nll": None, "cited": answer.cited, "tokens": answer.tokens,
-            "seconds": answer.seconds, "error": answer.error}
+            "seconds": answer.seconds, "error": answer.error, "reply_shape": answer.reply_shape}
 
 
 def score_with_judge(rows: list[dict[str, Any]], judge: Any, dataset: str) -> None:
@@ -331,8 +334,35 @@ def summarize(rows: list[dict[str, Any]], modes: list[str]) -> list[dict[str, An
                 "online_tokens": _mean([r["tokens"]["total"] for r in group]),
                 "seconds": {s: _mean([r["seconds"].get(s, 0.0) for r in group]) for s in (*STAGES, "total")},
                 "errors": sum(1 for r in group if r["error"]),
+                "degenerate": degenerate_counts(group),
             })
     return table
+
+
+def degenerate_counts(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Raw replies of each degenerate shape (:data:`qgmem.prompting.answer.SHAPES`), before the answer cut
+    repaired them, their total and share of the rows: what the graph tokens do to the replies, while the
+    F1 beside it is of the repaired answers. A failed backend request is not counted."""
+    from qgmem.prompting.answer import SHAPES
+
+    counts: dict[str, Any] = {shape: sum(1 for r in rows if r.get("reply_shape") == shape and not r["error"])
+                              for shape in SHAPES}
+    counts["all"] = sum(counts[shape] for shape in SHAPES)
+    counts["share"] = counts["all"] / len(rows) if rows else None
+    return counts
+
+
+def answer_mode_figures(summary: dict[str, Any], own: str = "token", other: str = "none") -> dict[str, Any]:
+    """What the answer-mode rule (:func:`qgmem.evaluation.crossfit.answer_mode`) reads from one eval-qa
+    run's results: F1 ``own`` − ``other`` (every question is answered in every mode, so the difference of
+    the overall rows' means is the mean paired difference) and both modes' degenerate shares."""
+    rows = {row["graph"]: row for row in summary["table"] if row["category"] == "all"}
+    if own not in rows or other not in rows:
+        raise UserError(f"the answer-mode rule needs graph modes {own} and {other} (--graph {own},{other}); "
+                        f"this run has {', '.join(rows) or 'none'}")
+    f1 = None if rows[own]["f1"] is None or rows[other]["f1"] is None else rows[own]["f1"] - rows[other]["f1"]
+    return {"f1_own_minus_none": f1, "degenerate_share": {own: rows[own]["degenerate"]["share"],
+                                                          other: rows[other]["degenerate"]["share"]}}
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -342,7 +372,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def format_table(table: list[dict[str, Any]], judge_name: str) -> str:
     head = (f"| category | graph | n | judged | not scored | acc ({judge_name}) | EM | F1 | answer NLL | context tok "
             "| online tok "
-            "| s/QA construct | s/QA activate | s/QA graph | s/QA generate | s/QA total |")
+            "| s/QA construct | s/QA activate | s/QA graph | s/QA generate | s/QA total "
+            "| degenerate: empty / lead-in / entry (share) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in table:
         s = row["seconds"]
@@ -352,13 +383,17 @@ def format_table(table: list[dict[str, Any]], judge_name: str) -> str:
                      f"{_fmt(row['retrieved_context_tokens'], 0)} | {_fmt(row['online_tokens'], 0)} | "
                      f"{_fmt(s['construction'], 2)} | {_fmt(s['activation'], 2)} | "
                      f"{_fmt((s['graph_features'] or 0) + (s['graph_encoding'] or 0), 2)} | {_fmt(s['generation'], 2)} | "
-                     f"{_fmt(s['total'], 2)} |")
+                     f"{_fmt(s['total'], 2)} | {_degenerate(row['degenerate'])} |")
     contrasts = next((row["nll"] for row in table if row["category"] == "all" and row.get("nll")), {})
     for name, r in contrasts.items():
         if r["mean"] is not None:
             lines.append(f"\nanswer NLL, {name.replace('_', ' ')} (n={r['n']}): {r['mean']:+.3f} "
                          f"[{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] (95 % bootstrap over cases)")
     return "\n".join(lines)
+
+
+def _degenerate(d: dict[str, Any]) -> str:
+    return f"{d['empty']} / {d['lead_in']} / {d['entry']} ({_fmt(d['share'], 2)})"
 
 
 def export_budgets(pipe) -> dict[str, int | None]:
@@ -418,7 +453,8 @@ def run(args: argparse.Namespace) -> int:
                "named_speakers": named, "budgets": export_budgets(pipe), "judge": args.judge,
                "backbone": args.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
                "skipped_records": (loaded.report or {}).get("skipped", 0), "nll": result["nll"],
-               "ablation": result["ablation"], "table": result["table"]}
+               "ablation": result["ablation"], "table": result["table"],
+               "degenerate": {row["graph"]: row["degenerate"] for row in result["table"] if row["category"] == "all"}}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -429,6 +465,8 @@ def run(args: argparse.Namespace) -> int:
           f"judge {args.judge}; backbone {args.backbone}; the export's budgets: "
           f"{'all' if text_units is None else text_units} units of text, {summary['budgets']['graph_units']} in the graph")
     print(format_table(result["table"], args.judge))
+    print("degenerate: raw replies before the answer cut (empty, a lead-in line, an echoed memory entry); "
+          "EM and F1 are of the repaired answers")
     not_scored = sum(r["not_scored"] for r in result["table"] if r["category"] == "all")
     if not_scored:
         print(f"not scored: {not_scored} answers (rubric categories need --judge llm)")

@@ -64,6 +64,28 @@ def _answer_mode(config: dict[str, Any]) -> str:
     return said
 
 
+def _budgets(config: dict[str, Any]) -> str:
+    """What the LM reads of the working memory, and why the embedded default reads it that way."""
+    prompt, k = config.get("prompt") or {}, (config.get("activation") or {}).get("k")
+    m, tokens = prompt.get("memory_units"), prompt.get("num_graph_tokens")
+    graph = f"{tokens} graph tokens over {k if k is not None else 'all'} units"
+    if m is None:
+        return f"the whole working memory as text and {graph}"
+    return (f"the top {m} working-memory units as text and {graph} (the compact prompt; the embedded default "
+            "since its 3 units of text are within noise of 10 on validation at half the prompt tokens, and its "
+            "graph tokens break greedy answers less often than the former default's)")
+
+
+def _answer_rule(config: dict[str, Any]) -> str:
+    """Why the export answers with or without its graph tokens by default."""
+    if config.get("graph_mode") == "none" and config.get("trained_graph_mode") not in (None, "none"):
+        return ("The text prompt is the default answer: by the answer-mode rule the graph tokens ship only if "
+                "held-out greedy F1 with them is not lower than without, in both ConvoMem forms, and their "
+                "replies are not more often degenerate (empty, a lead-in line, an echoed memory entry).")
+    return ("Answers are read by the answer cut: the first line that holds an answer, lead-in lines "
+            "(\"The answer is:\") skipped and an echoed memory entry reduced to its fact.")
+
+
 def model_card(config: dict[str, Any]) -> str:
     """The whole ``README.md`` of an export folder."""
     g, lm = config.get("graph_token") or {}, config.get("lm") or {}
@@ -83,6 +105,7 @@ def model_card(config: dict[str, Any]) -> str:
         f"- sentence encoder: `{sentence.get('id')}` ({sentence.get('dim')}-d node/edge features)",
         f"- encoder: {enc.get('layers')} layers, {enc.get('heads')} heads, width {enc.get('hidden')}; "
         f"answers read {_answer_mode(config)}",
+        f"- reads: {_budgets(config)}",
         *([f"- the graph enters the LM as keys and values at every one of its {g.get('lm_layers')} layers "
            "(`injection: kv_prefix`); `--lm-url` cannot serve it"] if g.get("injection") == "kv_prefix" else []),
         f"- prompt: {json.dumps({k: v for k, v in (config.get('prompt') or {}).items() if k != 'system_prompt'})}",
@@ -92,6 +115,8 @@ def model_card(config: dict[str, Any]) -> str:
         "",
         *(["| split | metric | value |", "| --- | --- | --- |", *rows] if rows else
           ["No metrics were recorded for the run that produced this checkpoint."]),
+        "",
+        _answer_rule(config),
         "",
         "NLL is the mean answer-token negative log-likelihood; EM and F1 are exact match and token F1 of",
         "greedy answers against the references, with the SQuAD normalization of `qgmem.text`.",

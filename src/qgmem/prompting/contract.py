@@ -8,11 +8,11 @@ side of a training run), saved in checkpoints and written into every export's ``
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from qgmem.older_records import read_prompt
+from qgmem.prompting.entries import ENTRY
 
 SYSTEM_PROMPT = (
     "You answer questions about a user's long conversation history using only the memory entries "
@@ -80,13 +80,10 @@ class PromptSettings:
         return cls(**{k: v for k, v in data.items() if v is not None or k == "system_prompt"})
 
 
-_ENTRY = re.compile(r"^\[M(\d+)\] ", re.MULTILINE)
-
-
 def memory_entries(memory_text: str) -> list[tuple[int, str]]:
     """The labelled entries of a textual working memory, in order: ``(i, text)`` for each ``[Mi] text``
     (the text without its label, up to the next entry); text ahead of the first entry is not an entry."""
-    found = list(_ENTRY.finditer(memory_text))
+    found = list(ENTRY.finditer(memory_text))
     ends = [match.start() for match in found[1:]] + [len(memory_text)]
     return [(int(match.group(1)), memory_text[match.end():end].strip()) for match, end in zip(found, ends)]
 
@@ -99,7 +96,7 @@ def first_entries(memory_text: str, m: int | None) -> str:
     """
     if m is None:
         return memory_text
-    starts = [(int(match.group(1)), match.start()) for match in _ENTRY.finditer(memory_text)]
+    starts = [(int(match.group(1)), match.start()) for match in ENTRY.finditer(memory_text)]
     cut = next((pos for label, pos in starts if label > m), None)
     return memory_text if cut is None else memory_text[:cut].rstrip("\n")
 

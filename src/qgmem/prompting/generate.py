@@ -2,9 +2,10 @@
 
 The answer filter, the local LLM backend, training's EM/F1 and serving all decode through
 :func:`generate`, so an answer reads the same wherever it was produced: generation stops at the first
-stop token (end of turn or eos) and, for answers, at the first line break (see
-:attr:`~qgmem.prompting.contract.PromptSettings.first_line`); :func:`final_answer` turns the decoded
-text into the answer that is scored.
+stop token (end of turn or eos) and, for answers, at the first line break after a line that holds an
+answer (a lead-in such as "The answer is:" does not end it; see
+:attr:`~qgmem.prompting.contract.PromptSettings.first_line`); :func:`~qgmem.prompting.answer.final_answer`
+turns the decoded text into the answer that is scored.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from qgmem.text import strip_thinking
+from qgmem.prompting.answer import final_answer, holds_answer_line
 
 
 @dataclass
@@ -51,8 +52,8 @@ def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Te
              prefix_ids: Sequence[int] = ()) -> Generation:
     """Continue left-padded prompts (``input_ids`` or ``inputs_embeds``, ``[B, T(, H)]``).
 
-    Greedy at ``temperature`` 0 (sampling above it). ``stop_at_newline`` also ends a row at its first
-    line break. Special tokens are dropped from the text; thinking blocks are kept (see
+    Greedy at ``temperature`` 0 (sampling above it). ``stop_at_newline`` also ends a row at the first line
+    break after a line that holds an answer (:func:`answer_stop`). Special tokens are dropped from the text; thinking blocks are kept (see
     :func:`final_answer`). ``streamer``: a ``transformers`` streamer that gets each step's tokens.
     ``prefix_ids``: the tokens every prompt starts with (the system prompt and template head); when no
     row is padded, their KV cache is computed once per LM (:func:`prefix_cache`) and a copy of it
@@ -66,7 +67,8 @@ def generate(lm, tokenizer, attention_mask: torch.Tensor, *, input_ids: torch.Te
         kwargs["cache"] = prefix_cache(lm, prefix_ids, attention_mask.size(0))
     sampling = {"do_sample": True, "temperature": float(temperature)} if temperature > 0 else {"do_sample": False}
     if stop_at_newline:
-        sampling.update(stopping_criteria=[newline_stop(tokenizer)])
+        start = input_ids.shape[1] if input_ids is not None else 0
+        sampling.update(stopping_criteria=[answer_stop(tokenizer, start)])
     out = lm.generate(**kwargs, attention_mask=attention_mask.to(device), max_new_tokens=int(max_new_tokens),
                       eos_token_id=list(stop_ids), pad_token_id=pad_id, num_beams=1, streamer=streamer,
                       **sampling)
@@ -104,24 +106,38 @@ def prefix_cache(lm, prefix_ids: Sequence[int], batch_size: int = 1):
     return cache
 
 
-#: one first-line-break criterion per tokenizer: building it reads the whole vocabulary (0.2–0.6 s for
-#: SmolLM2's on a 2-core CPU), which ``stop_strings=`` would redo on every ``generate`` call
-_NEWLINE_STOPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+#: per tokenizer, the ids of the tokens whose text holds a line break: finding them reads the whole
+#: vocabulary (a fraction of a second for SmolLM2's on a 2-core CPU), which must not recur per call
+_NEWLINE_IDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def newline_stop(tokenizer):
-    """The ``transformers`` criterion that ends a row at its first line break, built once per tokenizer."""
-    from transformers import StopStringCriteria
+def newline_ids(tokenizer) -> frozenset[int]:
+    """The ids of ``tokenizer``'s tokens that decode to text holding a line break, found once per tokenizer."""
+    ids = _NEWLINE_IDS.get(tokenizer)
+    if ids is None:
+        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+        ids = _NEWLINE_IDS[tokenizer] = frozenset(i for i, text in enumerate(texts) if "\n" in text)
+    return ids
 
-    criterion = _NEWLINE_STOPS.get(tokenizer)
-    if criterion is None:
-        criterion = _NEWLINE_STOPS[tokenizer] = StopStringCriteria(tokenizer, ["\n"])
-    return criterion
+
+class AnswerStop:
+    """The ``transformers`` stopping criterion of an answer: a row ends at a line break once its text
+    holds a line that is an answer (:func:`~qgmem.prompting.answer.holds_answer_line`), so a lead-in line
+    ("The answer is:") lets it go on to the answer. Only rows whose last token holds a line break are
+    decoded; ``start`` is where the generated tokens begin in the ids ``generate`` passes."""
+
+    def __init__(self, tokenizer, newlines: frozenset[int], start: int):
+        self.tokenizer, self.newlines, self.start = tokenizer, newlines, start
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
+        for row, token in enumerate(input_ids[:, -1].tolist()):
+            if token in self.newlines:
+                text = self.tokenizer.decode(input_ids[row, self.start:].tolist(), skip_special_tokens=True)
+                done[row] = holds_answer_line(text)
+        return done
 
 
-def final_answer(text: str, first_line: bool = True) -> str:
-    """The scored answer: thinking removed, then the first non-empty line (or all of it), trimmed."""
-    text = strip_thinking(text)
-    if first_line:
-        text = next((line for line in text.splitlines() if line.strip()), "")
-    return text.strip()
+def answer_stop(tokenizer, start: int = 0) -> AnswerStop:
+    """The answer's line-break criterion for one ``generate`` call (the vocabulary is read once per tokenizer)."""
+    return AnswerStop(tokenizer, newline_ids(tokenizer), start)

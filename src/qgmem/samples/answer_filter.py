@@ -70,8 +70,11 @@ class LMAnswerer:
         # the answer length cap and the graph-token slots never change a text-only answer
         prompt = {k: v for k, v in self.prompt_settings.to_dict().items()
                   if k not in ("max_answer_tokens", "num_graph_tokens")}
+        from qgmem.prompting.answer import ANSWER_CUT_VERSION
+
+        # the answer cut's version: a cut that reads replies differently changes the answers, and the filter's decisions
         return {"lm": self.lm, "max_new_tokens": self.max_new_tokens, "decoding": "greedy", "dtype": self.dtype,
-                "prompt": prompt}
+                "prompt": prompt, "answer_cut": ANSWER_CUT_VERSION}
 
     def _load(self) -> None:
         if self._model is not None:

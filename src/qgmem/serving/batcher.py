@@ -37,8 +37,8 @@ class Job:
 class RowStreamer:
     """A ``transformers`` streamer for a batch: hands each row's new text to that row's callback.
 
-    The answer is read back up to its first line break (and the stop tokens end a row), so a row's
-    text is cut there and nothing after it is sent.
+    The answer is read back by the answer cut (its first line that holds an answer, repaired; the stop
+    tokens end a row), so a row's text is cut there and nothing after it is sent.
     """
 
     def __init__(self, tokenizer: Any, callbacks: list[Callable[[str], None] | None], stop_ids: set[int],
@@ -70,12 +70,13 @@ class RowStreamer:
         self.show(row, self.texts[row])
 
     def show(self, row: int, text: str) -> None:
-        """Send what ``row``'s answer text so far adds to what was sent: up to its first line break."""
+        """Send what ``row``'s answer so far adds to what was sent: the answer cut's reading of the text
+        so far (:func:`~qgmem.prompting.answer.shown_so_far`), so the pieces add up to the final answer."""
         if self.first_line:
-            stripped = text.lstrip("\n")
-            if "\n" in stripped:
-                text = text[: len(text) - len(stripped)] + stripped.split("\n", 1)[0]
-                self.done[row] = True
+            from qgmem.prompting.answer import shown_so_far
+
+            text, complete = shown_so_far(text)
+            self.done[row] = self.done[row] or complete
         text = text.lstrip()
         if text.startswith(self.sent[row]) and len(text) > len(self.sent[row]):
             piece, self.sent[row] = text[len(self.sent[row]):], text

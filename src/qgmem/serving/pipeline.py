@@ -34,6 +34,7 @@ from qgmem.model.features import needs_words
 from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
+from qgmem.prompting.answer import holds_answer_line, reply_shape
 from qgmem.prompting.contract import check_budgets
 from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
 from qgmem.serving.remote_lm import RemoteLM
@@ -299,7 +300,8 @@ class QGMemPipeline:
             tokens["total"] = tokens["prompt"] + tokens["graph"] + tokens["generated"]
             answers.append(Answer(r.question, answer, mode, cited_labels(answer, len(r.memory.units)),
                                   memory_json(r.memory), graph_json(r.memory.graph), seconds, tokens,
-                                  p.memory_tokens_dropped, finish_reason=reason))
+                                  p.memory_tokens_dropped, finish_reason=reason,
+                                  reply_shape=reply_shape(text) if memory_present else None))
         return answers
 
     def answer_cap(self, retrieved: Retrieved) -> int:
@@ -309,15 +311,15 @@ class QGMemPipeline:
 
     def _cut(self, out: Generation, caps: list[int], newline: bool) -> tuple[Generation, list[str]]:
         """Each row cut at its own cap (the batch ran to the largest; greedy rows do not depend on each
-        other), and why it ended: ``"stop"`` (a stop token or, with ``newline``, a line break within
-        the cap) or ``"length"`` (the cap reached first)."""
+        other), and why it ended: ``"stop"`` (a stop token or, with ``newline``, a line break after an
+        answer line within the cap) or ``"length"`` (the cap reached first)."""
         stops = set(self.prompts.stop_ids)
         rows, texts, finish = [], [], []
         for row, text, cap in zip(out.ids, out.texts, caps):
             if len(row) > cap:
                 row = row[:cap]
                 text = self.tokenizer.decode(row, skip_special_tokens=True)
-            ended = any(t in stops for t in row) or (newline and "\n" in text)
+            ended = any(t in stops for t in row) or (newline and holds_answer_line(text))
             rows.append(row)
             texts.append(text)
             finish.append("length" if not ended and len(row) >= cap else "stop")

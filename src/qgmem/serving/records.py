@@ -56,6 +56,9 @@ class Answer:
     memory_tokens_dropped: int = 0
     error: str | None = None  # a failed backend request (API backbone): the answer is empty
     finish_reason: str = "stop"  # "length" when generation hit the token cap before its end
+    #: the raw reply's degenerate shape before the answer cut repaired it (``empty``, ``lead_in``, ``entry``;
+    #: ``None``: an answer), :func:`qgmem.prompting.reply_shape`; eval-qa counts them per graph mode
+    reply_shape: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -113,9 +113,15 @@ class RemoteLM:
         if streamer is not None:
             on_text = [None if streamer.callbacks[i] is None else (lambda piece, i=i: streamer.add_text(i, piece))
                        for i in range(len(rows))]
-        done = self.client.complete(rows, max_tokens=caps, stop_ids=stop_ids, stop_at_newline=stop_at_newline,
-                                    on_text=on_text)
-        return [c.text for c in done], [c.completion_tokens for c in done], [c.finish_reason for c in done]
+        # an engine's stop strings end a reply at its first line break, which cuts the answer off a reply that
+        # opens with a lead-in line ("The answer is:"): the engine decodes to the cap, and the answer cut reads
+        # the reply here as in process (a reply that holds an answer line ended there, as far as it is read)
+        from qgmem.prompting.answer import holds_answer_line
+
+        done = self.client.complete(rows, max_tokens=caps, stop_ids=stop_ids, stop_at_newline=False, on_text=on_text)
+        finish = ["stop" if c.finish_reason == "stop" or (stop_at_newline and holds_answer_line(c.text)) else c.finish_reason
+                  for c in done]
+        return [c.text for c in done], [c.completion_tokens for c in done], finish
 
     def close(self) -> None:
         self.client.close()

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from qgmem.activation.serialize import count_tokens, serialize_graph_triples
 from qgmem.model.graph_modes import shuffled
-from qgmem.prompting import PromptSettings, build_messages, final_answer, memory_with_graph_text
+from qgmem.prompting import PromptSettings, build_messages, final_answer, memory_with_graph_text, reply_shape
 from qgmem.prompting.contract import first_entries
 from qgmem.serving.records import Answer, cited_labels, graph_json, memory_json
 
@@ -57,6 +57,7 @@ class TextGraphBackbone:
             tokens["total"] = tokens["prompt"] + tokens["generated"]
             answer = Answer(r.question, text, graph, cited_labels(text, len(r.memory.units)), memory_json(r.memory),
                             graph_json(r.memory.graph), seconds, tokens, 0, error=result.error,
-                            finish_reason="length" if tokens["generated"] >= self.max_new_tokens else "stop")
+                            finish_reason="length" if tokens["generated"] >= self.max_new_tokens else "stop",
+                            reply_shape=None if result.error else reply_shape(result.text))
             answers.append(answer)
         return answers

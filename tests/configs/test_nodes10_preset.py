@@ -1,17 +1,17 @@
-"""The ``compact`` preset: default.yaml's CPU setting plus the compact prompt's named settings, nothing else."""
+"""The ``default`` preset is the compact prompt, and ``nodes10`` (the former default) is default.yaml's CPU
+setting with the module's signature defaults where default.yaml sets the compact prompt, nothing else."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from qgmem.configs import preset_path
 
 REPO = Path(__file__).resolve().parents[2]
-#: what the compact preset changes over the default preset, and to what
+#: what the default preset sets over the nodes10 preset (the compact prompt), and to what
 #: (the stages as the file lists them: the settings it sets; resolved, every setting is printed)
 STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction", "init_args": {"steps": 40, "batch_size": 8}},
           {"class_path": "qgmem.training.stages.Distillation", "init_args": {"weight": 2.0}}]
@@ -40,25 +40,30 @@ def _preset(name: str) -> dict[str, Any]:
     return yaml.safe_load(preset_path(name).read_text(encoding="utf-8"))
 
 
-def test_compact_is_the_default_preset_plus_the_named_settings():
-    """The CPU budget is written in both files: a change to default.yaml not made here fails."""
-    assert _differ(_preset("default"), _preset("compact")) == COMPACT
-    assert _preset("compact")["data"]["max_prompt_tokens"] == 288
+def test_the_default_is_nodes10_plus_the_compact_prompt():
+    """The CPU budget is written in both files: a change to default.yaml not made in nodes10.yaml fails."""
+    assert _differ(_preset("nodes10"), _preset("default")) == COMPACT
+    assert _preset("default")["data"]["max_prompt_tokens"] == _preset("nodes10")["data"]["max_prompt_tokens"] == 288
 
 
 def test_the_diff_tells_a_drifted_budget():  # a negative control of the check above
-    drifted = _preset("compact")
+    drifted = _preset("default")
     drifted["trainer"]["max_steps"] = 60
-    assert _differ(_preset("default"), drifted) == {**COMPACT, "trainer.max_steps": 60}
+    assert _differ(_preset("nodes10"), drifted) == {**COMPACT, "trainer.max_steps": 60}
 
 
-def test_compact_loads_by_name_and_its_budgets_hold_together():
+def test_both_load_by_name_and_their_budgets_hold_together():
     from qgmem.job import resolved_config
 
-    compact = resolved_config(["--config", "compact"])
     default = resolved_config(["--config", "default"])
-    assert _differ(default, compact) == {**COMPACT, "model.stages": RESOLVED_STAGES}
+    nodes10 = resolved_config(["--config", "nodes10"])
+    assert resolved_config([]) == default  # python train.py reads the default preset
+    assert _differ(nodes10, default) == {**COMPACT, "model.stages": RESOLVED_STAGES}
     # the text budget is the top m of the graph's k units, and the readout holds one token per unit besides the pooled one
-    k = compact["data"]["activation"]["k"]
-    assert compact["data"]["memory_units"] == 3 <= k == 10
-    assert compact["model"]["num_graph_tokens"] == 1 + k
+    k = default["data"]["activation"]["k"]
+    assert default["data"]["memory_units"] == 3 <= k == 10
+    assert default["model"]["num_graph_tokens"] == 1 + k
+    # the former default: every unit as text, one token per node after the pooled one
+    assert nodes10["data"]["memory_units"] is None and nodes10["model"]["readout"] == "summary_nodes"
+    assert nodes10["model"]["num_graph_tokens"] == 17
+    assert [st["class_path"] for st in nodes10["model"]["stages"]] == ["qgmem.training.stages.NodeWordAlignment"]
