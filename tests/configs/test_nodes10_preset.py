@@ -11,10 +11,11 @@ import yaml
 from qgmem.configs import preset_path
 
 REPO = Path(__file__).resolve().parents[2]
-#: what the default preset sets over the nodes10 preset (the compact prompt), and to what
+#: what the default preset sets over the nodes10 preset (the compact prompt and its answer mode), and to what
 COMPACT = {"data.memory_units": 3, "model.readout": "summary_units", "model.num_graph_tokens": 11,
            "model.align_objective": "reconstruct", "model.align_steps": 40, "model.align_batch_size": 8,
-           "model.align_weight": 0.0, "model.distill_weight": 2.0}
+           "model.align_weight": 0.0, "model.distill_weight": 2.0,
+           "answer_graph": "none"}  # the answer-mode rule's outcome for the default (docs/graph_token.md)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
