@@ -19,7 +19,7 @@ CATEGORIES = ["abstention_evidence", "user_evidence"]
 
 
 def test_the_named_variants_resolve_to_their_module_data_and_training_settings(tmp_path):
-    setting = X.product_setting(str(X.REPO / "configs" / "default.yaml"))
+    setting = X.product_setting(str(X.REPO / "configs" / "nodes10.yaml"))
     product = X.unit_settings(setting, X.variant_of("product"), tmp_path)
     assert product["data"] == {"batch_size": 4, "eval_batch_size": 8, "max_prompt_tokens": 288, "max_answer_tokens": 48}
     assert (product["max_steps"], product["val_check_interval"], product["patience"]) == (30, 15, None)
@@ -49,7 +49,7 @@ def test_every_compact_variants_module_settings_are_module_parameters(tmp_path):
     from qgmem.training.stages import as_stage, check_stages
 
     known = set(inspect.signature(QGMemModule).parameters)
-    setting = X.product_setting(str(X.REPO / "configs" / "default.yaml"))
+    setting = X.product_setting(str(X.REPO / "configs" / "nodes10.yaml"))
     for name in X.COMPACT:
         model = X.unit_settings(setting, X.variant_of(name), tmp_path)["model"]
         assert set(model) <= known, name

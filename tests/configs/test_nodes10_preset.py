@@ -11,12 +11,13 @@ import yaml
 from qgmem.configs import preset_path
 
 REPO = Path(__file__).resolve().parents[2]
-#: what the default preset sets over the nodes10 preset (the compact prompt), and to what
+#: what the default preset sets over the nodes10 preset (the compact prompt and its answer mode), and to what
 #: (the stages as the file lists them: the settings it sets; resolved, every setting is printed)
 STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction", "init_args": {"steps": 40, "batch_size": 8}},
           {"class_path": "qgmem.training.stages.Distillation", "init_args": {"weight": 2.0}}]
 COMPACT = {"data.memory_units": 3, "model.readout": "summary_units", "model.num_graph_tokens": 11,
-           "model.stages": STAGES}
+           "model.stages": STAGES,
+           "answer_graph": "none"}  # the answer-mode rule's outcome for the default (docs/graph_token.md)
 RESOLVED_STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction",
                     "init_args": {"steps": 40, "batch_size": 8, "lr": 3e-3}},
                    {"class_path": "qgmem.training.stages.Distillation",

@@ -63,3 +63,15 @@ def test_lm_answerer_with_tiny_random_lm_is_batched_and_deterministic(tmp_path):
     single = LMAnswerer(str(path), prompt=prompt, batch_size=1, max_new_tokens=6).answer(pairs)
     assert len(batched) == 3 and all(isinstance(a, str) for a in batched)
     assert batched == single
+
+
+def test_the_answers_key_holds_the_answer_cut_s_version(monkeypatch):
+    """Cached answers were cut by one version of the answer cut: another version keys other answers (and,
+    under a filter, another dataset), so a cut that reads replies differently never reuses them."""
+    from qgmem.prompting import answer
+    from qgmem.samples.answer_filter import LMAnswerer
+
+    before = LMAnswerer("some-lm").settings
+    assert before["answer_cut"] == answer.ANSWER_CUT_VERSION
+    monkeypatch.setattr(answer, "ANSWER_CUT_VERSION", answer.ANSWER_CUT_VERSION + 1)
+    assert LMAnswerer("some-lm").settings != before

@@ -1,6 +1,6 @@
 """Cross-fitted learning check: every usable ConvoMem question scored by models that never saw it.
 
-The setting is the product's (configs/default.yaml: model, prompt, budget, distractors, training steps and
+The setting is the product's (configs/nodes10.yaml, the default until issue 63: model, prompt, budget, distractors, training steps and
 checkpoint selection; today's default construction and activation). Stages, each resumable under
 ``--root`` (a cut-off run loses nothing that was recorded; a rerun picks up where it stopped):
 
@@ -101,7 +101,7 @@ UNIT_FILE = re.compile(r"fold-\d+-seed-\d+\.json")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default="checkpoints/crossfit")
-    p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
+    p.add_argument("--config", default=str(REPO / "configs" / "nodes10.yaml"))  # the product (10 units of text)
     p.add_argument("--cache-dir", default=None, help="sentence-embedding memo folder (default: the data module's)")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--fold-list", type=int, nargs="*", default=None, help="folds to run (default: all)")

@@ -48,7 +48,7 @@ METRICS = ("nll", "f1", "em", "judge")
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default="checkpoints/crossfit", help="the cross-fitted study's root (its sample cache)")
-    p.add_argument("--config", default=str(REPO / "configs" / "default.yaml"))
+    p.add_argument("--config", default=str(REPO / "configs" / "nodes10.yaml"))  # the product (10 units of text)
     p.add_argument("--cache-dir", default=None, help="sentence-embedding memo folder (default: the data module's)")
     p.add_argument("--folds", type=int, default=5)
     p.add_argument("--fold-seed", type=int, default=0, help="seed of the fold assignment and the distractor draw")
