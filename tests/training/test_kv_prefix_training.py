@@ -109,3 +109,25 @@ def test_fit_with_reconstruction_and_distillation_then_export_and_load_round_tri
     got = served.encode(graphs)
     assert isinstance(got, KVPrefix) and got.values.shape == (3, 4, LAYERS, 2, 16)
     torch.testing.assert_close(got.values, expected.values.detach())
+
+
+def test_the_reconstruction_loss_falls_through_a_key_value_prefix_and_the_lm_stays_as_it_was(lm_path):
+    from qgmem.lm import load_causal_lm, load_tokenizer
+    from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
+    from qgmem.model.kv_prefix import kv_scale
+    from qgmem.training.collate import GraphTextCollator
+    from qgmem.training.reconstruction import reconstruct_memory
+
+    tokenizer, lm = load_tokenizer(lm_path), load_causal_lm(lm_path)
+    with torch.no_grad():  # a random LM's logits are all but uniform; a sharper final norm lets them move
+        lm.model.norm.weight.mul_(30.0)
+    lm_before = {k: v.clone() for k, v in lm.state_dict().items()}
+    torch.manual_seed(0)
+    net = GraphTokenNet(GraphTokenConfig(D, D, 32, ENC, features="text", readout="summary_units", num_graph_tokens=4,
+                                         injection="kv_prefix", lm_layers=LAYERS, lm_kv_width=16))
+    net.projector.match_scale(kv_scale(lm), torch.randn(64, ENC.hidden))
+    result = reconstruct_memory(net, lm, tokenizer, items(4), GraphTextCollator(tokenizer).graphs, memory_units=2,
+                                steps=15, batch_size=4, lr=5e-2, seed=3)
+    assert result["steps"] == 15 and result["last_loss"] < result["first_loss"] - 1.0, result
+    assert all(torch.equal(v, lm_before[k]) for k, v in lm.state_dict().items())
+    assert all(p.grad is None for p in lm.parameters())
