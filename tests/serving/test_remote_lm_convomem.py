@@ -57,4 +57,10 @@ def test_three_convomem_questions_get_the_same_answers_through_the_engine(tmp_pa
         remote = there.answer(questions)
     assert len(double.requests) == len(questions) and double.requests[0]["model"] == EMBEDDED_LM_HUB_ID
     assert [a.answer for a in remote] == [a.answer for a in local]
-    assert [(a.finish_reason, a.tokens) for a in remote] == [(a.finish_reason, a.tokens) for a in local]
+    # the engine decodes without a line-break stop (a lead-in line must not cost the answer) and the answer cut
+    # runs here, so it may decode more tokens than the in-process loop, never fewer; the rest is the same
+    assert [a.finish_reason for a in remote] == [a.finish_reason for a in local]
+    for r, l in zip(remote, local):
+        assert {k: v for k, v in r.tokens.items() if k not in ("generated", "total")} == \
+            {k: v for k, v in l.tokens.items() if k not in ("generated", "total")}
+        assert l.tokens["generated"] <= r.tokens["generated"] <= 12
