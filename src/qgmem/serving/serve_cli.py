@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qgmem.errors import UserError
 from qgmem.older_records import SERVE_FLAGS
-from qgmem.serving.export_models import engine_settings
+from qgmem.serving.export_models import EngineSettings
 from qgmem.serving.storage import DEFAULT_STORE, open_store, store_kind
 from qgmem.serving.storage.folders import refuse_folder_root
 from qgmem.serving.storage.postgres import POOL_SIZE
@@ -33,9 +33,7 @@ class ServeSettings:
     api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
     device: str | None = None  #: cpu | cuda (default: cuda when available)
     max_new_tokens: int | None = None  #: answer length cap (default: the export's)
-    lm_url: str | None = None  #: OpenAI-compatible base URL (…/v1) of a serving engine running the export's LM with prompt embeddings (vllm serve --enable-prompt-embeds); only the LM's input embedding table is loaded here
-    lm_model: str | None = None  #: model name the engine serves (default: the export's LM id; the embedded SmolLM2 is its hub id)
-    lm_api_key_env: str | None = None  #: NAME of the environment variable holding the engine's API key (default: none is sent)
+    engine: EngineSettings = field(default_factory=EngineSettings)  # --lm-url, --lm-model, --lm-api-key-env
     lm_dtype: str | None = None  #: the LM's weights: float32 | bfloat16 | float16 (default: the export's); check answers stay the same (docs/serving.md)
     threads: int | None = None  #: torch CPU threads (default: torch's; on a CPU shared with other jobs 1 is much faster)
     max_batch: int = 8  #: questions answered in one LM forward at most
@@ -93,7 +91,7 @@ def check(s: ServeSettings) -> None:
         raise UserError(f"--lm-dtype must be one of auto, float32, bfloat16, float16, got {s.lm_dtype!r}")
     if s.max_wait_ms < 0:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
-    engine_settings(s.lm_url, s.lm_model, s.lm_api_key_env)
+    s.engine.check()
     refuse_folder_root(s.store)
     store_kind(s.store)
 
@@ -109,13 +107,13 @@ def api_key(settings: ServeSettings) -> str | None:
 
 def build_service(settings: ServeSettings):
     """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store (its schema
-    migrated to this version's)."""
+    migrated to this version's); ``settings`` are :func:`check`'s."""
     from qgmem.serving.export_models import load_models
     from qgmem.serving.server import Limits, MemoryService
 
     pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens,
                            lm_dtype=settings.lm_dtype,
-                           engine=engine_settings(settings.lm_url, settings.lm_model, settings.lm_api_key_env))
+                           engine=settings.engine.config())
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_import_bytes=settings.max_import_bytes,
                     max_turns=settings.max_turns,
                     max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s,
