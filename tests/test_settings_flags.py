@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import pytest
@@ -86,22 +86,22 @@ def test_a_bad_choice_is_argparse_s_one_line(capsys):
 
 
 #: the commands whose LM may run in a serving engine, and the flags each parser requires
-ENGINE_COMMANDS = {"serve": [], "mcp": [], "answer": ["--export", "e", "--question", "q"],
-                   "eval-qa": ["--export", "e", "--dataset", "locomo", "--path", "p"]}
+ENGINE_COMMANDS = {"serve": [], "mcp": [], "answer": ["--question", "q"],
+                   "eval-qa": ["--dataset", "locomo", "--path", "p"]}
 
 
 def test_each_engine_flag_is_declared_once():
     """``--lm-url``, ``--lm-model`` and ``--lm-api-key-env`` are the fields of ``EngineSettings`` and nowhere
-    else: no other settings field of that name, no hand-made flag, and every command taking them shows that
-    field's help and default and builds that one dataclass."""
+    else: no other settings field of that name and no hand-made flag. Every command serving an export
+    shows the help and default of ``LoadSettings``' fields (``--export``, ``--device``, ``--max-new-tokens``
+    and the engine's) and builds that one block from them."""
     import ast
     import importlib
-    from dataclasses import fields
     from pathlib import Path
 
     import qgmem
     from qgmem.cli import COMMANDS
-    from qgmem.serving.export_models import EngineSettings
+    from qgmem.serving.export_models import EngineSettings, LoadSettings
 
     names = [f.name for f in fields(EngineSettings)]
     flags = ["--" + n.replace("_", "-") for n in names]
@@ -115,13 +115,16 @@ def test_each_engine_flag_is_declared_once():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
                 by_hand += [path.name for a in node.args if isinstance(a, ast.Constant) and a.value in flags]
     assert declared == [("EngineSettings", n) for n in names] and by_hand == []
-    docs = field_docs(EngineSettings)
+    docs = {**field_docs(LoadSettings), **field_docs(EngineSettings)}
+    shared = {"--" + n.replace("_", "-"): n for n in docs}
+    assert set(shared) == {"--export", "--device", "--max-new-tokens", *flags}
+    given = ["--export", "e", "--device", "cpu", "--max-new-tokens", "7", "--lm-url", "http://127.0.0.1:8100/v1",
+             "--lm-model", "m"]
+    expected = LoadSettings("e", "cpu", 7, EngineSettings(lm_url="http://127.0.0.1:8100/v1", lm_model="m"))
     for command, required in ENGINE_COMMANDS.items():
         module = importlib.import_module(COMMANDS[command][0])
         parser = command_parser(command, "", module.add_arguments, True)
         actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
-        for name, flag in zip(names, flags):
+        for flag, name in shared.items():
             assert actions[flag].help == docs[name] and actions[flag].default is None, (command, flag)
-        args = parser.parse_args([*required, "--lm-url", "http://127.0.0.1:8100/v1", "--lm-model", "m"])
-        assert EngineSettings(lm_url="http://127.0.0.1:8100/v1", lm_model="m") == \
-            settings_from_args(EngineSettings, args), command
+        assert settings_from_args(LoadSettings, parser.parse_args([*required, *given])) == expected, command

@@ -48,7 +48,7 @@ STAGES = ("construction", "activation", "graph_features", "graph_encoding", "gen
 class EvalQASettings:
     """What ``qgmem eval-qa`` runs with; one field per flag (beside ``--strict``/``--lenient``, ``--max-turn-chars``)."""
 
-    models: ModelSettings  # --export, --backbone, --api-*, --lm-*, --max-new-tokens, --device
+    models: ModelSettings = field(default_factory=ModelSettings)  # --export, --device, --max-new-tokens, --lm-*, --backbone …
     dataset: Literal[DATASETS]  #: the data set's form
     path: str  #: the data set's file or folder
     #: cases of this split of the export's training run (its sampling and split are recorded in the export); 'all': every case (default: test)
@@ -419,6 +419,7 @@ def run(args: argparse.Namespace) -> int:
     from qgmem.data.loaders import load_cases
 
     s = settings_from_args(EvalQASettings, args)
+    s.models.check()
     if not Path(s.path).exists():  # before the (slow) export load
         from qgmem.errors import InputPathError
 
@@ -454,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
     with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
         for row in result["predictions"]:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    summary = {"export": str(s.models.export), "dataset": s.dataset, "path": str(s.path), "cases": how,
+    summary = {"export": str(s.models.load.export), "dataset": s.dataset, "path": str(s.path), "cases": how,
                "questions": len(result["predictions"]) // len(modes), "graph_modes": modes,
                "named_speakers": named, "budgets": export_budgets(pipe), "judge": s.judge,
                "backbone": s.models.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),

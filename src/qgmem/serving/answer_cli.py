@@ -21,7 +21,7 @@ from qgmem.settings_flags import add_settings_arguments, settings_from_args
 class AnswerSettings:
     """What ``qgmem answer`` runs with; one field per flag (the export's and the engine's nested)."""
 
-    models: ModelSettings  # --export, --backbone, --api-*, --lm-*, --max-new-tokens, --device
+    models: ModelSettings = field(default_factory=ModelSettings)  # --export, --device, --max-new-tokens, --lm-*, --backbone …
     #: dialogue history: a JSON list of sessions, or a ConvoMem/LoCoMo/LongMemEval file
     history: str | None = None
     case: str | None = None  #: case id or index in a data set history file (default: the first)
@@ -44,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     s = settings_from_args(AnswerSettings, args)
+    s.models.check()
     if not s.history and not s.memory:
         raise UserError("give --history FILE (a dialogue history) or --memory DIR (a built memory store)")
     if any(not q.strip() for q in s.question):

@@ -1,8 +1,9 @@
 """The export's models, loaded once per process: the one model-loading path of ``answer``, ``eval-qa``
 and ``serve`` (:func:`load_models`), and the settings that name what to load: :class:`EngineSettings`
-(the ``--lm-*`` flags, declared here once: ``serve``, ``mcp``, ``answer`` and ``eval-qa`` nest them) and
-:class:`ModelSettings` (the export, the backbone, the device), shared by ``qgmem answer`` and
-``qgmem eval-qa``. :mod:`qgmem.settings_flags` turns both into flags."""
+(the ``--lm-*`` flags) within :class:`LoadSettings` (the export, the device, the answer cap), which
+``serve``, ``mcp``, ``answer`` and ``eval-qa`` nest, and :class:`ModelSettings` (the backbone besides),
+shared by ``qgmem answer`` and ``qgmem eval-qa``. Each flag is declared here once;
+:mod:`qgmem.settings_flags` turns the blocks into flags."""
 
 from __future__ import annotations
 
@@ -52,26 +53,39 @@ class EngineSettings:
         return engine_config(self.lm_url, self.lm_model, self.lm_api_key_env)
 
 
-@dataclass(kw_only=True)
-class ModelSettings:
-    """What ``qgmem answer`` and ``qgmem eval-qa`` answer with: the export, what reads its graph, where."""
+@dataclass
+class LoadSettings:
+    """Which export's models load, where, and where the LM runs: what every command serving an export reads."""
 
-    export: str  #: export folder (train.py writes checkpoints/export) or hub id
+    export: str | None = None  #: export folder (``python train.py`` writes checkpoints/export) or hub id
+    device: str | None = None  #: cpu | cuda (default: cuda when available)
+    max_new_tokens: int | None = None  #: answer length cap (default: the export's)
+    engine: EngineSettings = field(default_factory=EngineSettings)  # --lm-url, --lm-model, --lm-api-key-env
+
+    def check(self) -> None:
+        """The flags' mistakes as one user error each (once per start, before any model loads)."""
+        if not self.export:
+            raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        self.engine.check()
+
+
+@dataclass
+class ModelSettings:
+    """What ``qgmem answer`` and ``qgmem eval-qa`` answer with: the export's models, and what reads the graph."""
+
+    load: LoadSettings = field(default_factory=LoadSettings)  # --export, --device, --max-new-tokens, --lm-*
     #: graph-token: the export's frozen LM reads the graph token (default); api: an OpenAI-compatible server reads the working memory + the graph as text
     backbone: Literal[BACKBONES] = "graph-token"
     api_base_url: str = "http://127.0.0.1:8000/v1"  #: server of --backbone api
     api_model: str = "gpt-4o-mini"  #: model name sent to the --backbone api server
     api_key_env: str = "OPENAI_API_KEY"  #: environment variable holding the API key (never stored or logged)
-    engine: EngineSettings = field(default_factory=EngineSettings)
-    max_new_tokens: int | None = None  #: answer length cap (default: the export's)
-    device: str | None = None  #: cpu | cuda (default: cuda when available)
 
     def check(self) -> None:
         """The flags' mistakes as one user error each (once per start, before any model loads)."""
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        self.engine.check()
-        if self.engine.lm_url is not None and self.backbone == "api":
+        self.load.check()
+        if self.load.engine.lm_url is not None and self.backbone == "api":
             raise UserError("--lm-url serves the graph-token LM; --backbone api answers without it: give one of them")
 
     def api_config(self, model: str, base_url: str) -> Any:
@@ -112,8 +126,12 @@ def load_models(export: str, *, device: str | None = None, max_new_tokens: int |
 
 
 def load_pipeline(settings: ModelSettings):
-    """The pipeline the settings describe, checked (a user error when the export cannot be read)."""
-    settings.check()
+    """The pipeline of settings :meth:`ModelSettings.check` passed (a user error when the export cannot be read)."""
     api = settings.api_config(settings.api_model, settings.api_base_url) if settings.backbone == "api" else None
-    return load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens, api=api,
-                       engine=settings.engine.config())
+    return load_settings_models(settings.load, api=api)
+
+
+def load_settings_models(load: LoadSettings, *, api: Any = None, lm_dtype: str | None = None):
+    """:func:`load_models` for settings :meth:`LoadSettings.check` passed."""
+    return load_models(load.export, device=load.device, max_new_tokens=load.max_new_tokens, api=api,
+                       lm_dtype=lm_dtype, engine=load.engine.config())
