@@ -172,7 +172,7 @@ def test_commands_that_read_settings_take_config_and_print_config(command, flag,
 
 @pytest.mark.parametrize(("flag", "value", "needle"), [
     ("--channels", "turns", "channels must be a non-empty subset"),
-    ("--dense-speaker-names", "blend", "Got value: blend"),  # retired: only keep | drop
+    ("--dense-speaker-names", "blend", "invalid choice: 'blend'"),  # retired: only keep | drop
 ])
 def test_bad_activation_options_are_a_user_error(flag, value, needle, locomo_file, capsys):
     code = main(["eval-retrieval", "--dataset", "locomo", "--path", str(locomo_file), flag, value])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import pytest
@@ -54,3 +54,77 @@ def test_a_missing_or_bad_value_is_refused(argv):
     with pytest.raises(SystemExit) as exc:
         _parse(argv)
     assert exc.value.code == 2
+
+
+@dataclass
+class Inner:
+    url: str | None = None  #: where it is served
+
+
+@dataclass(kw_only=True)
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    names: list[str] = field(metadata={"action": "append"})  #: repeat for more
+
+
+def test_a_nested_settings_dataclass_gives_its_own_flags_and_flat_config_keys(tmp_path):
+    parser = command_parser("outer", "", lambda p: add_settings_arguments(p, Outer), True)
+    args = parser.parse_args(["--url", "http://x", "--names", "a", "--names", "b"])
+    assert settings_from_args(Outer, args) == Outer(inner=Inner(url="http://x"), names=["a", "b"])
+    config = tmp_path / "c.yaml"
+    config.write_text("url: http://y\nnames: [c]\n")
+    assert settings_from_args(Outer, parser.parse_args(["--config", str(config)])) == Outer(inner=Inner(url="http://y"),
+                                                                                            names=["c"])
+    assert "where it is served" in " ".join(parser.format_help().split())
+
+
+def test_a_bad_choice_is_argparse_s_one_line(capsys):
+    with pytest.raises(SystemExit):
+        _parse(["--path", "p", "--mode", "c"])
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert errors == ["error: argument --mode: invalid choice: 'c' (choose from 'a', 'b')"]
+
+
+#: the commands whose LM may run in a serving engine, and the flags each parser requires
+ENGINE_COMMANDS = {"serve": [], "mcp": [], "answer": ["--question", "q"],
+                   "eval-qa": ["--dataset", "locomo", "--path", "p"]}
+
+
+def test_each_engine_flag_is_declared_once():
+    """``--lm-url``, ``--lm-model`` and ``--lm-api-key-env`` are the fields of ``EngineSettings`` and nowhere
+    else: no other settings field of that name and no hand-made flag. Every command serving an export
+    shows the help and default of ``LoadSettings``' fields (``--export``, ``--device``, ``--max-new-tokens``
+    and the engine's) and builds that one block from them."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import qgmem
+    from qgmem.cli import COMMANDS
+    from qgmem.serving.export_models import EngineSettings, LoadSettings
+
+    names = [f.name for f in fields(EngineSettings)]
+    flags = ["--" + n.replace("_", "-") for n in names]
+    assert flags == ["--lm-url", "--lm-model", "--lm-api-key-env"]
+    declared, by_hand = [], []
+    for path in Path(qgmem.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                declared += [(node.name, s.target.id) for s in node.body
+                             if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id in names]
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                by_hand += [path.name for a in node.args if isinstance(a, ast.Constant) and a.value in flags]
+    assert declared == [("EngineSettings", n) for n in names] and by_hand == []
+    docs = {**field_docs(LoadSettings), **field_docs(EngineSettings)}
+    shared = {"--" + n.replace("_", "-"): n for n in docs}
+    assert set(shared) == {"--export", "--device", "--max-new-tokens", *flags}
+    given = ["--export", "e", "--device", "cpu", "--max-new-tokens", "7", "--lm-url", "http://127.0.0.1:8100/v1",
+             "--lm-model", "m"]
+    expected = LoadSettings("e", "cpu", 7, EngineSettings(lm_url="http://127.0.0.1:8100/v1", lm_model="m"))
+    for command, required in ENGINE_COMMANDS.items():
+        module = importlib.import_module(COMMANDS[command][0])
+        parser = command_parser(command, "", module.add_arguments, True)
+        actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+        for flag, name in shared.items():
+            assert actions[flag].help == docs[name] and actions[flag].default is None, (command, flag)
+        assert settings_from_args(LoadSettings, parser.parse_args([*required, *given])) == expected, command

@@ -13,13 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from qgmem import __version__
 from qgmem.provenance import git_commit
 from qgmem.integrity import fresh_temp_dir, publish_dir
 from qgmem.older_records import checkpoint_prompt
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
     from qgmem.prompting.contract import PromptSettings
@@ -203,21 +205,32 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     return publish_dir(tmp, out, if_exists="replace")
 
 
+@dataclass
+class ExportSettings:
+    """What ``qgmem export`` runs with; one field per flag."""
+
+    ckpt: str  #: Lightning checkpoint written by train.py
+    out: str  #: export folder to create
+    #: metrics.json to put on the model card (default: the one train.py wrote next to the checkpoint's run)
+    metrics: str | None = None
+    #: what answers read when a request names no mode: the graph tokens, or none (the text prompt alone); default: the mode the checkpoint trained with
+    graph_mode: Literal["token", "none"] | None = None
+
+
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+TAKES_CONFIG = True
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ckpt", required=True, help="Lightning checkpoint written by train.py")
-    parser.add_argument("--out", required=True, help="export folder to create")
-    parser.add_argument("--metrics", default=None, help="metrics.json to put on the model card "
-                        "(default: the one train.py wrote next to the checkpoint's run)")
-    parser.add_argument("--graph-mode", choices=("token", "none"), default=None,
-                        help="what answers read when a request names no mode: the graph tokens, or none (the "
-                             "text prompt alone); default: the mode the checkpoint trained with")
+    add_settings_arguments(parser, ExportSettings)
 
 
 def run(args: argparse.Namespace) -> int:
     from qgmem.errors import as_user_error
 
+    s = settings_from_args(ExportSettings, args)
     with as_user_error(ValueError):  # not a checkpoint, no graph-token weights, unreadable metrics JSON
-        metrics = json.loads(Path(args.metrics).read_text()) if args.metrics else None
-        out = export_checkpoint(args.ckpt, args.out, metrics, graph_mode=args.graph_mode)
-    print(f"exported {args.ckpt} -> {out}")
+        metrics = json.loads(Path(s.metrics).read_text()) if s.metrics else None
+        out = export_checkpoint(s.ckpt, s.out, metrics, graph_mode=s.graph_mode)
+    print(f"exported {s.ckpt} -> {out}")
     return 0

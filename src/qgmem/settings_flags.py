@@ -9,8 +9,12 @@ field's line, or on the lines just above it)::
 Each field becomes ``--port`` (underscores as dashes), parsed by jsonargparse with the field's type, so
 ``--config FILE`` takes the same settings as YAML keys named like the fields and ``--print_config``
 prints them. A field without a default is a required flag; a ``bool`` field defaulting to ``False`` is a
-switch. A field's ``metadata`` may name another flag (``{"flag": "path"}``) or another type to parse
-the text with (``{"type": parse_count}``).
+switch; a ``Literal`` field is a choice among its values (argparse's one-line "invalid choice" names the
+flag). A field whose type is itself a settings dataclass contributes that dataclass's flags, named as
+its fields are (no prefix): a block of flags several commands share (the ``--lm-*`` flags of a serving
+engine) is declared once and nested where it is used; ``--config`` keys stay flat. A field's
+``metadata`` may name another flag (``{"flag": "path"}``), another type to parse the text with
+(``{"type": parse_count}``), an ``action`` (``"append"`` for a repeatable flag) or a ``metavar``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import dataclasses
 import inspect
 import textwrap
 from functools import cache
-from typing import Any, TypeVar, get_type_hints
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
 
@@ -52,11 +57,26 @@ def flag_name(f: dataclasses.Field) -> str:
     return "--" + f.metadata.get("flag", f.name).replace("_", "-")
 
 
+def nested_settings(hint: Any) -> type | None:
+    """The settings dataclass a field nests (its type hint is one), else ``None``."""
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
+def literal_choices(hint: Any) -> tuple | None:
+    """The values of a ``Literal[...]`` hint (``Literal[...] | None`` too), else ``None``."""
+    args = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) in (Union, UnionType) else [hint]
+    return get_args(args[0]) if len(args) == 1 and get_origin(args[0]) is Literal else None
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of the dataclass ``cls`` (but ``skip``) on a jsonargparse ``parser``."""
+    """One flag per field of the dataclass ``cls`` (but ``skip``) on a jsonargparse ``parser``; the fields of
+    a nested settings dataclass are flags too."""
     docs, hints = field_docs(cls), get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
+            continue
+        if nested := nested_settings(hints[f.name]):
+            add_settings_arguments(parser, nested, skip=skip)
             continue
         kwargs: dict[str, Any] = {"dest": f.name, "help": docs.get(f.name, "")}
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
@@ -66,7 +86,15 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: 
             continue
         else:
             kwargs["default"] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        parser.add_argument(flag_name(f), type=f.metadata.get("type", hints[f.name]), **kwargs)
+        kwargs.update({k: f.metadata[k] for k in ("action", "metavar") if k in f.metadata})
+        choices = literal_choices(hints[f.name])
+        if choices is not None:  # argparse checks a choice itself, the text taken as it is
+            kwargs["choices"] = choices
+        elif kwargs.get("action") != "append":  # a repeated flag's values stay text (a --config list: a list)
+            kwargs["type"] = hints[f.name]
+        if "type" in f.metadata:
+            kwargs["type"] = f.metadata["type"]
+        parser.add_argument(flag_name(f), **kwargs)
 
 
 class RetiredFlag(argparse.ArgumentTypeError, ValueError):
@@ -86,5 +114,13 @@ def add_retired_arguments(parser: argparse.ArgumentParser, retired: dict[str, st
 
 
 def settings_from_args(cls: type[T], args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> T:
-    """The ``cls`` the parsed flags describe (fields in ``skip`` keep their defaults)."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip})
+    """The ``cls`` the parsed flags describe (fields in ``skip`` keep their defaults; a nested settings
+    dataclass is built from its own flags)."""
+    hints = get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        nested = nested_settings(hints[f.name])
+        values[f.name] = settings_from_args(nested, args, skip=skip) if nested else getattr(args, f.name)
+    return cls(**values)

@@ -54,7 +54,7 @@ def test_the_dockerfile_runs_qgmem_serve_as_a_non_root_user_with_a_store_volume_
     parser = ArgumentParser(exit_on_error=False)  # the parser qgmem's commands use
     serve_cli.add_arguments(parser)
     settings = serve_cli.resolve(parser.parse_args(entry[2:]))  # the flags exist and pass the checks
-    assert settings.host == "0.0.0.0" and settings.export == "/export"
+    assert settings.host == "0.0.0.0" and settings.load.export == "/export"
     assert settings.store.startswith("sqlite:///")
     assert exec_form(last["VOLUME"]) == [str(sqlite_path(settings.store).parent)]  # the database file on the volume
     assert last["EXPOSE"] == str(settings.port)

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from qgmem.cli import main
+from qgmem.serving.export_models import LoadSettings
 from qgmem.serving.serve_cli import ServeSettings, check
 from qgmem.serving.users import UserMemories
 
@@ -51,7 +52,7 @@ def test_serve_refuses_a_folder_root_until_it_is_moved(tmp_path, capsys):
     assert main(["serve", "--export", "x", "--store", str(root)]) == 2  # a folder for a URL: the same line
     assert f"qgmem migrate-store --from {root} --to sqlite:///{root / 'memories.db'}" in capsys.readouterr().err
     assert main(["migrate-store", "--from", str(root), "--to", url]) == 0
-    check(ServeSettings(export="x", store=url))  # moved: served
+    check(ServeSettings(LoadSettings("x"), store=url))  # moved: served
 
 
 def test_migrate_store_names_a_folder_that_is_not_a_root(tmp_path, capsys):

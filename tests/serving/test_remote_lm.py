@@ -294,8 +294,9 @@ def test_answer_flag_mistakes_are_one_line_and_exit_2(tmp_path, tiny_lm_path, ca
 
 def test_serve_checks_the_engine_flags(tmp_path):
     from qgmem.errors import UserError
+    from qgmem.serving.export_models import EngineSettings, LoadSettings
     from qgmem.serving.serve_cli import ServeSettings, check
 
-    check(ServeSettings(export="e", lm_url="http://127.0.0.1:8100/v1", lm_model="m"))
+    check(ServeSettings(LoadSettings("e", engine=EngineSettings(lm_url="http://127.0.0.1:8100/v1", lm_model="m"))))
     with pytest.raises(UserError, match="--lm-model needs --lm-url"):
-        check(ServeSettings(export="e", lm_model="m"))
+        check(ServeSettings(LoadSettings("e", engine=EngineSettings(lm_model="m"))))

@@ -29,11 +29,14 @@ import inspect
 import json
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError
-from qgmem.serving.export_models import add_export_arguments, api_config, load_pipeline
+from qgmem.serving.export_models import ModelSettings, load_pipeline
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
 from qgmem.text import exact_match, token_f1
 from qgmem.llm.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
 
@@ -41,33 +44,34 @@ SPLITS = ("train", "val", "test", "all")
 STAGES = ("construction", "activation", "graph_features", "graph_encoding", "generation")
 
 
+@dataclass(kw_only=True)
+class EvalQASettings:
+    """What ``qgmem eval-qa`` runs with; one field per flag (beside ``--strict``/``--lenient``, ``--max-turn-chars``)."""
+
+    models: ModelSettings = field(default_factory=ModelSettings)  # --export, --device, --max-new-tokens, --lm-*, --backbone …
+    dataset: Literal[DATASETS]  #: the data set's form
+    path: str  #: the data set's file or folder
+    #: cases of this split of the export's training run (its sampling and split are recorded in the export); 'all': every case (default: test)
+    split: Literal[SPLITS] = "test"
+    #: at most this many questions, taken round-robin over the categories (default 6: a few minutes on a 2-core CPU; 0 = all)
+    limit: int = 6
+    graph: str = "token,none,shuffled"  #: comma-separated graph modes (one row each): token, none, shuffled, ablated
+    #: rule: normalized match (rubric categories not scored); llm: an LLM judge
+    judge: Literal["rule", "llm"] = "rule"
+    judge_model: str = "gpt-4o-mini"  #: model of the LLM judge
+    judge_base_url: str = "http://127.0.0.1:8000/v1"  #: OpenAI-compatible server of the LLM judge
+    #: ConvoMem in the LoCoMo form: name its two speakers and ask every question in the third person (as eval-retrieval --name-speakers; docs/evaluation.md)
+    name_speakers: str | None = field(default=None, metadata={"metavar": "USER,ASSISTANT"})
+    out: str = "checkpoints/eval-qa"  #: folder for predictions.jsonl and results.json
+    json: bool = False  #: print the results as JSON
+
+
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
 TAKES_CONFIG = True
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from qgmem.data.loaders import DATASETS, add_load_arguments
 
-    add_export_arguments(parser)
-    parser.add_argument("--dataset", required=True, choices=DATASETS)
-    parser.add_argument("--path", required=True, help="the data set's file or folder")
-    parser.add_argument("--split", choices=SPLITS, default="test",
-                        help="cases of this split of the export's training run (its sampling and split are "
-                             "recorded in the export); 'all': every case (default: test)")
-    parser.add_argument("--limit", type=int, default=6,
-                        help="at most this many questions, taken round-robin over the categories (default 6: a few "
-                             "minutes on a 2-core CPU; 0 = all)")
-    parser.add_argument("--graph", default="token,none,shuffled",
-                        help="comma-separated graph modes (one row each): token, none, shuffled, ablated")
-    parser.add_argument("--judge", choices=("rule", "llm"), default="rule",
-                        help="rule: normalized match (rubric categories not scored); llm: an LLM judge")
-    parser.add_argument("--judge-model", default="gpt-4o-mini", help="model of the LLM judge")
-    parser.add_argument("--judge-base-url", default="http://127.0.0.1:8000/v1",
-                        help="OpenAI-compatible server of the LLM judge")
-    parser.add_argument("--name-speakers", default=None, metavar="USER,ASSISTANT",
-                        help="ConvoMem in the LoCoMo form: name its two speakers and ask every question in the "
-                             "third person (as eval-retrieval --name-speakers; docs/evaluation.md)")
-    parser.add_argument("--out", default="checkpoints/eval-qa", help="folder for predictions.jsonl and results.json")
-    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_settings_arguments(parser, EvalQASettings)
     add_load_arguments(parser)
 
 
@@ -402,69 +406,72 @@ def export_budgets(pipe) -> dict[str, int | None]:
     return {"text_units": pipe.prompt_settings.memory_units, "graph_units": pipe.activation.k}
 
 
-def make_judge(args: argparse.Namespace) -> Any:
-    if args.judge == "rule":
+def make_judge(settings: EvalQASettings) -> Any:
+    if settings.judge == "rule":
         return MatchJudge()
     from qgmem.llm.backends import make_backend
 
-    return LLMJudge(backend_completer(make_backend(api_config(args, args.judge_model, args.judge_base_url))))
+    config = settings.models.api_config(settings.judge_model, settings.judge_base_url)
+    return LLMJudge(backend_completer(make_backend(config)))
 
 
 def run(args: argparse.Namespace) -> int:
     from qgmem.data.loaders import load_cases
 
-    if not Path(args.path).exists():  # before the (slow) export load
+    s = settings_from_args(EvalQASettings, args)
+    s.models.check()
+    if not Path(s.path).exists():  # before the (slow) export load
         from qgmem.errors import InputPathError
 
-        raise InputPathError(f"data set path {args.path} does not exist")
-    modes = parse_modes(args.graph)
-    if args.limit < 0:
-        raise UserError(f"--limit must be >= 0, got {args.limit}")
-    if args.name_speakers is not None:  # the names are checked before the (slow) export load
+        raise InputPathError(f"data set path {s.path} does not exist")
+    modes = parse_modes(s.graph)
+    if s.limit < 0:
+        raise UserError(f"--limit must be >= 0, got {s.limit}")
+    if s.name_speakers is not None:  # the names are checked before the (slow) export load
         from qgmem.evaluation.named_form import names_from_flag
 
-        names_from_flag(args.name_speakers)
-    judge = make_judge(args)
-    pipe = load_pipeline(args)
+        names_from_flag(s.name_speakers)
+    judge = make_judge(s)
+    pipe = load_pipeline(s.models)
     data_split = pipe.encoder.export_config.get("data_split")
     options: dict[str, Any] = {}
-    if args.dataset == "convomem" and data_split and data_split.get("dataset") == "convomem":
+    if s.dataset == "convomem" and data_split and data_split.get("dataset") == "convomem":
         options = {"distractor_conversations": data_split.get("distractor_conversations") or 0,
                    "seed": int(data_split.get("seed") or 0)}
-    loaded = load_cases(args.dataset, args.path, strict=args.strict, **options)
-    cases, how = training_split_cases(list(loaded.cases), args.split, data_split, args.dataset)
+    loaded = load_cases(s.dataset, s.path, **load_arguments(args), **options)
+    cases, how = training_split_cases(list(loaded.cases), s.split, data_split, s.dataset)
     if not cases:
-        raise UserError(f"no cases in {how} of {args.path}")
+        raise UserError(f"no cases in {how} of {s.path}")
     named = None
-    if args.name_speakers is not None:  # after the split: the rewrite keeps every case's id
+    if s.name_speakers is not None:  # after the split: the rewrite keeps every case's id
         from qgmem.evaluation.named_form import cases_from_flag
 
-        cases, named = cases_from_flag(cases, args.name_speakers)
+        cases, named = cases_from_flag(cases, s.name_speakers)
     if "ablated" in modes and not any(qa.evidence_turn_ids for c in cases for qa in c.qas):
-        raise UserError(f"--graph ablated needs gold evidence turns; no question of {how} in {args.path} has any")
-    result = run_eval(pipe, cases, args.dataset, modes, args.limit, judge)
-    out = Path(args.out)
+        raise UserError(f"--graph ablated needs gold evidence turns; no question of {how} in {s.path} has any")
+    result = run_eval(pipe, cases, s.dataset, modes, s.limit, judge)
+    out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "predictions.jsonl", "w", encoding="utf-8") as fh:
         for row in result["predictions"]:
             fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    summary = {"export": str(args.export), "dataset": args.dataset, "path": str(args.path), "cases": how,
+    summary = {"export": str(s.models.load.export), "dataset": s.dataset, "path": str(s.path), "cases": how,
                "questions": len(result["predictions"]) // len(modes), "graph_modes": modes,
-               "named_speakers": named, "budgets": export_budgets(pipe), "judge": args.judge,
-               "backbone": args.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
+               "named_speakers": named, "budgets": export_budgets(pipe), "judge": s.judge,
+               "backbone": s.models.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
                "skipped_records": (loaded.report or {}).get("skipped", 0), "nll": result["nll"],
                "ablation": result["ablation"], "table": result["table"],
                "degenerate": {row["graph"]: row["degenerate"] for row in result["table"] if row["category"] == "all"}}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if args.json:
+    if s.json:
         print(json.dumps(summary, indent=1))
         return 0
     named_note = f" in the named form ({', '.join(named)})" if named else ""
     text_units = summary["budgets"]["text_units"]
     print(f"{summary['questions']} questions from {how}{named_note}; graph modes {', '.join(modes)}; "
-          f"judge {args.judge}; backbone {args.backbone}; the export's budgets: "
+          f"judge {s.judge}; backbone {s.models.backbone}; the export's budgets: "
           f"{'all' if text_units is None else text_units} units of text, {summary['budgets']['graph_units']} in the graph")
-    print(format_table(result["table"], args.judge))
+    print(format_table(result["table"], s.judge))
     print("degenerate: raw replies before the answer cut (empty, a lead-in line, an echoed memory entry); "
           "EM and F1 are of the repaired answers")
     not_scored = sum(r["not_scored"] for r in result["table"] if r["category"] == "all")

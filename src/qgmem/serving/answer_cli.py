@@ -8,49 +8,61 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
+from typing import Literal
 
 from qgmem.errors import UserError
 from qgmem.model.graph_modes import GRAPH_MODES
-from qgmem.serving.export_models import add_export_arguments, load_pipeline
+from qgmem.serving.export_models import ModelSettings, load_pipeline
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
+
+
+@dataclass(kw_only=True)
+class AnswerSettings:
+    """What ``qgmem answer`` runs with; one field per flag (the export's and the engine's nested)."""
+
+    models: ModelSettings = field(default_factory=ModelSettings)  # --export, --device, --max-new-tokens, --lm-*, --backbone …
+    #: dialogue history: a JSON list of sessions, or a ConvoMem/LoCoMo/LongMemEval file
+    history: str | None = None
+    case: str | None = None  #: case id or index in a data set history file (default: the first)
+    memory: str | None = None  #: reuse a store written by `qgmem build-memory` instead
+    dialogue: str | None = None  #: which store of a --memory folder with several
+    question: list[str] = field(metadata={"action": "append"})  #: the question (repeat for a batch)
+    time: str | None = None  #: when the question is asked (ISO-8601), for 'last week' etc.
+    #: graph tokens, none (the text prompt alone), or another question's graph (default: the export's field 'graph_mode')
+    graph: Literal[GRAPH_MODES] | None = None
+    json: bool = False  #: print the full answers as JSON
 
 
 #: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
 TAKES_CONFIG = True
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_export_arguments(parser)
-    parser.add_argument("--history", default=None,
-                        help="dialogue history: a JSON list of sessions, or a ConvoMem/LoCoMo/LongMemEval file")
-    parser.add_argument("--case", default=None, help="case id or index in a data set history file (default: the first)")
-    parser.add_argument("--memory", default=None, help="reuse a store written by `qgmem build-memory` instead")
-    parser.add_argument("--dialogue", default=None, help="which store of a --memory folder with several")
-    parser.add_argument("--question", action="append", required=True, help="the question (repeat for a batch)")
-    parser.add_argument("--time", default=None, help="when the question is asked (ISO-8601), for 'last week' etc.")
-    parser.add_argument("--graph", choices=GRAPH_MODES, default=None,
-                        help="graph tokens, none (the text prompt alone), or another question's graph "
-                             "(default: the export's field 'graph_mode')")
-    parser.add_argument("--json", action="store_true", help="print the full answers as JSON")
+    add_settings_arguments(parser, AnswerSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.history and not args.memory:
+    s = settings_from_args(AnswerSettings, args)
+    s.models.check()
+    if not s.history and not s.memory:
         raise UserError("give --history FILE (a dialogue history) or --memory DIR (a built memory store)")
-    if any(not q.strip() for q in args.question):
+    if any(not q.strip() for q in s.question):
         raise UserError("--question is empty")
     case = None
-    if not args.memory:  # a bad history file is named before any model is loaded
+    if not s.memory:  # a bad history file is named before any model is loaded
         from qgmem.serving.history_file import load_history
 
-        case = load_history(args.history, case=args.case)
-    pipe = load_pipeline(args)
-    if args.memory:
-        store = pipe.load_memory(args.memory, args.dialogue)
-        where = f"memory {args.memory}"
+        case = load_history(s.history, case=s.case)
+    pipe = load_pipeline(s.models)
+    if s.memory:
+        store = pipe.load_memory(s.memory, s.dialogue)
+        where = f"memory {s.memory}"
     else:
         store = pipe.remember(case)
-        where = f"history {args.history}" + (f" (case {case.id})" if case.qas else "")
-    answers = pipe.answer(args.question, graph=args.graph, question_times=[args.time] * len(args.question))
-    if args.json:
+        where = f"history {s.history}" + (f" (case {case.id})" if case.qas else "")
+    answers = pipe.answer(s.question, graph=s.graph, question_times=[s.time] * len(s.question))
+    if s.json:
         # the store's size is store_units, as in the memory service (memory_units is the prompt's text budget m)
         print(json.dumps({"store_units": len(store), "source": where, "construction_seconds": pipe.memory.seconds,
                           "answers": [a.to_dict() for a in answers]}, indent=1, ensure_ascii=False))

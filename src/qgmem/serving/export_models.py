@@ -1,68 +1,99 @@
 """The export's models, loaded once per process: the one model-loading path of ``answer``, ``eval-qa``
-and ``serve`` (:func:`load_models`), and the flags that name what to load (the export, the backbone,
-the device), shared by ``qgmem answer`` and ``qgmem eval-qa``."""
+and ``serve`` (:func:`load_models`), and the settings that name what to load: :class:`EngineSettings`
+(the ``--lm-*`` flags) within :class:`LoadSettings` (the export, the device, the answer cap), which
+``serve``, ``mcp``, ``answer`` and ``eval-qa`` nest, and :class:`ModelSettings` (the backbone besides),
+shared by ``qgmem answer`` and ``qgmem eval-qa``. Each flag is declared here once;
+:mod:`qgmem.settings_flags` turns the blocks into flags."""
 
 from __future__ import annotations
 
-import argparse
 import copy
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from qgmem.errors import UserError
 
-
-def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--export", required=True, help="export folder (train.py writes checkpoints/export) or hub id")
-    parser.add_argument("--backbone", choices=("graph-token", "api"), default="graph-token",
-                        help="graph-token: the export's frozen LM reads the graph token (default); api: an "
-                             "OpenAI-compatible server reads the working memory + the graph as text")
-    parser.add_argument("--api-base-url", default="http://127.0.0.1:8000/v1", help="server of --backbone api")
-    parser.add_argument("--api-model", default="gpt-4o-mini", help="model name sent to the --backbone api server")
-    parser.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                        help="environment variable holding the API key (never stored or logged)")
-    add_engine_arguments(parser)
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="answer length cap (default: the export's)")
-    parser.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+#: what reads the graph: the export's frozen LM (graph tokens), or a hosted LLM (the graph as text)
+BACKBONES = ("graph-token", "api")
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--lm-url`` and its companions: the frozen LM runs in a serving engine (``vllm serve
-    --enable-prompt-embeds``), this process sends it prompt embeddings (:mod:`qgmem.serving.remote_lm`)."""
-    parser.add_argument("--lm-url", default=None,
-                        help="OpenAI-compatible base URL (…/v1) of a serving engine that runs the export's LM and "
-                             "takes prompt embeddings (vllm serve --enable-prompt-embeds); only the LM's input "
-                             "embedding table is loaded here")
-    parser.add_argument("--lm-model", default=None,
-                        help="model name the engine serves (default: the export's LM id; the embedded SmolLM2 is "
-                             "its hub id)")
-    parser.add_argument("--lm-api-key-env", default=None,
-                        help="environment variable holding the engine's API key (default: none is sent)")
+@dataclass
+class EngineSettings:
+    """The frozen LM in a serving engine (``vllm serve --enable-prompt-embeds``) that this process sends
+    prompt embeddings to (:mod:`qgmem.serving.remote_lm`); all ``None``: the LM runs in this process."""
+
+    #: OpenAI-compatible base URL (…/v1) of a serving engine running the export's LM with prompt embeddings (vllm serve --enable-prompt-embeds); only the LM's input embedding table is loaded here
+    lm_url: str | None = None
+    #: model name the engine serves (default: the export's LM id; the embedded SmolLM2 is its hub id)
+    lm_model: str | None = None
+    #: NAME of the environment variable holding the engine's API key (default: none is sent)
+    lm_api_key_env: str | None = None
+
+    def check(self) -> None:
+        """The flags' mistakes as one user error each (run once per start, before any model loads)."""
+        import os
+
+        if self.lm_url is None:
+            for flag, value in (("--lm-model", self.lm_model), ("--lm-api-key-env", self.lm_api_key_env)):
+                if value is not None:
+                    raise UserError(f"{flag} needs --lm-url (the serving engine it describes)")
+            return
+        if not self.lm_url.startswith(("http://", "https://")):
+            raise UserError(f"--lm-url must be an http(s) URL such as http://127.0.0.1:8100/v1, got {self.lm_url!r}")
+        if self.lm_api_key_env and not os.environ.get(self.lm_api_key_env):
+            raise UserError(f"--lm-api-key-env names {self.lm_api_key_env!r}, but that environment variable is "
+                            "not set")
+
+    def config(self) -> Any:
+        """The engine's ``LLMConfig`` (``None`` without ``--lm-url``) of settings :meth:`check` passed."""
+        if self.lm_url is None:
+            return None
+        from qgmem.serving.remote_lm import engine_config
+
+        return engine_config(self.lm_url, self.lm_model, self.lm_api_key_env)
 
 
-def engine_settings(lm_url: str | None, lm_model: str | None, lm_api_key_env: str | None) -> Any:
-    """The engine's ``LLMConfig`` from the ``--lm-*`` flags (``None`` without ``--lm-url``), checked."""
-    import os
+@dataclass
+class LoadSettings:
+    """Which export's models load, where, and where the LM runs: what every command serving an export reads."""
 
-    if lm_url is None:
-        for flag, value in (("--lm-model", lm_model), ("--lm-api-key-env", lm_api_key_env)):
-            if value is not None:
-                raise UserError(f"{flag} needs --lm-url (the serving engine it describes)")
-        return None
-    if not lm_url.startswith(("http://", "https://")):
-        raise UserError(f"--lm-url must be an http(s) URL such as http://127.0.0.1:8100/v1, got {lm_url!r}")
-    if lm_api_key_env and not os.environ.get(lm_api_key_env):
-        raise UserError(f"--lm-api-key-env names {lm_api_key_env!r}, but that environment variable is not set")
-    from qgmem.serving.remote_lm import engine_config
+    export: str | None = None  #: export folder (``python train.py`` writes checkpoints/export) or hub id
+    device: str | None = None  #: cpu | cuda (default: cuda when available)
+    max_new_tokens: int | None = None  #: answer length cap (default: the export's)
+    engine: EngineSettings = field(default_factory=EngineSettings)  # --lm-url, --lm-model, --lm-api-key-env
 
-    return engine_config(lm_url, lm_model, lm_api_key_env)
+    def check(self) -> None:
+        """The flags' mistakes as one user error each (once per start, before any model loads)."""
+        if not self.export:
+            raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise UserError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        self.engine.check()
 
 
-def api_config(args: argparse.Namespace, model: str, base_url: str) -> Any:
-    from qgmem.llm.base import LLMConfig
+@dataclass
+class ModelSettings:
+    """What ``qgmem answer`` and ``qgmem eval-qa`` answer with: the export's models, and what reads the graph."""
 
-    return LLMConfig(backend="openai", model=model, base_url=base_url, api_key_env=args.api_key_env,
-                     max_retries=1, timeout_s=60.0)
+    load: LoadSettings = field(default_factory=LoadSettings)  # --export, --device, --max-new-tokens, --lm-*
+    #: graph-token: the export's frozen LM reads the graph token (default); api: an OpenAI-compatible server reads the working memory + the graph as text
+    backbone: Literal[BACKBONES] = "graph-token"
+    api_base_url: str = "http://127.0.0.1:8000/v1"  #: server of --backbone api
+    api_model: str = "gpt-4o-mini"  #: model name sent to the --backbone api server
+    api_key_env: str = "OPENAI_API_KEY"  #: environment variable holding the API key (never stored or logged)
+
+    def check(self) -> None:
+        """The flags' mistakes as one user error each (once per start, before any model loads)."""
+        self.load.check()
+        if self.load.engine.lm_url is not None and self.backbone == "api":
+            raise UserError("--lm-url serves the graph-token LM; --backbone api answers without it: give one of them")
+
+    def api_config(self, model: str, base_url: str) -> Any:
+        """An OpenAI-compatible server's ``LLMConfig`` (the api backbone's, or eval-qa's LLM judge), keyed by ``--api-key-env``."""
+        from qgmem.llm.base import LLMConfig
+
+        return LLMConfig(backend="openai", model=model, base_url=base_url, api_key_env=self.api_key_env,
+                         max_retries=1, timeout_s=60.0)
 
 
 #: pipelines loaded in this process, by (export, device, answer cap, backbone): each model loads once
@@ -77,7 +108,7 @@ def load_models(export: str, *, device: str | None = None, max_new_tokens: int |
     encoder, the sentence encoder, the frozen LM and the construction builder (its spaCy parse memo).
     ``lm_dtype``: the LM's weights as ``float32`` / ``bfloat16`` / ``float16`` (default: the export's).
     ``engine``: the ``LLMConfig`` of a serving engine running the LM (``--lm-url``; see
-    :func:`engine_settings`); then only the LM's input embedding table is loaded.
+    :meth:`EngineSettings.config`); then only the LM's input embedding table is loaded.
     """
     from transformers.utils import logging as hf_logging
 
@@ -94,12 +125,13 @@ def load_models(export: str, *, device: str | None = None, max_new_tokens: int |
     return pipe
 
 
-def load_pipeline(args: argparse.Namespace):
-    """The pipeline the flags describe (a user error when the export cannot be read)."""
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    engine = engine_settings(args.lm_url, args.lm_model, args.lm_api_key_env)
-    if engine is not None and args.backbone == "api":
-        raise UserError("--lm-url serves the graph-token LM; --backbone api answers without it: give one of them")
-    api = api_config(args, args.api_model, args.api_base_url) if args.backbone == "api" else None
-    return load_models(args.export, device=args.device, max_new_tokens=args.max_new_tokens, api=api, engine=engine)
+def load_pipeline(settings: ModelSettings):
+    """The pipeline of settings :meth:`ModelSettings.check` passed (a user error when the export cannot be read)."""
+    api = settings.api_config(settings.api_model, settings.api_base_url) if settings.backbone == "api" else None
+    return load_settings_models(settings.load, api=api)
+
+
+def load_settings_models(load: LoadSettings, *, api: Any = None, lm_dtype: str | None = None):
+    """:func:`load_models` for settings :meth:`LoadSettings.check` passed."""
+    return load_models(load.export, device=load.device, max_new_tokens=load.max_new_tokens, api=api,
+                       lm_dtype=lm_dtype, engine=load.engine.config())

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
             torch.set_num_threads(settings.threads)
         service = serve_cli.build_service(settings)
-    print(f"qgmem mcp: {settings.export} on stdio (memories in {service.users.store.url_shown()})", file=sys.stderr, flush=True)
+    print(f"qgmem mcp: {settings.load.export} on stdio (memories in {service.users.store.url_shown()})", file=sys.stderr, flush=True)
     try:
         mcp_server(service).run("stdio")
     finally:

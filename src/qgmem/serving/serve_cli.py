@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qgmem.errors import UserError
 from qgmem.older_records import SERVE_FLAGS
-from qgmem.serving.export_models import engine_settings
+from qgmem.serving.export_models import LoadSettings
 from qgmem.serving.storage import DEFAULT_STORE, open_store, store_kind
 from qgmem.serving.storage.folders import refuse_folder_root
 from qgmem.serving.storage.postgres import POOL_SIZE
@@ -25,17 +25,12 @@ from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, 
 class ServeSettings:
     """What ``qgmem serve`` runs with; one field per flag."""
 
-    export: str | None = None  #: export folder (``python train.py`` writes checkpoints/export) or hub id
+    load: LoadSettings = field(default_factory=LoadSettings)  # --export, --device, --max-new-tokens, --lm-*
     store: str = DEFAULT_STORE  #: where the users' memories persist: sqlite:///PATH (one file, the default) or postgresql://… (any libpq URL; many replicas may share it)
     pool_size: int = POOL_SIZE  #: database connections per replica (postgresql:// stores)
     host: str = "127.0.0.1"  #: address to bind (default: this machine only)
     port: int = 8000  #: TCP port
     api_key_env: str | None = None  #: NAME of the environment variable holding the bearer key (the key is never logged)
-    device: str | None = None  #: cpu | cuda (default: cuda when available)
-    max_new_tokens: int | None = None  #: answer length cap (default: the export's)
-    lm_url: str | None = None  #: OpenAI-compatible base URL (…/v1) of a serving engine running the export's LM with prompt embeddings (vllm serve --enable-prompt-embeds); only the LM's input embedding table is loaded here
-    lm_model: str | None = None  #: model name the engine serves (default: the export's LM id; the embedded SmolLM2 is its hub id)
-    lm_api_key_env: str | None = None  #: NAME of the environment variable holding the engine's API key (default: none is sent)
     lm_dtype: str | None = None  #: the LM's weights: float32 | bfloat16 | float16 (default: the export's); check answers stay the same (docs/serving.md)
     threads: int | None = None  #: torch CPU threads (default: torch's; on a CPU shared with other jobs 1 is much faster)
     max_batch: int = 8  #: questions answered in one LM forward at most
@@ -73,8 +68,7 @@ def resolve(args: argparse.Namespace) -> ServeSettings:
 
 
 def check(s: ServeSettings) -> None:
-    if not s.export:
-        raise UserError("--export is required (the export folder, e.g. checkpoints/export, or a hub id)")
+    s.load.check()
     for name in ("max_batch", "max_queue", "snapshot_every", "pool_size", "max_body_bytes", "max_import_bytes", "max_turns",
                  "max_turn_chars", "max_json_containers", "max_concurrent_imports"):
         if getattr(s, name) < 1:
@@ -93,7 +87,6 @@ def check(s: ServeSettings) -> None:
         raise UserError(f"--lm-dtype must be one of auto, float32, bfloat16, float16, got {s.lm_dtype!r}")
     if s.max_wait_ms < 0:
         raise UserError(f"--max-wait-ms must be >= 0, got {s.max_wait_ms}")
-    engine_settings(s.lm_url, s.lm_model, s.lm_api_key_env)
     refuse_folder_root(s.store)
     store_kind(s.store)
 
@@ -109,13 +102,11 @@ def api_key(settings: ServeSettings) -> str | None:
 
 def build_service(settings: ServeSettings):
     """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store (its schema
-    migrated to this version's)."""
-    from qgmem.serving.export_models import load_models
+    migrated to this version's); ``settings`` are :func:`check`'s."""
+    from qgmem.serving.export_models import load_settings_models
     from qgmem.serving.server import Limits, MemoryService
 
-    pipeline = load_models(settings.export, device=settings.device, max_new_tokens=settings.max_new_tokens,
-                           lm_dtype=settings.lm_dtype,
-                           engine=engine_settings(settings.lm_url, settings.lm_model, settings.lm_api_key_env))
+    pipeline = load_settings_models(settings.load, lm_dtype=settings.lm_dtype)
     limits = Limits(max_body_bytes=settings.max_body_bytes, max_import_bytes=settings.max_import_bytes,
                     max_turns=settings.max_turns,
                     max_turn_chars=settings.max_turn_chars, body_timeout_s=settings.body_timeout_s,
@@ -144,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(settings.threads)
     service = build_service(settings)
     app = create_app(service, api_key=key)
-    print(f"qgmem serve: {settings.export} on http://{settings.host}:{settings.port} (memories in "
+    print(f"qgmem serve: {settings.load.export} on http://{settings.host}:{settings.port} (memories in "
           f"{service.users.store.url_shown()}; {len(service.users.user_ids())} users; "
           f"{'bearer key from $' + settings.api_key_env if key else 'no key'})", file=sys.stderr, flush=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
