@@ -14,7 +14,8 @@ flag). A field whose type is itself a settings dataclass contributes that datacl
 its fields are (no prefix): a block of flags several commands share (the ``--lm-*`` flags of a serving
 engine) is declared once and nested where it is used; ``--config`` keys stay flat. A field's
 ``metadata`` may name another flag (``{"flag": "path"}``), another type to parse the text with
-(``{"type": parse_count}``), an ``action`` (``"append"`` for a repeatable flag) or a ``metavar``.
+(``{"type": parse_count}``), an ``action`` (``"append"`` for a repeatable flag), a ``metavar`` or an
+``nargs`` (``3`` with ``"type": float``: a flag of three numbers, each checked as argparse checks one).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: 
             continue
         else:
             kwargs["default"] = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kwargs.update({k: f.metadata[k] for k in ("action", "metavar") if k in f.metadata})
+        kwargs.update({k: f.metadata[k] for k in ("action", "metavar", "nargs") if k in f.metadata})
         choices = literal_choices(hints[f.name])
         if choices is not None:  # argparse checks a choice itself, the text taken as it is
             kwargs["choices"] = choices

@@ -11,25 +11,46 @@ import json
 import warnings
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from qgmem.data.loaders import DATASETS, LoadedData, add_load_arguments, load_arguments, load_cases
 from qgmem.data.records import Case
 from qgmem.data.splits import SPLITS, split_cases
 from qgmem.errors import UserError
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
+
+
+def _share(text: str) -> float:
+    """One number of ``--split-ratios``; a bad one is argparse's one line naming the flag."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+
+
+@dataclass
+class DataStatsSettings:
+    """What ``qgmem data-stats`` runs with; one field per flag (beside ``--strict``/``--lenient``, ``--max-turn-chars``)."""
+
+    dataset: Literal[DATASETS]  #: the data set's form
+    path: str  #: local file or folder (ConvoMem: also a hub id)
+    json: bool = False  #: end with one line of JSON
+    #: shares of the train, val and test splits
+    split_ratios: list[float] = field(default_factory=lambda: [0.7, 0.15, 0.15],
+                                      metadata={"nargs": 3, "type": _share, "metavar": ("TRAIN", "VAL", "TEST")})
+    group_key: Literal["person", "dialogue"] = "person"  #: what a split keeps together
+    seed: int = 0  #: seed of histories (ConvoMem) and splits
+    distractor_conversations: int | None = None  #: ConvoMem: distractor conversations per history
+
+
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", required=True, choices=DATASETS)
-    parser.add_argument("--path", required=True, help="local file or folder (ConvoMem: also a hub id)")
-    parser.add_argument("--json", action="store_true", help="end with one line of JSON")
+    add_settings_arguments(parser, DataStatsSettings)
     add_load_arguments(parser)
-    parser.add_argument("--split-ratios", type=float, nargs=3, default=(0.7, 0.15, 0.15),
-                        metavar=("TRAIN", "VAL", "TEST"))
-    parser.add_argument("--group-key", choices=("person", "dialogue"), default="person")
-    parser.add_argument("--seed", type=int, default=0, help="seed of histories (ConvoMem) and splits")
-    parser.add_argument("--distractor-conversations", type=int, default=None,
-                        help="ConvoMem: distractor conversations per history")
 
 
 def _counts(cases: Sequence[Case]) -> dict[str, Any]:
@@ -100,16 +121,17 @@ def format_table(stats: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    s = settings_from_args(DataStatsSettings, args)
     options: dict[str, Any] = {}
-    if args.distractor_conversations is not None:
-        if args.dataset != "convomem":
+    if s.distractor_conversations is not None:
+        if s.dataset != "convomem":
             raise UserError("--distractor-conversations applies to --dataset convomem only")
-        options["distractor_conversations"] = args.distractor_conversations
-    if args.dataset == "convomem":
-        options["seed"] = args.seed
-    loaded = load_cases(args.dataset, args.path, **load_arguments(args), **options)
-    stats = compute_stats(loaded, args.split_ratios, seed=args.seed, group_key=args.group_key)
+        options["distractor_conversations"] = s.distractor_conversations
+    if s.dataset == "convomem":
+        options["seed"] = s.seed
+    loaded = load_cases(s.dataset, s.path, **load_arguments(args), **options)
+    stats = compute_stats(loaded, tuple(s.split_ratios), seed=s.seed, group_key=s.group_key)
     print(format_table(stats))
-    if args.json:
+    if s.json:
         print(json.dumps(stats, ensure_ascii=False))
     return 0

@@ -19,11 +19,13 @@ import json
 import re
 import statistics
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from qgmem.memory.relations import MAX_NODE_CHARS, SPEECH_VERBS
 from qgmem.memory.traces import lemma
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 _AUX_WORDS = {"is", "am", "are", "was", "were", "be", "been", "being", "has", "have", "had", "do", "does", "did",
               "will", "would", "should", "can", "could", "may", "might", "must", "shall", "not", "never", "just",
@@ -131,16 +133,28 @@ def find_rows(cache: Path, key: str | None = None):
     return chosen, [row for name in C.SPLITS for row in splits[name]]
 
 
+@dataclass
+class GraphStatsSettings:
+    """What ``qgmem graph-stats`` runs with; one field per flag."""
+
+    cache: str  #: training cache root, or one dataset-/samples-<key> folder
+    key: str | None = None  #: cache key to read when the root holds several
+    top: int = 20  #: how many predicates and nodes to list
+    json: bool = False  #: print one JSON object as the last line
+
+
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+TAKES_CONFIG = True
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache", required=True, help="training cache root, or one dataset-/samples-<key> folder")
-    parser.add_argument("--key", default=None, help="cache key to read when the root holds several")
-    parser.add_argument("--top", type=int, default=20, help="how many predicates and nodes to list")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    add_settings_arguments(parser, GraphStatsSettings)
 
 
 def run(args: argparse.Namespace) -> int:
-    folder, rows = find_rows(Path(args.cache), args.key)
-    stats = {"folder": str(folder), **graph_stats(rows, args.top)}
+    s = settings_from_args(GraphStatsSettings, args)
+    folder, rows = find_rows(Path(s.cache), s.key)
+    stats = {"folder": str(folder), **graph_stats(rows, s.top)}
     print(f"{folder}: {stats['graphs']} graphs, {stats['edges']} edges, {stats['nodes']} nodes "
           f"({stats['nodes_per_graph_mean']:.1f} nodes / {stats['edges_per_graph_mean']:.1f} edges per graph)")
     print(f"speech-verb edges            {stats['speech_edge_share']:.1%}")
@@ -148,6 +162,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"busiest node's edge share    {stats['busiest_node_share_median']:.2f} (median), "
           f"{stats['busiest_node_share_mean']:.2f} (mean)")
     print("top predicates: " + ", ".join(f"{p} ({n})" for p, n in stats["top_predicates"][:10]))
-    if args.json:
+    if s.json:
         print(json.dumps(stats, ensure_ascii=False))
     return 0

@@ -6,26 +6,41 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
+
+
+@dataclass
+class MigrateStoreSettings:
+    """What ``qgmem migrate-store`` runs with; one field per flag (``--from`` and ``--to``: ``from`` is a keyword)."""
+
+    #: store root of the folder format (the old --store-root, e.g. memories)
+    source: str = field(metadata={"flag": "from", "metavar": "DIR"})
+    #: the store: sqlite:///PATH or postgresql://… (qgmem serve --store takes the same URL)
+    target: str = field(metadata={"flag": "to", "metavar": "URL"})
+
+
+#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
+TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--from", dest="source", required=True, metavar="DIR",
-                        help="store root of the folder format (the old --store-root, e.g. memories)")
-    parser.add_argument("--to", dest="target", required=True, metavar="URL",
-                        help="the store: sqlite:///PATH or postgresql://… (qgmem serve --store takes the same URL)")
+    add_settings_arguments(parser, MigrateStoreSettings)
 
 
 def run(args: argparse.Namespace) -> int:
     from qgmem.serving.storage import open_store
     from qgmem.serving.storage.folders import migrate
 
-    store = open_store(args.target)
+    s = settings_from_args(MigrateStoreSettings, args)
+    store = open_store(s.target)
     try:
-        counts = migrate(Path(args.source), store, log=lambda line: print(line, file=sys.stderr))
+        counts = migrate(Path(s.source), store, log=lambda line: print(line, file=sys.stderr))
     finally:
         store.close()
-    print(f"moved {counts['users']} users ({counts['units']} units) from {args.source} to {store.url_shown()}; "
+    print(f"moved {counts['users']} users ({counts['units']} units) from {s.source} to {store.url_shown()}; "
           f"{counts['already_there']} already there"
           + (f"; {counts['replayed_at_load']} with changes past their snapshot (replayed at their first load)"
              if counts["replayed_at_load"] else ""))
