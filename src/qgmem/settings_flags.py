@@ -13,7 +13,9 @@ switch; a ``Literal`` field is a choice among its values (argparse's one-line "i
 flag). A field whose type is itself a settings dataclass contributes that dataclass's flags, named as
 its fields are (no prefix): a block of flags several commands share (the ``--lm-*`` flags of a serving
 engine) is declared once and nested where it is used; ``--config`` keys stay flat. A field's
-``metadata`` may name another flag (``{"flag": "path"}``), another type to parse the text with
+``metadata`` may name another flag (``{"flag": "path"}``), a switch that turns a ``bool`` field off
+beside the one that turns it on (``{"off_flag": "lenient", "off_help": ...}``: ``--strict`` or
+``--lenient``, never both), another type to parse the text with
 (``{"type": parse_count}``), an ``action`` (``"append"`` for a repeatable flag), a ``metavar`` or an
 ``nargs`` (``3`` with ``"type": float``: a flag of three numbers, each checked as argparse checks one).
 """
@@ -84,6 +86,12 @@ def add_settings_arguments(parser: argparse.ArgumentParser, cls: type, *, skip: 
             kwargs["required"] = True
         elif hints[f.name] is bool and f.default is False:
             parser.add_argument(flag_name(f), action="store_true", **kwargs)
+            continue
+        elif hints[f.name] is bool and "off_flag" in f.metadata:  # two switches, one setting: --strict / --lenient
+            pair = parser.add_mutually_exclusive_group()
+            pair.add_argument(flag_name(f), action="store_true", default=f.default, **kwargs)
+            pair.add_argument("--" + f.metadata["off_flag"].replace("_", "-"), dest=f.name, action="store_false",
+                              help=f.metadata.get("off_help", ""))
             continue
         else:
             kwargs["default"] = f.default if f.default is not dataclasses.MISSING else f.default_factory()

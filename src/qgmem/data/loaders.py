@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,9 @@ from qgmem.data._common import DEFAULT_MAX_TURN_CHARS, LoadedData
 from qgmem.data.convomem import load_convomem
 from qgmem.data.locomo import load_locomo
 from qgmem.data.longmemeval import load_longmemeval
+from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
-__all__ = ["DATASETS", "LOADERS", "LoadedData", "add_load_arguments", "load_arguments", "load_cases"]
+__all__ = ["DATASETS", "LOADERS", "LoadedData", "LoadingSettings", "add_load_arguments", "load_arguments", "load_cases"]
 
 LOADERS: dict[str, Callable[..., LoadedData]] = {
     "convomem": load_convomem,
@@ -40,26 +42,6 @@ def load_cases(dataset: str, path: str | Path, *, strict: bool = True, **options
     return loader(path, strict=strict, **options)
 
 
-def add_load_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--strict`` (default) / ``--lenient``: the same loading policy flags on every data-reading command.
-
-    Also ``--max-turn-chars`` (the cap on one turn's text). Pass both on with
-    ``load_cases(dataset, path, **load_arguments(args))``.
-    """
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--strict", dest="strict", action="store_true", default=True,
-                      help="stop at the first bad record, naming its file, item and field (default)")
-    mode.add_argument("--lenient", dest="strict", action="store_false",
-                      help="skip bad records, count them and list each reason")
-    parser.add_argument("--max-turn-chars", type=_positive_int, default=DEFAULT_MAX_TURN_CHARS, metavar="N",
-                        help=f"cut a longer turn at N characters, counted in the report (default {DEFAULT_MAX_TURN_CHARS})")
-
-
-def load_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``load_cases`` keywords set by :func:`add_load_arguments`."""
-    return {"strict": args.strict, "max_turn_chars": args.max_turn_chars}
-
-
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -68,3 +50,27 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+@dataclass
+class LoadingSettings:
+    """How a data-reading command loads its data set: the same flags on each, named as ``load_cases``' keywords."""
+
+    #: stop at the first bad record, naming its file, item and field (default)
+    strict: bool = field(default=True, metadata={
+        "off_flag": "lenient", "off_help": "skip bad records, count them and list each reason"})
+    #: cut a longer turn at N characters, counted in the report
+    max_turn_chars: int = field(default=DEFAULT_MAX_TURN_CHARS, metadata={"type": _positive_int, "metavar": "N"})
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--strict`` (default) / ``--lenient`` and ``--max-turn-chars``: :class:`LoadingSettings` as flags.
+
+    Pass them on with ``load_cases(dataset, path, **load_arguments(args))``.
+    """
+    add_settings_arguments(parser, LoadingSettings)
+
+
+def load_arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``load_cases`` keywords set by :func:`add_load_arguments`."""
+    return asdict(settings_from_args(LoadingSettings, args))
