@@ -355,20 +355,29 @@ TAKES_CONFIG = True
 FIXED = ("warmup_ratio",)
 
 
+@dataclass
+class TrainRerankerSettings:
+    """What ``qgmem train-reranker`` runs with: where it writes, the training settings (recorded in the
+    reranker's ``training.json``) and the CPU threads (which change no result)."""
+
+    out: str  #: folder for the trained cross-encoder (created)
+    training: RerankerTrainingConfig = field(default_factory=RerankerTrainingConfig)
+    threads: int | None = None  #: torch CPU threads
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=str, required=True, help="folder for the trained cross-encoder (created)")
-    add_settings_arguments(parser, RerankerTrainingConfig, skip=FIXED)
-    parser.add_argument("--threads", type=int | None, default=None, help="torch CPU threads")
+    add_settings_arguments(parser, TrainRerankerSettings, skip=FIXED)
 
 
 def run(args: argparse.Namespace) -> int:
     from qgmem.errors import as_user_error
 
-    if args.threads:
+    s = settings_from_args(TrainRerankerSettings, args, skip=FIXED)
+    if s.threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-    config = settings_from_args(RerankerTrainingConfig, args, skip=FIXED)
+        torch.set_num_threads(s.threads)
+    config = s.training
     if not Path(config.data_path).exists():
         raise FileNotFoundError(f"{config.data_path}: no such ConvoMem folder")
     with as_user_error(ValueError, prefix="bad option: "):
@@ -380,8 +389,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--select-cases must be >= 0, got {config.select_cases}")
         if config.logging_steps < 1:
             raise ValueError(f"--logging-steps must be >= 1, got {config.logging_steps}")
-    info = train_reranker(args.out, config)
-    print(f"trained reranker -> {args.out}: {info['cases']} cases, {info['pairs']['positives']} positive / "
+    info = train_reranker(s.out, config)
+    print(f"trained reranker -> {s.out}: {info['cases']} cases, {info['pairs']['positives']} positive / "
           f"{info['pairs']['negatives']} negative pairs, {info['steps']} steps (saved: step {info['chosen_step']}); mining {info['mine_seconds']} s, "
           f"training {info['train_seconds']} s, total {info['total_seconds']} s")
     return 0
