@@ -128,3 +128,58 @@ def test_each_engine_flag_is_declared_once():
         for flag, name in shared.items():
             assert actions[flag].help == docs[name] and actions[flag].default is None, (command, flag)
         assert settings_from_args(LoadSettings, parser.parse_args([*required, *given])) == expected, command
+
+
+#: the modules that may build a parser or add a flag by hand, and why
+PARSER_MODULES = {
+    "settings_flags.py": "a settings dataclass as flags, the one way a command's flags are made",
+    "errors.py": "command_parser: the command's parser, --debug and --config",
+    "cli.py": "the table of subcommands: only the command's name is parsed there",
+    "training/cli.py": "LightningCLI's parser and its own flags (fit, validate, test)",
+    "training/build_cache.py": "build-cache's flags on LightningCLI's parser, and the data section's parser",
+}
+_BY_HAND = {"ArgumentParser", "add_argument", "add_argument_group", "add_mutually_exclusive_group", "add_subparsers"}
+
+
+def _hand_made_parsers(source: str) -> list[int]:
+    """The lines of ``source`` that build a parser or add a flag themselves."""
+    import ast
+
+    return [node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) in _BY_HAND]
+
+
+def test_only_settings_flags_errors_and_lightning_build_parsers():
+    """A command's flags are a settings dataclass: a module that builds a parser by hand fails here."""
+    from pathlib import Path
+
+    import qgmem
+
+    assert _hand_made_parsers("import argparse\np = argparse.ArgumentParser()\np.add_argument('--x')\n") == [2, 3]
+    assert _hand_made_parsers("add_settings_arguments(parser, Example)\n") == []
+    root = Path(qgmem.__file__).parent
+    found = {path.relative_to(root).as_posix(): lines for path in sorted(root.rglob("*.py"))
+             if (lines := _hand_made_parsers(path.read_text(encoding="utf-8")))}
+    assert set(found) == set(PARSER_MODULES), {k: v for k, v in found.items() if k not in PARSER_MODULES}
+
+
+@dataclass
+class Paired:
+    #: stop at the first bad record
+    strict: bool = field(default=True, metadata={"off_flag": "lenient", "off_help": "skip bad records"})
+    shares: list[float] = field(default_factory=lambda: [0.5, 0.5], metadata={"nargs": 2, "type": float})  #: two
+
+
+def test_off_flag_and_nargs():
+    """A ``bool`` field with an ``off_flag`` is two switches that exclude each other; ``nargs`` takes that many."""
+    parser = command_parser("p", "", lambda p: add_settings_arguments(p, Paired), True)
+    assert settings_from_args(Paired, parser.parse_args([])) == Paired()
+    assert settings_from_args(Paired, parser.parse_args(["--strict"])) == Paired()
+    assert settings_from_args(Paired, parser.parse_args(["--lenient", "--shares", "0.2", "0.8"])) == Paired(
+        strict=False, shares=[0.2, 0.8])
+    helps = {a.option_strings[0]: a.help for a in parser._actions if a.option_strings}
+    assert helps["--strict"] == "stop at the first bad record" and helps["--lenient"] == "skip bad records"
+    for bad in (["--strict", "--lenient"], ["--shares", "0.1"]):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(bad)
+        assert exc.value.code == 2
