@@ -1,7 +1,7 @@
 """A settings dataclass as command-line flags: one typed flag per field, documented by the field's ``#:`` comment.
 
-The commands that read settings (``serve``, ``eval-retrieval``, ``build-memory``, ``train-reranker``)
-describe them once, as a dataclass whose fields carry their type, default and a ``#:`` comment (on the
+Every command outside LightningCLI (``serve``, ``data-stats``, ``migrate-store`` ...) describes its
+settings once, as a dataclass whose fields carry their type, default and a ``#:`` comment (on the
 field's line, or on the lines just above it)::
 
     port: int = 8000  #: TCP port
