@@ -25,7 +25,7 @@ def locomo_file() -> Path:
 def _parser(command: str):
     """The parser ``qgmem COMMAND`` parses with."""
     module = importlib.import_module(COMMANDS[command][0])
-    return command_parser(f"qgmem {command}", "", module.add_arguments, getattr(module, "TAKES_CONFIG", False))
+    return command_parser(f"qgmem {command}", "", module.add_arguments)
 
 
 def _errors(capsys) -> list[str]:

@@ -29,7 +29,7 @@ class Example:
 
 
 def _parse(argv: list[str]):
-    parser = command_parser("example", "", lambda p: add_settings_arguments(p, Example, skip=("fixed",)), True)
+    parser = command_parser("example", "", lambda p: add_settings_arguments(p, Example, skip=("fixed",)))
     return parser, parser.parse_args(argv)
 
 
@@ -68,7 +68,7 @@ class Outer:
 
 
 def test_a_nested_settings_dataclass_gives_its_own_flags_and_flat_config_keys(tmp_path):
-    parser = command_parser("outer", "", lambda p: add_settings_arguments(p, Outer), True)
+    parser = command_parser("outer", "", lambda p: add_settings_arguments(p, Outer))
     args = parser.parse_args(["--url", "http://x", "--names", "a", "--names", "b"])
     assert settings_from_args(Outer, args) == Outer(inner=Inner(url="http://x"), names=["a", "b"])
     config = tmp_path / "c.yaml"
@@ -123,7 +123,7 @@ def test_each_engine_flag_is_declared_once():
     expected = LoadSettings("e", "cpu", 7, EngineSettings(lm_url="http://127.0.0.1:8100/v1", lm_model="m"))
     for command, required in ENGINE_COMMANDS.items():
         module = importlib.import_module(COMMANDS[command][0])
-        parser = command_parser(command, "", module.add_arguments, True)
+        parser = command_parser(command, "", module.add_arguments)
         actions = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
         for flag, name in shared.items():
             assert actions[flag].help == docs[name] and actions[flag].default is None, (command, flag)
@@ -172,7 +172,7 @@ class Paired:
 
 def test_off_flag_and_nargs():
     """A ``bool`` field with an ``off_flag`` is two switches that exclude each other; ``nargs`` takes that many."""
-    parser = command_parser("p", "", lambda p: add_settings_arguments(p, Paired), True)
+    parser = command_parser("p", "", lambda p: add_settings_arguments(p, Paired))
     assert settings_from_args(Paired, parser.parse_args([])) == Paired()
     assert settings_from_args(Paired, parser.parse_args(["--strict"])) == Paired()
     assert settings_from_args(Paired, parser.parse_args(["--lenient", "--shares", "0.2", "0.8"])) == Paired(

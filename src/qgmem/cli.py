@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(module_name)  # inside the convention, as the command's own code
         if not hasattr(module, "add_arguments"):  # a command with its own (jsonargparse) parser
             return module.run(rest)
-        return argparse_command(prog, help_text, module.add_arguments, module.run,
-                                takes_config=getattr(module, "TAKES_CONFIG", False))(rest)
+        return argparse_command(prog, help_text, module.add_arguments, module.run)(rest)
 
     return run_command(prog, command, argv[1:], debug)
 

@@ -99,35 +99,30 @@ def run_command(prog: str, command: Callable[[list[str]], int | None], argv: Seq
         return print_error(prog, exc, debug)
 
 
-def command_parser(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
-                   takes_config: bool = False) -> argparse.ArgumentParser:
-    """The parser of a command: its ``add_arguments`` plus ``--debug``.
+def command_parser(prog: str, description: str,
+                   add_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """The parser of a command: its ``add_arguments`` plus ``--debug`` and ``--config``.
 
-    ``takes_config``: a jsonargparse parser, as the training commands have, so every flag is also a key
-    of a ``--config`` YAML file and ``--print_config`` shows the resolved values.
+    A jsonargparse parser, as the training commands have, so every flag is also a key of a ``--config``
+    YAML file and ``--print_config`` shows the resolved values.
     """
-    if takes_config:
-        from jsonargparse import ActionConfigFile, ArgumentParser
+    from jsonargparse import ActionConfigFile, ArgumentParser
 
-        parser = ArgumentParser(prog=prog, description=description)
-    else:
-        parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = ArgumentParser(prog=prog, description=description)
     add_arguments(parser)
     parser.add_argument(DEBUG_FLAG, action="store_true", help="show the traceback of an error")
-    if takes_config:
-        parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of this command's flags")
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of this command's flags")
     return parser
 
 
 def argparse_command(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
-                     run: Callable[[argparse.Namespace], int | None],
-                     takes_config: bool = False) -> Callable[[list[str]], int]:
+                     run: Callable[[argparse.Namespace], int | None]) -> Callable[[list[str]], int]:
     """A ``command(argv)`` for :func:`run_command`: parse with :func:`command_parser`, then ``run``.
 
     ``--help`` returns 0 and a bad flag 2 (argparse prints the usage and the reason) instead of exiting.
     """
     def command(argv: list[str]) -> int:
-        parser = command_parser(prog, description, add_arguments, takes_config)
+        parser = command_parser(prog, description, add_arguments)
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:

@@ -217,8 +217,6 @@ class ExportSettings:
     graph_mode: Literal["token", "none"] | None = None
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -349,8 +349,6 @@ def train_reranker(out: str | Path, config: RerankerTrainingConfig | None = None
 
 
 # -- command line ----------------------------------------------------------------------------------------
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 #: settings no flag sets (no comparison asked for them)
 FIXED = ("warmup_ratio",)
 

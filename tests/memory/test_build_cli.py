@@ -284,7 +284,7 @@ def test_flags_reach_the_configs(monkeypatch, tmp_path, convomem_path, fake_enco
 
     monkeypatch.setattr(qgmem.llm.backends, "make_backend", lambda config: seen.setdefault("llm", config))
     monkeypatch.setattr(qgmem.memory.builder, "MemoryBuilder", builder)
-    parser = command_parser("qgmem build-memory", "", build_cli.add_arguments, build_cli.TAKES_CONFIG)
+    parser = command_parser("qgmem build-memory", "", build_cli.add_arguments)
     args = parser.parse_args(["--dataset", "convomem", "--path", str(convomem_path), "--out", str(tmp_path),
                               "--extractor", "llm", "--window-size", "5", "--window-overlap", "1",
                               "--llm-timeout", "7", "--llm-concurrency", "3", "--llm-model", "m"])

@@ -44,8 +44,6 @@ class DataStatsSettings:
     distractor_conversations: int | None = None  #: ConvoMem: distractor conversations per history
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

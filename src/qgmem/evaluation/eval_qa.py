@@ -66,8 +66,6 @@ class EvalQASettings:
     json: bool = False  #: print the results as JSON
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -281,8 +281,6 @@ class RetrievalEvalSettings:
                                 channels=tuple(c.strip() for c in self.channels.split(",") if c.strip()))
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -88,8 +88,6 @@ class BuildMemorySettings:
                          deadline_s=self.llm_deadline, cache_path=self.llm_cache or str(out / "llm_cache.sqlite"))
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

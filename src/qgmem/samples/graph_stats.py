@@ -143,8 +143,6 @@ class GraphStatsSettings:
     json: bool = False  #: print one JSON object as the last line
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

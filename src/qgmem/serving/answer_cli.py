@@ -34,8 +34,6 @@ class AnswerSettings:
     json: bool = False  #: print the full answers as JSON
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

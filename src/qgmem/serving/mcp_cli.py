@@ -13,8 +13,6 @@ import sys
 
 from qgmem.serving import serve_cli
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser) -> None:

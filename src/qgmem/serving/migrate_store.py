@@ -22,8 +22,6 @@ class MigrateStoreSettings:
     target: str = field(metadata={"flag": "to", "metavar": "URL"})
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

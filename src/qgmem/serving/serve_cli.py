@@ -50,8 +50,6 @@ class ServeSettings:
     log_level: str = "info"  #: uvicorn's log level (request lines hold method, path and status, never bodies)
 
 
-#: flags also come from a --config YAML file, and --print_config shows them (jsonargparse, as LightningCLI)
-TAKES_CONFIG = True
 
 
 def add_arguments(parser) -> None:
