@@ -59,3 +59,10 @@ def test_migrate_store_names_a_folder_that_is_not_a_root(tmp_path, capsys):
     assert main(["migrate-store", "--from", str(tmp_path), "--to", f"sqlite:///{tmp_path / 'm.db'}"]) == 2
     err = capsys.readouterr().err
     assert "not a store root of the folder format" in err and str(tmp_path) in err and "Traceback" not in err
+
+
+def test_a_missing_flag_is_named_as_the_user_types_it(tmp_path, capsys):
+    assert main(["migrate-store", "--to", f"sqlite:///{tmp_path / 'm.db'}"]) == 2
+    assert capsys.readouterr().err.splitlines()[0].endswith("--from is required (qgmem migrate-store --from DIR --to URL)")
+    assert main(["migrate-store", "--from", str(tmp_path)]) == 2
+    assert "--to is required" in capsys.readouterr().err

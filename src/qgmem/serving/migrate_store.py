@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qgmem.errors import UserError
 from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 
@@ -17,11 +18,9 @@ class MigrateStoreSettings:
     """What ``qgmem migrate-store`` runs with; one field per flag (``--from`` and ``--to``: ``from`` is a keyword)."""
 
     #: store root of the folder format (the old --store-root, e.g. memories)
-    source: str = field(metadata={"flag": "from", "metavar": "DIR"})
+    source: str = field(default="", metadata={"flag": "from", "metavar": "DIR"})
     #: the store: sqlite:///PATH or postgresql://… (qgmem serve --store takes the same URL)
-    target: str = field(metadata={"flag": "to", "metavar": "URL"})
-
-
+    target: str = field(default="", metadata={"flag": "to", "metavar": "URL"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +32,9 @@ def run(args: argparse.Namespace) -> int:
     from qgmem.serving.storage.folders import migrate
 
     s = settings_from_args(MigrateStoreSettings, args)
+    for flag, value in (("--from", s.source), ("--to", s.target)):
+        if not value:  # named by the flag a user types, not the settings key
+            raise UserError(f"{flag} is required (qgmem migrate-store --from DIR --to URL)")
     store = open_store(s.target)
     try:
         counts = migrate(Path(s.source), store, log=lambda line: print(line, file=sys.stderr))
