@@ -105,7 +105,9 @@ def test_a_corrupt_entry_is_detected_and_rebuilt(lm, tmp_path, forwards, damage,
     table, stats = build(lm, items, tmp_path)
     assert (stats["corrupt"], stats["misses"], stats["hits"], forwards) == (1, 1, 1, [1])
     assert str(path) in caplog.text
-    assert all(torch.equal(table[q].logits, first[q].logits) for q in first)  # recomputed, not read
+    # recomputed, not read (the counts above say so); the rebuilt row ran in a batch of its own, so its float32
+    # logits match the batched first build to rounding, not bit for bit
+    assert all(torch.allclose(table[q].logits, first[q].logits, rtol=1e-4, atol=1e-4) for q in first)
     _, stats = build(lm, items, tmp_path)
     assert (stats["corrupt"], stats["hits"]) == (0, 2)  # and rewritten
 
