@@ -316,9 +316,9 @@ def test_train_script_reports_a_setting_its_objects_refuse_as_a_user_error(capsy
     (["--model.stages+=Distillation", "--model.stages.weight", "-0.5"],
      "model.stages: Distillation: weight must be > 0 (leave the stage out for none), got -0.5"),
     (["--model.stages+=Distillation", "--model.stages.topk", "0"], "model.stages: Distillation: topk must be >= 1, got 0"),
-    (["--model.stages.steps", "0", "--model.stages.weight", "0"],
+    (["--config", "nodes10", "--model.stages.steps", "0", "--model.stages.weight", "0"],
      "model.stages: NodeWordAlignment: steps and weight are both 0, so the stage does nothing"),
-    (["--model.stages+=NodeWordAlignment"], "model.stages lists NodeWordAlignment twice"),
+    (["--config", "nodes10", "--model.stages+=NodeWordAlignment"], "model.stages lists NodeWordAlignment twice"),
     (["--model.stages", '[{"class_path": "MemoryReconstruction", "init_args": {"steps": 0}}]'],
      "model.stages: MemoryReconstruction: steps and batch_size must be >= 1")])
 def test_train_script_refuses_a_bad_stage_setting(args, message, capsys):
