@@ -5,7 +5,8 @@ One home for every such rule, so an old record reads the same wherever it is ope
 Export ``config.json`` (older format versions), the graph-token network and prompt blocks of exports and
 checkpoints (renamed fields, fields added since), a checkpoint's prompt contract (kept in two places
 before it had one block), its training stages (flat ``align_*``/``distill_*`` settings before
-``model.stages`` listed them) and its generation settings (flat before ``model.generation``) read as the version of today would have written them.
+``model.stages`` listed them) and its generation settings (flat before ``model.generation``) read as
+the version of today would have written them.
 
 Settings that tuning rounds added and later retired: exports, stores and caches written before a setting
 was retired record it (and cache and store keys hash it). Today's code always behaves as one value of

@@ -145,7 +145,8 @@ class QGMemModule(LightningModule):
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
                  injection: Injection = "input",
                  graph: GraphMode = "token", stages: list[Stage] | None = None,
-                 generation: GenerationSettings = GenerationSettings(), gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
+                 generation: GenerationSettings = GenerationSettings(), gradient_checkpointing: bool = False,
+                 lora: LoraSettings | None = None,
                  prompt: PromptSettings | None = None,
                  optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
                  init_from: str | None = None):
