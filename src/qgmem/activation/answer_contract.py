@@ -8,7 +8,7 @@ side that reads it share one class and one validation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 from qgmem.activation.config import ActivationConfig
@@ -28,17 +28,20 @@ class AnswerContract:
         activation: the query-time activation (``k``: the units the graph is built over).
         graph_mode: ``token`` (the graph tokens), ``none`` (the text prompt alone) or ``shuffled``.
         injection: ``input`` (graph tokens among the input embeddings) or ``kv_prefix``.
+        names: how the text and graph budgets are called where the contract is made (a training run's
+            ``data.memory_units`` and ``data.activation.k``; an export's fields by default), so a refusal
+            names what the user set.
     """
 
     prompt: PromptSettings = field(default_factory=PromptSettings)
     activation: ActivationConfig = field(default_factory=ActivationConfig)
     graph_mode: GraphMode = "token"
     injection: Injection = "input"
+    names: InitVar[tuple[str, str]] = ("prompt.memory_units", "activation.k")
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, names: tuple[str, str]) -> None:
         # the text budget m is the top m of the graph's k units: m <= k, checked here and nowhere else
-        check_budgets(self.prompt.memory_units, self.activation.k, text_name="prompt.memory_units",
-                      graph_name="activation.k")
+        check_budgets(self.prompt.memory_units, self.activation.k, text_name=names[0], graph_name=names[1])
         try:
             check_mode(self.graph_mode)
         except ValueError as exc:
