@@ -22,7 +22,7 @@ from qgmem.prompting.contract import PromptSettings
 from qgmem.serving import GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.serving.pipeline import load_lm_for
 from qgmem.training.datamodule import QGMemDataModule, synthetic_items
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.stages import NodeWordAlignment
 
 D = 8
@@ -37,7 +37,7 @@ def lm_path(tmp_path_factory):
 def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens: int = 96, max_steps: int = 2,
                    limit_val_batches: int | None = None, **module_kwargs) -> str:
     seed_everything(0)
-    module = QGMemModule(lm=lm, feature_dim=feature_dim, max_new_tokens=3, val_generate_batches=1,
+    module = QGMemModule(lm=lm, feature_dim=feature_dim, generation=GenerationSettings(max_new_tokens=3, val_generate_batches=1),
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                        "init_args": {"warmup_steps": 1}},
                          **{"encoder": EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0), **PAPER,
@@ -266,7 +266,7 @@ def test_smollm2_end_to_end_generation_matches_serving(tmp_path):
     data.setup("fit")
     batch = next(iter(data.val_dataloader()))
     assert batch["gen_attention_mask"][0].sum() < batch["gen_attention_mask"][1].sum()  # row 0 is left-padded
-    module.hparams.max_new_tokens = 10
+    module.generation.max_new_tokens = 10
     batched = module.generate(batch)
     pipe = serving_pipeline(out, max_new_tokens=10)
     served = [a.answer for a in pipe.generate([retrieved_item(it) for it in items])]

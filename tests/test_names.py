@@ -36,3 +36,21 @@ def test_the_check_finds_an_old_name(tmp_path):  # positive control: the pattern
     (tmp_path / "a.py").write_text("x = cfg.num_queries\nPromptSettings(graph_tokens=3)\nd['graph_tokens']\n"
                                    "k = net.config.num_tokens\ntokens = module.graph_tokens(batch)\n")
     assert [line.split(": ", 1)[0] for line in offending_lines(tmp_path)] == ["a.py:1", "a.py:2", "a.py:3", "a.py:4"]
+
+
+#: the graph mode's retired names (its name is ``graph_mode``; the pipeline reads it from its answer contract)
+OLD_GRAPH_MODE_NAMES = re.compile(r"\bdefault_graph\b")
+
+
+def graph_mode_offences(root: Path) -> list[str]:
+    return [f"{path.relative_to(root)}:{n}: {line.strip()}" for path in sorted(root.rglob("*.py"))
+            for n, line in enumerate(path.read_text().splitlines(), 1) if OLD_GRAPH_MODE_NAMES.search(line)]
+
+
+def test_the_graph_mode_s_retired_names_are_gone():
+    assert graph_mode_offences(SRC) == []
+
+
+def test_the_graph_mode_check_finds_a_retired_name(tmp_path):  # positive control
+    (tmp_path / "a.py").write_text("mode = pipe.default_graph\nmode = pipe.contract.graph_mode\n")
+    assert [line.split(": ", 1)[0] for line in graph_mode_offences(tmp_path)] == ["a.py:1"]

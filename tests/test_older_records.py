@@ -152,9 +152,21 @@ def test_an_older_checkpoint_s_flat_stage_settings_read_as_its_stages():
         {"class_path": "qgmem.training.stages.NodeWordAlignment", "init_args": {"steps": 5, "weight": 0.5}}]
     # the whole hyperparameter block: the flat and retired keys go, the rest stays; today's block is kept
     read = checkpoint_hparams({**compact, "graph": "none", "match_embedding_scale": True})
-    assert read == {"graph": "none", "stages": checkpoint_stages(compact)}
-    today = {"graph": "token", "stages": []}
+    assert read == {"graph": "none", "stages": checkpoint_stages(compact), "generation": {}}
+    today = {"graph": "token", "stages": [], "generation": {"max_new_tokens": 5}}
     assert checkpoint_hparams(today) == today
+
+
+def test_an_older_checkpoint_s_flat_generation_settings_read_as_its_generation_block():
+    from qgmem.older_records import checkpoint_hparams
+    from qgmem.training.module import GenerationSettings
+
+    flat = {"max_new_tokens": 24, "val_generate_batches": 1, "test_generate_batches": None, "num_examples": 8,
+            "stages": []}
+    read = checkpoint_hparams(flat)
+    assert read == {"stages": [], "generation": {"max_new_tokens": 24, "val_generate_batches": 1,
+                                                 "test_generate_batches": None, "num_examples": 8}}
+    assert GenerationSettings(**read["generation"]) == GenerationSettings(24, 1, None, 8)
 
 
 def test_the_stage_records_an_older_checkpoint_gets_build_the_stages():

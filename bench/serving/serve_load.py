@@ -82,14 +82,16 @@ def untrained_export(folder: Path, preset: str = "default") -> Path:
     from qgmem.model.graph_token import GraphTokenConfig
     from qgmem.model.pretrained import GraphTokenEncoder
     from qgmem.prompting import PromptSettings
-    from qgmem.training.module import QGMemModule
+    from qgmem.training.module import GenerationSettings, QGMemModule
 
     if (folder / "config.json").is_file():
         return folder
     cfg = yaml.safe_load((REPO / "configs" / f"{preset}.yaml").read_text())
     signature = inspect.signature(QGMemModule.__init__).parameters
     model = {k: (cfg.get("model") or {}).get(k, signature[k].default)
-             for k in ("features", "readout", "num_graph_tokens", "max_new_tokens")}
+             for k in ("features", "readout", "num_graph_tokens")}
+    generation = GenerationSettings(**((cfg.get("model") or {}).get("generation") or {}))
+    max_new_tokens = generation.max_new_tokens
     data = cfg.get("data") or {}
     torch.manual_seed(0)
     config = GraphTokenConfig(feature_dim=384, edge_dim=384, lm_hidden=576, features=model["features"],
@@ -97,7 +99,7 @@ def untrained_export(folder: Path, preset: str = "default") -> Path:
     prompt = PromptSettings(max_prompt_tokens=data["max_prompt_tokens"], max_answer_tokens=data["max_answer_tokens"],
                             num_graph_tokens=model["num_graph_tokens"], memory_units=data.get("memory_units"))
     export_config = {"lm": {"id": EMBEDDED_LM, "hidden_size": 576, "load_dtype": "auto"},
-                     "prompt": prompt.to_dict(), "generation": {"max_new_tokens": model["max_new_tokens"]},
+                     "prompt": prompt.to_dict(), "generation": {"max_new_tokens": max_new_tokens},
                      "sentence_encoder": {"id": DEFAULT_ENCODER, "dim": 384},
                      "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),
                      "dataset": "convomem", "graph_mode": "token", "metrics": None}

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from qgmem import __version__
 from qgmem.provenance import git_commit
 from qgmem.integrity import fresh_temp_dir, publish_dir
-from qgmem.older_records import checkpoint_prompt
+from qgmem.older_records import checkpoint_hparams, checkpoint_prompt
 from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
         "prompt": prompt_settings(hp, info).to_dict(),
         "graph_token_position": GRAPH_POSITION[graph_token["injection"]],
-        "generation": {"max_new_tokens": hp.get("max_new_tokens")},
+        "generation": {"max_new_tokens": checkpoint_hparams(hp)["generation"].get("max_new_tokens")},
         "sentence_encoder": {"id": info.get("sentence_encoder"),
                              "dim": info.get("feature_dim", graph_token.get("feature_dim"))},
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},

@@ -4,8 +4,9 @@ One home for every such rule, so an old record reads the same wherever it is ope
 
 Export ``config.json`` (older format versions), the graph-token network and prompt blocks of exports and
 checkpoints (renamed fields, fields added since), a checkpoint's prompt contract (kept in two places
-before it had one block) and its training stages (flat ``align_*``/``distill_*`` settings before
-``model.stages`` listed them) read as the version of today would have written them.
+before it had one block), its training stages (flat ``align_*``/``distill_*`` settings before
+``model.stages`` listed them) and its generation settings (flat before ``model.generation``) read as
+the version of today would have written them.
 
 Settings that tuning rounds added and later retired: exports, stores and caches written before a setting
 was retired record it (and cache and store keys hash it). Today's code always behaves as one value of
@@ -104,14 +105,22 @@ def checkpoint_stages(hp: dict[str, Any]) -> list[dict[str, Any]]:
     return stages
 
 
+#: a checkpoint's generation hyperparameters before ``model.generation`` held them (absent ones: the defaults)
+GENERATION_HPARAMS = ("max_new_tokens", "val_generate_batches", "test_generate_batches", "num_examples")
+
+
 def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's module hyperparameters as today's module takes them: the flat stage settings of an
-    older one as its ``stages`` list, retired settings left out."""
-    if "stages" in hp:
-        return {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS}
-    stages = checkpoint_stages(hp)
-    dropped = set(STAGE_HPARAMS) | set(RETIRED_MODULE_HPARAMS)
-    return {**{k: v for k, v in hp.items() if k not in dropped}, "stages": stages}
+    older one as its ``stages`` list, its flat generation settings as its ``generation`` block, retired
+    settings left out."""
+    hp = {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS}
+    if "generation" not in hp:
+        flat = {k: hp.pop(k) for k in GENERATION_HPARAMS if k in hp}
+        hp["generation"] = flat
+    if "stages" not in hp:
+        stages = checkpoint_stages(hp)
+        hp = {**{k: v for k, v in hp.items() if k not in STAGE_HPARAMS}, "stages": stages}
+    return hp
 
 
 #: activation: retired field -> the value today's activation always uses

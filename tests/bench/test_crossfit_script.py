@@ -30,7 +30,7 @@ def _config(tmp_path):
            "model": {"lm": str(lm), "num_graph_tokens": 5,
                      "stages": [{"class_path": "qgmem.training.stages.NodeWordAlignment",
                                  "init_args": {"steps": 2, "batch_size": 4}}],
-                     "max_new_tokens": 4, "val_generate_batches": 0},
+                     "generation": {"max_new_tokens": 4, "val_generate_batches": 0}},
            "data": {"data_path": str(write_convomem(tmp_path / "convomem", items_per_person=3)),
                     "cache_dir": str(tmp_path / "cache"), "distractor_conversations": 1, "batch_size": 2,
                     "max_prompt_tokens": 128, "max_answer_tokens": 8}}

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.usefixtures("keep_torch_threads")]  # replays a small 
 
 def test_headroom_scores_every_question_at_every_budget_once(tmp_path, capsys):
     lm = save_random_lm(tmp_path / "lm", hidden_size=32, layers=1)
-    cfg = {"model": {"lm": str(lm), "max_new_tokens": 4},
+    cfg = {"model": {"lm": str(lm), "generation": {"max_new_tokens": 4}},
            "data": {"data_path": str(write_convomem(tmp_path / "convomem", items_per_person=3)),
                     "cache_dir": str(tmp_path / "cache"), "distractor_conversations": 1, "max_answer_tokens": 8}}
     config = tmp_path / "config.yaml"

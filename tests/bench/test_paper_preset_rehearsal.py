@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: the keys the miniature changes in the preset; anything else differing is a leak of the rehearsal
 NAMED_OVERRIDES = sorted([
     "trainer.accelerator", "trainer.devices", "trainer.default_root_dir",
-    "model.lm", "model.max_new_tokens",
+    "model.lm", "model.generation.max_new_tokens",
     "data.data_path", "data.num_cases", "data.cache_dir", "data.sentence_encoder", "data.num_workers",
     "data.construction_llm.base_url", "data.construction_llm.cache_path",
     "data.judge.base_url", "data.judge.cache_path", "data.activation.reranker_path",

@@ -11,7 +11,7 @@ from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.collate import GraphTextCollator
 from qgmem.training.datamodule import synthetic_items
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.evaluation.protocol import (SampleScores, derangement, graph_signature, hierarchical_bootstrap,
                                      paired_bootstrap, score_conditions, summarize, tie_report)
 from qgmem.evaluation.controls import control_items
@@ -153,7 +153,7 @@ def tiny(tmp_path_factory):
     lm = str(save_random_lm(tmp_path_factory.mktemp("lm") / "tiny", hidden_size=32, layers=2))
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         max_new_tokens=3, features="edge_fact_sum", readout="queries", num_graph_tokens=2)
+                         generation=GenerationSettings(max_new_tokens=3), features="edge_fact_sum", readout="queries", num_graph_tokens=2)
     return module, load_tokenizer(lm)
 
 
@@ -216,7 +216,7 @@ def test_shuffled_graph_brings_its_own_node_words(tmp_path):
     lm = str(save_random_lm(tmp_path / "lm", hidden_size=32, layers=1))
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         max_new_tokens=3, features="node_words", readout="nodes", num_graph_tokens=3)
+                         generation=GenerationSettings(max_new_tokens=3), features="node_words", readout="nodes", num_graph_tokens=3)
     items = synthetic_items(6, 8, seed=7, max_nodes=5)
     assert len({len(it["node_text"]) for it in items}) > 1  # graphs of different sizes get paired
     collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,
@@ -240,7 +240,7 @@ def test_ablated_condition_scores_the_ablated_graph_with_its_own_node_words(tmp_
     lm = str(save_random_lm(tmp_path / "lm", hidden_size=32, layers=1))
     torch.manual_seed(0)
     module = QGMemModule(lm=lm, feature_dim=8, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0),
-                         max_new_tokens=3, features="node_words", readout="nodes", num_graph_tokens=4)
+                         generation=GenerationSettings(max_new_tokens=3), features="node_words", readout="nodes", num_graph_tokens=4)
     items, counterfactuals = control_items(5, 8, kind="positive")
     del counterfactuals[items[4]["qa_id"]]  # one sample without
     collator = GraphTextCollator(load_tokenizer(lm), max_prompt_tokens=96, max_answer_tokens=8,

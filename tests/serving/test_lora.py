@@ -15,14 +15,14 @@ from qgmem.model.encoder import EncoderConfig
 from qgmem.model.pretrained import ADAPTER_DIR, CONFIG_FILE, ExportFormatError, GraphTokenEncoder
 from qgmem.serving.pipeline import load_lm_for
 from qgmem.training.datamodule import QGMemDataModule, synthetic_items
-from qgmem.training.module import LoraSettings, QGMemModule
+from qgmem.training.module import GenerationSettings, LoraSettings, QGMemModule
 
 
 @pytest.fixture(scope="module")
 def lora_run(tiny_lm_path, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     seed_everything(0)
-    module = QGMemModule(lm=tiny_lm_path, feature_dim=8, max_new_tokens=2, val_generate_batches=0,
+    module = QGMemModule(lm=tiny_lm_path, feature_dim=8, generation=GenerationSettings(max_new_tokens=2, val_generate_batches=0),
                          optimizer={"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.05}},
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                        "init_args": {"warmup_steps": 0}},

@@ -186,7 +186,7 @@ def test_an_answer_naming_no_mode_reads_the_exports_graph_mode(pipeline, tiny_lm
     text_first = QGMemPipeline(make_encoder(tiny_lm_path, graph_mode="none"), pipeline.lm, pipeline.tokenizer,
                                HashEncoder(8), max_new_tokens=4)
     text_first.memory = pipeline.memory
-    assert pipeline.default_graph == "token" and text_first.default_graph == "none"
+    assert pipeline.contract.graph_mode == "token" and text_first.contract.graph_mode == "none"
     [plain], [asked] = text_first.answer(QUESTIONS[:1]), text_first.answer(QUESTIONS[:1], graph="token")
     [reference_none], [reference_token] = (pipeline.answer(QUESTIONS[:1], graph=m) for m in ("none", "token"))
     assert plain.graph_mode == "none" and plain.tokens["graph"] == 0 and plain.answer == reference_none.answer

@@ -37,6 +37,7 @@ def pipeline(tiny_lm_path):
 
 def _service(pipeline, tmp_path, **kwargs):
     import copy
+    import dataclasses
 
     pipe = copy.copy(pipeline)  # each app its own memory state over the same models
     pipe._builder = None
@@ -239,9 +240,10 @@ def test_a_request_naming_no_graph_mode_takes_the_exports(pipeline, tmp_path):
     """An export whose default answer mode is the text prompt (field ``graph_mode``: none) answers without
     graph tokens unless a request asks for them, on both endpoints."""
     import copy
+    import dataclasses
 
     text_first = copy.copy(pipeline)
-    text_first.default_graph = "none"
+    text_first.contract = dataclasses.replace(pipeline.contract, graph_mode="none")
     with running(create_app(_service(text_first, tmp_path))) as url:
         assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).status_code == 200
         plain = httpx.post(f"{url}/v1/users/alice/answer", json={"question": "What colour is my boat?"}).json()

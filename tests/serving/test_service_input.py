@@ -30,7 +30,7 @@ def alice(pipeline, tmp_path_factory):  # noqa: F811
     pipe = service.pipeline
     pipe.prompts = copy.copy(pipe.prompts)
     pipe.prompts.stop_ids = [0]
-    pipe.prompt_settings = dataclasses.replace(pipe.prompt_settings, first_line=False)
+    pipe.contract = dataclasses.replace(pipe.contract, prompt=dataclasses.replace(pipe.prompt_settings, first_line=False))
     with running(create_app(service)) as url:
         httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).raise_for_status()
         yield url

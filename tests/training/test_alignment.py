@@ -14,7 +14,7 @@ from qgmem.model.random_lm import save_random_lm
 from qgmem.training.alignment import align_node_tokens
 from qgmem.training.collate import GraphTextCollator
 from qgmem.training.datamodule import QGMemDataModule
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.stages import NodeWordAlignment
 from qgmem.training.synthetic import synthetic_items
 
@@ -67,7 +67,7 @@ def test_alignment_needs_node_texts(lm_path):
 
 def fit(lm_path, root, **kwargs):
     seed_everything(0)
-    module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=0,
+    module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, generation=GenerationSettings(max_new_tokens=3, val_generate_batches=0),
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                        "init_args": {"warmup_steps": 1}},
                          **{"features": "node_words", "readout": "nodes", "num_graph_tokens": 4,

@@ -560,7 +560,10 @@ def test_data_module_refuses_a_text_budget_outside_the_graphs_naming_it(units, k
     with pytest.raises(SettingError) as info:
         QGMemDataModule(memory_units=units, **({"activation": ActivationConfig(k=k)} if k else {}))
     assert message in str(info.value)
-    QGMemDataModule(memory_units=k or 10, **({"activation": ActivationConfig(k=k)} if k else {}))  # m = k holds
+    dm = QGMemDataModule(memory_units=k or 10, **({"activation": ActivationConfig(k=k)} if k else {}))  # m = k holds
+    # the run's answer contract: the data module's prompt and activation, as one object
+    assert dm.answer_contract.prompt == dm.prompt_settings and dm.answer_contract.prompt.memory_units == (k or 10)
+    assert dm.answer_contract.activation.k == (k or 10)
 
 
 def test_in_memory_data_module_refuses_a_negative_text_budget():

@@ -12,7 +12,7 @@ from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.distill import teacher_targets, topk_kl
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.stages import Distillation
 from qgmem.training.synthetic import synthetic_items
 from qgmem.training.teacher import TeacherEntry, build_teacher
@@ -58,7 +58,7 @@ def test_teacher_targets_follow_the_batch_answer_tokens():
 def make_module(lm_path, **kwargs) -> QGMemModule:
     seed_everything(0)
     return QGMemModule(lm=lm_path, feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0),
-                       max_new_tokens=3, val_generate_batches=1, features="text", readout="mean",
+                       generation=GenerationSettings(max_new_tokens=3, val_generate_batches=1), features="text", readout="mean",
                        num_graph_tokens=1, lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                                          "init_args": {"warmup_steps": 1}}, **{"stages": [], **kwargs})
 

@@ -16,7 +16,7 @@ from qgmem.model.random_lm import save_random_lm
 from qgmem.job import main
 from qgmem.training.datamodule import InMemoryDataModule, QGMemDataModule, synthetic_items
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteError, NonFiniteGuard
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 
 D = 8
 POISONED = "synthetic#3"  # the training sample that gets one NaN node feature
@@ -50,7 +50,7 @@ def args(root: Path, lm_path: str, *extra: str) -> list[str]:
         "trainer:\n  accelerator: cpu\n  devices: 1\n  max_steps: 4\n  val_check_interval: 2\n"
         "  check_val_every_n_epoch: null\n  num_sanity_val_steps: 0\n  enable_progress_bar: false\n"
         "  enable_model_summary: false\n  log_every_n_steps: 1\n"
-        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  max_new_tokens: 3\n"
+        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  generation: {max_new_tokens: 3}\n"
         "  features: text\n  readout: mean\n  num_graph_tokens: 1\n  stages: []\n"
         "lr_scheduler: {class_path: qgmem.training.schedule.WarmupCosine, init_args: {warmup_steps: 1}}\n")
     return ["--config", str(config), "--trainer.default_root_dir", str(root), "--model.lm", lm_path, *extra]
@@ -109,7 +109,7 @@ def test_checkpoint_top_k_takes_finite_scores_only():
 
 def test_a_nonfinite_gradient_with_a_finite_loss_is_caught(lm_path, tmp_path):
     module = QGMemModule(lm=lm_path, feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0),
-                         max_new_tokens=3, features="text", readout="mean", num_graph_tokens=1, stages=[],
+                         generation=GenerationSettings(max_new_tokens=3), features="text", readout="mean", num_graph_tokens=1, stages=[],
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                                          "init_args": {"warmup_steps": 1}})
     name, param = next(iter(module.net.named_parameters()))
@@ -125,7 +125,7 @@ def test_a_nonfinite_gradient_with_a_finite_loss_is_caught(lm_path, tmp_path):
 
 def test_skip_leaves_weights_and_optimizer_state_untouched(lm_path, tmp_path):
     module = QGMemModule(lm=lm_path, feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0),
-                         max_new_tokens=3, features="text", readout="mean", num_graph_tokens=1, stages=[],
+                         generation=GenerationSettings(max_new_tokens=3), features="text", readout="mean", num_graph_tokens=1, stages=[],
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
                                                          "init_args": {"warmup_steps": 1}})
     before = {k: v.clone() for k, v in module.net.state_dict().items()}

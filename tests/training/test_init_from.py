@@ -13,13 +13,13 @@ from qgmem.model.encoder import EncoderConfig
 from qgmem.model.pretrained import ExportFormatError
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.datamodule import QGMemDataModule
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.stages import NodeWordAlignment
 from qgmem.training.synthetic import synthetic_items
 
 D = 8
 NET = dict(feature_dim=D, encoder=EncoderConfig(hidden=16, heads=2, layers=1, dropout=0.0), features="node_words",
-           readout="nodes", num_graph_tokens=3, max_new_tokens=2, val_generate_batches=0, stages=[])
+           readout="nodes", num_graph_tokens=3, generation=GenerationSettings(max_new_tokens=2, val_generate_batches=0), stages=[])
 
 
 @pytest.fixture(scope="module")

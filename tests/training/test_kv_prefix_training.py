@@ -17,7 +17,7 @@ from qgmem.model.kv_prefix import KVPrefix
 from qgmem.model.random_lm import save_random_lm
 from qgmem.serving import GraphTokenEncoder
 from qgmem.training.datamodule import QGMemDataModule
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.stages import Distillation, MemoryReconstruction
 from qgmem.training.synthetic import synthetic_items
 
@@ -42,7 +42,7 @@ def items(n: int, seed: int = 1) -> list[dict]:
 
 def make_module(lm_path, **kwargs) -> QGMemModule:
     seed_everything(0)
-    return QGMemModule(**{**dict(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=1,
+    return QGMemModule(**{**dict(lm=lm_path, feature_dim=D, encoder=ENC, generation=GenerationSettings(max_new_tokens=3, val_generate_batches=1),
                                  **KV), **kwargs})
 
 

@@ -11,7 +11,7 @@ from qgmem.model.encoder import EncoderConfig
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.datamodule import QGMemDataModule
 from qgmem.training.synthetic import synthetic_items
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.stages import NodeWordAlignment
 
 D = 8
@@ -31,7 +31,7 @@ def lm_path(tmp_path_factory):
 
 def make_module(lm_path, **kwargs) -> QGMemModule:
     seed_everything(0)
-    defaults = dict(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=1,
+    defaults = dict(lm=lm_path, feature_dim=D, encoder=ENC, generation=GenerationSettings(max_new_tokens=3, val_generate_batches=1),
                     lr_scheduler=warmup(1), **PAPER)
     return QGMemModule(**{**defaults, **kwargs})
 

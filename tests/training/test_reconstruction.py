@@ -13,7 +13,7 @@ from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.random_lm import save_random_lm
 from qgmem.training.collate import GraphTextCollator
 from qgmem.training.datamodule import QGMemDataModule
-from qgmem.training.module import QGMemModule
+from qgmem.training.module import GenerationSettings, QGMemModule
 from qgmem.training.reconstruction import (CUE, MAX_TARGET_TOKENS, ReconstructionCollator, hidden_entries,
                                            pick_targets, reconstruct_memory)
 from qgmem.training.stages import MemoryReconstruction
@@ -88,7 +88,7 @@ def test_reconstruction_loss_falls_and_the_lm_stays_as_it_was(lm_path):
 
 def test_fit_runs_the_reconstruction_stage_with_the_data_s_text_budget(lm_path, tmp_path):
     seed_everything(0)
-    module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, max_new_tokens=3, val_generate_batches=0,
+    module = QGMemModule(lm=lm_path, feature_dim=D, encoder=ENC, generation=GenerationSettings(max_new_tokens=3, val_generate_batches=0),
                          features="text", readout="summary_units", num_graph_tokens=4,
                          stages=[MemoryReconstruction(steps=3, batch_size=32)])
     data = QGMemDataModule.from_items(items(4), items(2, seed=2), lm=lm_path, batch_size=2, max_prompt_tokens=96,

@@ -157,7 +157,7 @@ def run_args(root: Path, lm_path: str) -> list[str]:
         f"trainer:\n  accelerator: cpu\n  devices: 1\n  max_steps: {MAX_STEPS}\n  val_check_interval: 2\n"
         "  check_val_every_n_epoch: null\n  num_sanity_val_steps: 0\n  enable_progress_bar: false\n"
         "  enable_model_summary: false\n  log_every_n_steps: 1\n"
-        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.2}\n  max_new_tokens: 3\n"
+        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.2}\n  generation: {max_new_tokens: 3}\n"
         "  features: text\n  readout: mean\n  num_graph_tokens: 1\n  stages: []\n"
         "lr_scheduler: {class_path: qgmem.training.schedule.WarmupCosine, init_args: {warmup_steps: 1}}\n")
     return ["--config", str(config), "--trainer.default_root_dir", str(root), "--model.lm", lm_path]

@@ -41,7 +41,7 @@ def tiny_args(root: Path, lm_path: str, *extra: str) -> list[str]:
         "trainer:\n  accelerator: cpu\n  devices: 1\n  max_steps: 3\n  val_check_interval: 2\n"
         "  check_val_every_n_epoch: null\n  num_sanity_val_steps: 0\n  enable_progress_bar: false\n"
         "  enable_model_summary: false\n  log_every_n_steps: 1\n"
-        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  max_new_tokens: 3\n"
+        "model:\n  encoder: {hidden: 16, heads: 2, layers: 2, dropout: 0.0}\n  generation: {max_new_tokens: 3}\n"
         "  features: text\n  readout: mean\n  num_graph_tokens: 1\n  stages: []\n"
         "lr_scheduler: {class_path: qgmem.training.schedule.WarmupCosine, init_args: {warmup_steps: 1}}\n")
     return ["--config", str(config), "--trainer.default_root_dir", str(root), "--model.lm", lm_path, *extra]
@@ -134,9 +134,10 @@ def test_subcommands_fit_then_test_and_validate_a_checkpoint_without_retraining(
 
 
 def test_a_checkpoint_with_the_older_flat_stage_settings_loads_and_validates(lm_path, tmp_path, capsys):
-    """Before ``model.stages``, a checkpoint kept its stages as ``align_*``/``distill_*`` hyperparameters:
-    it loads with those stages (``qgmem.older_records``), as a module and through ``--ckpt_path``."""
-    from qgmem.training.module import QGMemModule
+    """Before ``model.stages`` and ``model.generation``, a checkpoint kept its stages as ``align_*``/``distill_*``
+    hyperparameters and its generation settings flat: it loads with those (``qgmem.older_records``), as a
+    module and through ``--ckpt_path``."""
+    from qgmem.training.module import GenerationSettings, QGMemModule
     from qgmem.training.stages import NodeWordAlignment
 
     root = tmp_path / "run"
@@ -147,13 +148,16 @@ def test_a_checkpoint_with_the_older_flat_stage_settings_loads_and_validates(lm_
     hp = ckpt["hyper_parameters"]
     assert hp["stages"] == [{"class_path": "qgmem.training.stages.NodeWordAlignment",
                              "init_args": {"steps": 1, "batch_size": 2, "lr": 3e-3, "weight": 5.0}}]
-    del hp["stages"]
+    del hp["stages"], hp["generation"]
+    hp.update(max_new_tokens=5, val_generate_batches=0, test_generate_batches=1, num_examples=2)
     hp.update(align_steps=1, align_objective="words", align_batch_size=2, align_lr=3e-3, align_weight=0.5,
               distill_weight=0.0, distill_topk=16, teacher_cache_dir=None, match_embedding_scale=True)
     old = tmp_path / "old.ckpt"
     torch.save(ckpt, old)
-    assert QGMemModule.load_from_checkpoint(old, weights_only=True).stages == [
-        NodeWordAlignment(steps=1, batch_size=2, weight=0.5)]
+    module = QGMemModule.load_from_checkpoint(old, weights_only=True)
+    assert module.stages == [NodeWordAlignment(steps=1, batch_size=2, weight=0.5)]
+    assert module.generation == GenerationSettings(max_new_tokens=5, val_generate_batches=0, test_generate_batches=1,
+                                                   num_examples=2)
     capsys.readouterr()
     run_subcommand(["validate", *tiny_args(root, lm_path), "--ckpt_path", str(old)], datamodule_class=TinyData)
     assert "val/nll" in capsys.readouterr().out

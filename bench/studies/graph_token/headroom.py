@@ -74,7 +74,7 @@ def scores_file(folder: Path, setting: dict[str, Any], args) -> Path:
     """Where this setting's per-question scores go: keyed on everything that changes them."""
     key = hashlib.sha256(json.dumps({"samples": folder.name, "units": args.units, "cap": args.max_prompt_tokens,
                                      "data": {k: setting["data"].get(k) for k in ("max_answer_tokens",)},
-                                     "model": {k: setting["model"].get(k) for k in ("lm", "max_new_tokens")}},
+                                     "model": {k: setting["model"].get(k) for k in ("lm", "generation")}},
                                     sort_keys=True).encode()).hexdigest()[:12]
     return Path(args.root) / f"headroom-{key}" / "scores.jsonl"
 

@@ -154,7 +154,8 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
             model_cfg[key] = value
     if args.align_steps is not None or args.align_weight is not None:
         model_cfg["stages"] = with_word_stage(model_cfg.get("stages"), args.align_steps, args.align_weight)
-    model_cfg.update(graph=overrides.get("graph", "token"), max_new_tokens=args.max_new_tokens)
+    model_cfg.update(graph=overrides.get("graph", "token"),
+                     generation={**(model_cfg.get("generation") or {}), "max_new_tokens": args.max_new_tokens})
     if "lora" in overrides:
         model_cfg["lora"] = overrides["lora"]
     if model_cfg["graph"] == "none":  # nothing of the graph network is trained or scored

@@ -401,7 +401,8 @@ def _degenerate(d: dict[str, Any]) -> str:
 def export_budgets(pipe) -> dict[str, int | None]:
     """The export's text and graph budgets the answers were given (its ``prompt.memory_units`` and
     ``activation.k``; eval-qa has no flag of its own for either): ``text_units`` ``None`` is all k."""
-    return {"text_units": pipe.prompt_settings.memory_units, "graph_units": pipe.activation.k}
+    contract = pipe.contract  # what the answers depended on, one object
+    return {"text_units": contract.prompt.memory_units, "graph_units": contract.activation.k}
 
 
 def make_judge(settings: EvalQASettings) -> Any:

@@ -284,7 +284,7 @@ def score_conditions(module, items: Sequence[dict[str, Any]], collator, *, group
                 enc = collator.encoder
                 with reading(module.lm, token, batch["gen_graph_pos"]):
                     out = generate_text(module.lm, module.tokenizer, g_mask, inputs_embeds=g_embeds,
-                                        max_new_tokens=module.hparams.max_new_tokens, stop_ids=enc.stop_ids,
+                                        max_new_tokens=module.generation.max_new_tokens, stop_ids=enc.stop_ids,
                                         pad_id=enc.pad_id,
                                         stop_at_newline=enc.settings.first_line and not enc.settings.enable_thinking)
                 for i, t in zip(index, out.texts):

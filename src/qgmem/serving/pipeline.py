@@ -25,6 +25,7 @@ import torch
 from torch_geometric.data import Data
 
 from qgmem.activation.config import ActivationConfig
+from qgmem.activation.answer_contract import AnswerContract
 from qgmem.activation.memory import Memory
 from qgmem.model.graph_modes import empty_graph
 from qgmem.errors import SettingError, UserError
@@ -35,7 +36,6 @@ from qgmem.model.graph_modes import check_mode, shuffled
 from qgmem.model.pretrained import ExportFormatError, GraphTokenEncoder, HiddenSizeMismatch
 from qgmem.prompting import Generation, PromptEncoder, PromptSettings, final_answer, generate, left_pad
 from qgmem.prompting.answer import holds_answer_line, reply_shape
-from qgmem.prompting.contract import check_budgets
 from qgmem.serving.records import Answer, Retrieved, cited_labels, graph_json, memory_json
 from qgmem.serving.remote_lm import RemoteLM
 
@@ -47,8 +47,8 @@ class QGMemPipeline:
     """The models of an export: memories built from histories, questions retrieved against a memory, answers."""
 
     def __init__(self, encoder: GraphTokenEncoder, lm: Any, tokenizer: Any, sentence_encoder: Any, *,
-                 construction: ConstructionConfig | None = None, activation: ActivationConfig | None = None,
-                 prompt: PromptSettings | None = None, max_new_tokens: int = 32, llm: Any = None,
+                 construction: ConstructionConfig | None = None, contract: AnswerContract | None = None,
+                 max_new_tokens: int = 32, llm: Any = None,
                  batch_size: int = 8, backbone: Any = None):
         if int(sentence_encoder.dim) != encoder.config.feature_dim:
             expected = (encoder.export_config.get("sentence_encoder") or {}).get("id")
@@ -62,17 +62,9 @@ class QGMemPipeline:
         cfg = encoder.export_config  # settings not given explicitly are the export's
         self.construction = construction or _settings(ConstructionConfig, cfg.get("construction"), "construction",
                                                       encoder.source)
-        self.activation = activation or _settings(ActivationConfig, cfg.get("activation"), "activation", encoder.source)
-        self.prompt_settings = prompt or PromptSettings.from_dict(cfg.get("prompt"))
-        try:  # the text budget (prompt.memory_units) is the top m of the graph's k units (activation.k)
-            check_budgets(self.prompt_settings.memory_units, self.activation.k, text_name="prompt.memory_units",
-                          graph_name="activation.k")
-        except SettingError as exc:
-            raise ExportFormatError(f"{encoder.source}: {exc}") from exc
-        try:  # the mode an answer takes when its caller names none: the export's (text alone, or the graph tokens)
-            self.default_graph = check_mode(cfg.get("graph_mode") or "token")
-        except ValueError as exc:
-            raise ExportFormatError(f"{encoder.source}: field 'graph_mode': {exc}") from exc
+        #: what an answer depends on (prompt and budgets, activation, graph mode, injection): the export's
+        #: unless given, validated once where it is made
+        self.contract = contract or _contract(cfg, encoder.source)
         self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
         self.llm = llm  # construction / query-parsing LLM, when the export's settings need one
@@ -80,6 +72,16 @@ class QGMemPipeline:
         self.memory: Memory | None = None  # what answer() and retrieve() read when given no memory
         self._builder = None  # one MemoryBuilder per pipeline: its parser memo and models are loaded once
         self._reranker = None  # a model reranker (cross-encoder, LLM) is loaded once, not once per memory
+
+    @property
+    def activation(self) -> ActivationConfig:
+        """The contract's activation."""
+        return self.contract.activation
+
+    @property
+    def prompt_settings(self) -> PromptSettings:
+        """The contract's prompt."""
+        return self.contract.prompt
 
     # ------------------------------------------------------------------------------------- loading
     @classmethod
@@ -100,7 +102,7 @@ class QGMemPipeline:
         sentence = cfg.get("sentence_encoder") or {}
         sentence_encoder = SentenceEncoder(sentence.get("id"), device=device)
         gen = int(max_new_tokens or (cfg.get("generation") or {}).get("max_new_tokens") or 32)
-        prompt = PromptSettings.from_dict(cfg.get("prompt"))
+        contract = _contract(cfg, path_or_hub_id)
         backbone = model = tokenizer = None
         if api is None:
             model, tokenizer = load_lm_for(encoder, lm, lm_dtype, device, engine)
@@ -112,7 +114,7 @@ class QGMemPipeline:
                 from qgmem.llm.backends import make_backend
 
                 api = make_backend(api)
-            backbone = TextGraphBackbone(api, prompt, gen, tokenizer=_tokenizer_or_none(lm or (cfg.get("lm") or {}).get("id")))
+            backbone = TextGraphBackbone(api, contract.prompt, gen, tokenizer=_tokenizer_or_none(lm or (cfg.get("lm") or {}).get("id")))
         construction = _settings(ConstructionConfig, cfg.get("construction"), "construction", path_or_hub_id)
         if llm is None and (construction.extractor == "llm" or construction.consolidation == "llm") \
                 and cfg.get("construction_llm"):  # the server training's construction used, as the export records it
@@ -126,8 +128,7 @@ class QGMemPipeline:
                                         f"{exc}") from exc
             llm = make_backend(llm_config)
         return cls(encoder, model, tokenizer, sentence_encoder, backbone=backbone, construction=construction,
-                   activation=_settings(ActivationConfig, cfg.get("activation"), "activation", path_or_hub_id),
-                   prompt=prompt, llm=llm, max_new_tokens=gen)
+                   contract=contract, llm=llm, max_new_tokens=gen)
 
     # -------------------------------------------------------------------------------------- memory
     def build_memory(self, history: Any) -> Memory:
@@ -211,17 +212,17 @@ class QGMemPipeline:
     def answer(self, questions: str | Sequence[str], graph: str | None = None,
                question_times: Sequence[str | None] | None = None, memory: Memory | None = None) -> list[Answer]:
         """Batched answers for ``questions`` over ``memory`` (default: :attr:`memory`; ``graph``: token |
-        none | shuffled, default :attr:`default_graph`, the export's)."""
+        none | shuffled, default the contract's ``graph_mode``, the export's)."""
         questions = [questions] if isinstance(questions, str) else list(questions)
         return self.generate(self.retrieve(questions, question_times, memory), graph=graph)
 
     def generate(self, retrieved: Sequence[Retrieved], graph: str | None = None,
                  streamer: Any = None) -> list[Answer]:
-        """Answers for activated questions (``graph`` ``None``: :attr:`default_graph`); ``shuffled`` pairs
+        """Answers for activated questions (``graph`` ``None``: the contract's ``graph_mode``); ``shuffled`` pairs
         question ``i`` with question ``i+1``'s graph (a single question gets the empty graph). ``streamer``:
         a ``transformers`` streamer given each decoding step's tokens (``[batch]``) of one batch; pass at most
         ``batch_size`` questions with it."""
-        graph = self.default_graph if graph is None else graph
+        graph = self.contract.graph_mode if graph is None else graph
         try:
             check_mode(graph)
         except ValueError as exc:
@@ -379,6 +380,14 @@ def _tokenizer_or_none(lm_id: str | None):
         return load_tokenizer(lm_id)
     except Exception:  # noqa: BLE001 - counting falls back to words; answering does not need it
         return None
+
+
+def _contract(config: dict[str, Any], source: Any) -> AnswerContract:
+    """The export's answer contract; one that does not read or hold together names the export."""
+    try:
+        return AnswerContract.from_export_config(config)
+    except SettingError as exc:
+        raise ExportFormatError(f"{source}: {exc}") from exc
 
 
 def _settings(kind, values: dict[str, Any] | None, name: str, source: Any):

@@ -192,7 +192,7 @@ class MemoryService:
     def submit(self, retrieved, mode: str | None, on_text=None):
         """The batcher's future of ``(Answer, batch size)`` (``mode`` ``None``: the export's default graph
         mode); a full queue is a 503."""
-        mode = self.pipeline.default_graph if mode is None else mode
+        mode = self.pipeline.contract.graph_mode if mode is None else mode
         try:
             return self.batcher.submit(retrieved, mode, on_text)
         except QueueFull:

@@ -92,7 +92,7 @@ class QGMemCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """A subcommand's ``--ckpt_path`` sets ``model`` from the checkpoint's hyperparameters (Lightning's
         rule), read as today's module takes them (:func:`qgmem.older_records.checkpoint_hparams`: an older
-        checkpoint's flat stage settings become its ``stages``)."""
+        checkpoint's flat stage and generation settings become its ``stages`` and ``generation``)."""
         from lightning.fabric.utilities.cloud_io import _load as pl_load
 
         from qgmem.older_records import checkpoint_hparams

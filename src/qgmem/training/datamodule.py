@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal, Sequence
 import lightning as L
 from torch.utils.data import DataLoader, Dataset
 
+from qgmem.activation.answer_contract import AnswerContract
 from qgmem.activation.config import ActivationConfig
 from qgmem.embed import sentence_encoder_dim
 from qgmem.errors import IntegrityError
@@ -241,7 +242,6 @@ class QGMemDataModule(GraphTextDataModule):
         memory_units: int | None = None,
     ):
         activation = activation or ActivationConfig()
-        check_budgets(memory_units, activation.k)  # the text's top m of the k units the graph is built over
         self.cache_spec = CacheSpec(
             dataset=dataset, data_path=data_path, num_cases=num_cases, split_ratios=split_ratios,
             group_key=group_key, seed=seed, distractor_conversations=distractor_conversations,
@@ -263,6 +263,13 @@ class QGMemDataModule(GraphTextDataModule):
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
+        _ = self.answer_contract  # made once here: a text budget above the graph's is refused before any build
+
+    @property
+    def answer_contract(self) -> AnswerContract:
+        """What an answer of this run depends on (:class:`~qgmem.activation.answer_contract.AnswerContract`):
+        the prompt with its text budget, and the activation whose ``k`` units the graph is built over."""
+        return AnswerContract(self.prompt_settings, self.activation, names=("data.memory_units", "data.activation.k"))
 
     def __getattr__(self, name: str) -> Any:
         # only called for names not found normally: the cache settings, keys and folders

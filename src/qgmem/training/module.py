@@ -45,6 +45,8 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode a
 #: the init_args left out are the classes' own defaults: AdamW's lr 1e-3 and weight decay 0.01)
 DEFAULT_OPTIMIZER = {"class_path": "torch.optim.AdamW"}
 DEFAULT_LR_SCHEDULER = {"class_path": "qgmem.training.schedule.WarmupCosine"}
+#: hyperparameter blocks that older checkpoints kept as flat settings (read through ``older_records``)
+MODULE_BLOCKS = ("stages", "generation")
 
 
 @dataclass
@@ -62,6 +64,23 @@ class LoraSettings:
     alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
+@dataclass
+class GenerationSettings:
+    """How validation and test decode answers for EM/F1 (one block, so the module's signature stays small).
+
+    Args:
+        max_new_tokens: Greedy generation length for EM/F1 (also the export's default answer length).
+        val_generate_batches: Validation batches (per process) that are also decoded and scored.
+        test_generate_batches: Test batches (per process) that are decoded and scored (``None`` = all).
+        num_examples: Generations logged as text per validation epoch.
+    """
+
+    max_new_tokens: int = 32
+    val_generate_batches: int = 2
+    test_generate_batches: int | None = None
+    num_examples: int = 4
 
 
 def _plain(value: Any) -> Any:
@@ -104,10 +123,8 @@ class QGMemModule(LightningModule):
             before answer training and terms added to the loss each step, in list order (``None`` = the
             product's: :class:`~qgmem.training.stages.NodeWordAlignment` with its defaults; ``[]`` = the
             answer loss alone). Each is a stage object or its ``{class_path, init_args}`` record.
-        max_new_tokens: Greedy generation length for EM/F1.
-        val_generate_batches: Validation batches (per process) that are also decoded and scored.
-        test_generate_batches: Test batches (per process) that are decoded and scored (``None`` = all).
-        num_examples: Generations logged as text per validation epoch.
+        generation: How validation and test decode answers (:class:`GenerationSettings`:
+            ``max_new_tokens``, ``val_generate_batches``, ``test_generate_batches``, ``num_examples``).
         gradient_checkpointing: Recompute LM layers in backward (long contexts); the LM stays in eval mode.
         lora: LoRA adapters on the frozen LM (``None`` = off).
         prompt: The run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
@@ -128,8 +145,8 @@ class QGMemModule(LightningModule):
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
                  injection: Injection = "input",
                  graph: GraphMode = "token", stages: list[Stage] | None = None,
-                 max_new_tokens: int = 32, val_generate_batches: int = 2, test_generate_batches: int | None = None,
-                 num_examples: int = 4, gradient_checkpointing: bool = False, lora: LoraSettings | None = None,
+                 generation: GenerationSettings = GenerationSettings(), gradient_checkpointing: bool = False,
+                 lora: LoraSettings | None = None,
                  prompt: PromptSettings | None = None,
                  optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
                  init_from: str | None = None):
@@ -142,11 +159,13 @@ class QGMemModule(LightningModule):
         _class_of(lr_scheduler or DEFAULT_LR_SCHEDULER, torch.optim.lr_scheduler.LRScheduler, "lr_scheduler")
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
+        self.generation = GenerationSettings(**generation) if isinstance(generation, dict) else generation
         prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
         prompt = replace(prompt, num_graph_tokens=num_graph_tokens)  # the prompt holds as many slots as the readout gives
         check_mode(graph)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
+        self.hparams["generation"] = _plain(self.generation)
         self.hparams["stages"] = [stage_record(s) for s in self.stages]  # what the checkpoint was trained with
         self.hparams["prompt"] = prompt.to_dict()
 
@@ -276,7 +295,7 @@ class QGMemModule(LightningModule):
         enc, settings = self.prompt_encoder, self.prompt_encoder.settings
         with read:
             out = generate(self.lm, self.tokenizer, mask, inputs_embeds=embeds,
-                           max_new_tokens=self.hparams.max_new_tokens, stop_ids=enc.stop_ids, pad_id=enc.pad_id,
+                           max_new_tokens=self.generation.max_new_tokens, stop_ids=enc.stop_ids, pad_id=enc.pad_id,
                            stop_at_newline=settings.first_line and not settings.enable_thinking)
         return [final_answer(t, settings.first_line) for t in out.texts]
 
@@ -294,13 +313,14 @@ class QGMemModule(LightningModule):
         on_step = stage == "train"
         # every logged mean is over all processes (a scalar all-reduce per step: nothing beside the LM's step)
         self.log(f"{stage}/nll", loss, batch_size=B, on_step=on_step, on_epoch=True, prog_bar=True, sync_dist=True)
-        limit = {"val": self.hparams.val_generate_batches, "test": self.hparams.test_generate_batches}.get(stage, 0)
+        limit = {"val": self.generation.val_generate_batches,
+                 "test": self.generation.test_generate_batches}.get(stage, 0)
         predictions = None
         if stage != "train" and (limit is None or batch_idx < limit):
             predictions = self.generate(batch)
             scores = self.val_scores if stage == "val" else self.test_scores
             scores.update(predictions, batch["answer"])
-            if stage == "val" and len(self._examples) < self.hparams.num_examples:
+            if stage == "val" and len(self._examples) < self.generation.num_examples:
                 for q, a, p in zip(batch["question"], batch["answer"], predictions):
                     self._examples.append({"question": q, "answer": a, "prediction": p})
         if per_row is not None:
@@ -403,10 +423,12 @@ class QGMemModule(LightningModule):
 
         The checkpoint's weights replace those starting weights anyway, so a module re-created where that
         file does not exist (another machine, a cleaned run folder) still loads. An older checkpoint's
-        flat stage settings read as its stages (:func:`qgmem.older_records.checkpoint_hparams`).
+        flat stage and generation settings read as its ``stages`` and ``generation``
+        (:func:`qgmem.older_records.checkpoint_hparams`).
         """
         kwargs.setdefault("init_from", None)
-        if "stages" not in kwargs:  # a checkpoint written before the stages were listed keeps them flat
+        blocks = [b for b in MODULE_BLOCKS if b not in kwargs]
+        if blocks:  # a checkpoint written before a block existed keeps its settings flat
             from lightning.fabric.utilities.cloud_io import _load as pl_load
 
             from qgmem.older_records import checkpoint_hparams
@@ -415,8 +437,8 @@ class QGMemModule(LightningModule):
             hparams = checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {}
             if hasattr(checkpoint_path, "seek"):  # a file object: Lightning reads it again
                 checkpoint_path.seek(0)
-            if "stages" not in hparams:
-                kwargs["stages"] = checkpoint_hparams(hparams)["stages"]
+            today = checkpoint_hparams(hparams)
+            kwargs.update({b: today[b] for b in blocks if b not in hparams})
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def on_fit_start(self) -> None:
