@@ -215,6 +215,20 @@ def test_a_compact_variant_stops_early_scores_both_forms_and_joins_text10(tmp_pa
     assert "data.activation.k" in capsys.readouterr().err
 
 
+def _staged_script(tmp_path, monkeypatch, stage1_steps: int):
+    """The tiny config with the product's word stage off (a variant sets its own stages), and the cross-fit
+    script with early stopping and stage 1 (reconstruction) sized for it."""
+    config = tmp_path / "config.yaml"
+    cfg = yaml.safe_load(_config(tmp_path).read_text())
+    cfg["model"]["stages"] = []
+    config.write_text(yaml.safe_dump(cfg))
+    script = load_bench_script("bench.studies.graph_token.crossfit")
+    script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=2)
+    monkeypatch.setitem(script.STAGE1["init_args"], "steps", stage1_steps)
+    monkeypatch.setitem(script.STAGE1["init_args"], "batch_size", 2)
+    return config, script
+
+
 def test_the_full_recipes_stage_1_is_a_piece_of_its_own_recorded_and_reused(tmp_path, monkeypatch):
     """Stage 1 runs before the fit, its weights are recorded, the fit starts from them with the stage off,
     and a rerun reuses them instead of reconstructing again."""
@@ -222,14 +236,7 @@ def test_the_full_recipes_stage_1_is_a_piece_of_its_own_recorded_and_reused(tmp_
 
     import qgmem.training.reconstruction as reconstruction
 
-    config = tmp_path / "config.yaml"
-    cfg = yaml.safe_load(_config(tmp_path).read_text())
-    cfg["model"]["stages"] = []  # the product's word stage off: the variant sets its own
-    config.write_text(yaml.safe_dump(cfg))
-    script = load_bench_script("bench.studies.graph_token.crossfit")
-    script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=2)
-    monkeypatch.setitem(script.STAGE1["init_args"], "steps", 3)
-    monkeypatch.setitem(script.STAGE1["init_args"], "batch_size", 2)
+    config, script = _staged_script(tmp_path, monkeypatch, stage1_steps=3)
     real, seen = reconstruction.reconstruct_memory, {}
 
     def spy(net, *a, **k):  # the weights before and after the real stage
@@ -267,14 +274,7 @@ def test_the_full_recipes_stage_1_is_a_piece_of_its_own_recorded_and_reused(tmp_
 def test_a_deep_reader_unit_runs_with_its_stages_and_records_its_injection(tmp_path, monkeypatch):
     """``kv0-full`` end to end on the tiny setting: the graph alone as keys and values at every layer, stage 1
     (reconstruction) and distillation; its unit and summary say ``kv_prefix`` and the budgets."""
-    config = tmp_path / "config.yaml"
-    cfg = yaml.safe_load(_config(tmp_path).read_text())
-    cfg["model"]["stages"] = []  # the product's word stage off: the variant sets its own
-    config.write_text(yaml.safe_dump(cfg))
-    script = load_bench_script("bench.studies.graph_token.crossfit")
-    script.EARLY_STOP.update(val_check_interval=1, patience=1, max_steps=2)
-    monkeypatch.setitem(script.STAGE1["init_args"], "steps", 2)
-    monkeypatch.setitem(script.STAGE1["init_args"], "batch_size", 2)
+    config, script = _staged_script(tmp_path, monkeypatch, stage1_steps=2)
     root, out = tmp_path / "root", tmp_path / "kv.json"
     argv = ["--config", str(config), "--root", str(root), "--folds", "3", "--fold-list", "0", "--seeds", "0",
             "--variants", "kv0-full", "--n-boot", "100", "--threads", "1", "--out", str(out)]

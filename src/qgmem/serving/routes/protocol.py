@@ -248,14 +248,19 @@ def _content_text(content: Any, i: int) -> str:
 
 
 # ------------------------------------------------------------------------------------------- replies
-class Appended(Reply):
+class _Stored(Reply):
+    """What every append reply says of the user's memory after it (and whether a key replayed it)."""
+
     user: str
-    session: int
-    units_added: int
     units: int
     traces: int
     seconds: dict[str, float] = {}
     replayed: bool = False
+
+
+class Appended(_Stored):
+    session: int
+    units_added: int
 
 
 class BatchSession(Reply):
@@ -263,13 +268,8 @@ class BatchSession(Reply):
     units_added: int
 
 
-class BatchAppended(Reply):
-    user: str
+class BatchAppended(_Stored):
     sessions: list[BatchSession]
-    units: int
-    traces: int
-    seconds: dict[str, float] = {}
-    replayed: bool = False
 
 
 class TraceState(Reply):
