@@ -261,7 +261,9 @@ def samples_folder(spec, args) -> Path:
 
 
 def build_samples(cases, spec, folder: Path, deadline: float) -> bool:
-    """Replay every case not yet saved; ``False`` when the deadline stopped it first."""
+    """Replay every case not yet saved; ``False`` when the deadline stopped it first.
+
+    Two copies share the work: a case being replayed is locked (:func:`claim`), the other copy skips it."""
     from qgmem.evaluation.counterfactuals import Counterfactuals
     from qgmem.samples.build import Replayer
 
@@ -278,10 +280,16 @@ def build_samples(cases, spec, folder: Path, deadline: float) -> bool:
             if time.time() > deadline:
                 print(f"[samples] stopped at the time limit, {len(todo) - n + 1} cases left", flush=True)
                 return False
-            rows = replayer.rows("crossfit", case, on_question=counterfactuals)
-            tmp = case_file(folder, case.id).with_suffix(".tmp")
-            tmp.write_bytes(pickle.dumps({"rows": rows, "counterfactuals": counterfactuals.take()}))
-            tmp.replace(case_file(folder, case.id))
+            lock = case_file(folder, case.id).with_suffix(".lock")
+            if case_file(folder, case.id).exists() or not claim(lock):  # saved, or another copy replays it
+                continue
+            try:
+                rows = replayer.rows("crossfit", case, on_question=counterfactuals)
+                tmp = case_file(folder, case.id).with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_bytes(pickle.dumps({"rows": rows, "counterfactuals": counterfactuals.take()}))
+                tmp.replace(case_file(folder, case.id))
+            finally:
+                lock.unlink(missing_ok=True)
             if n % 5 == 0 or n == len(todo):
                 if replayer.memo is not None:  # what is encoded so far survives a cut-off run
                     replayer.memo.flush()
