@@ -9,8 +9,8 @@ service recovers without a restart of its own.
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from qgmem.errors import UserError
 from qgmem.serving.storage.base import SqlStore, StoreFull, StoreUnavailable
@@ -21,6 +21,23 @@ POOL_SIZE = 8
 POOL_TIMEOUT_S = 10.0
 #: the advisory lock's key space of schema migrations (replicas starting together migrate once)
 _MIGRATION_LOCK = 0x716d656d
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password masked, in the user part and in a ``password=`` query parameter (libpq takes
+    either), so a message or log line naming the store never carries it."""
+    parts = urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, host = netloc.rsplit("@", 1)
+        if ":" in user:
+            netloc = f"{user.split(':', 1)[0]}:***@{host}"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(k.lower() == "password" for k, _ in query):
+        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in query], safe="*/")
+    else:
+        query = parts.query
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class PostgresStore(SqlStore):
@@ -48,7 +65,7 @@ class PostgresStore(SqlStore):
             self._migrate(cur)
 
     def url_shown(self) -> str:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", self.url)
+        return shown_url(self.url)
 
     @contextmanager
     def _transaction(self, write_user: str | None = None):
