@@ -98,6 +98,20 @@ def api_key(settings: ServeSettings) -> str | None:
     return key
 
 
+#: the names a browser uses for this machine: a server bound to one of them answers only requests naming one
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def guard_host(app, host: str) -> None:
+    """A server bound to this machine only answers requests whose ``Host`` names this machine (400 otherwise):
+    a web page cannot reach it through DNS rebinding, a key or none. Bound elsewhere (behind a proxy), the
+    proxy names the hosts it serves."""
+    if host in LOOPBACK_HOSTS:
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(LOOPBACK_HOSTS))
+
+
 def build_service(settings: ServeSettings):
     """Load the models once (the path `qgmem answer` and `eval-qa` use) and open the store (its schema
     migrated to this version's); ``settings`` are :func:`check`'s."""
@@ -133,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(settings.threads)
     service = build_service(settings)
     app = create_app(service, api_key=key)
+    guard_host(app, settings.host)
     print(f"qgmem serve: {settings.load.export} on http://{settings.host}:{settings.port} (memories in "
           f"{service.users.store.url_shown()}; {len(service.users.user_ids())} users; "
           f"{'bearer key from $' + settings.api_key_env if key else 'no key'})", file=sys.stderr, flush=True)
