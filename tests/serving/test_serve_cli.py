@@ -78,7 +78,7 @@ def test_sigkill_mid_append_loses_nothing_acknowledged_and_restart_serves_the_sa
     store.close()
     assert len(whole) >= len(acked) == max(acked) + 1, "an acknowledged session is missing from the store"
     assert len(whole) in (3, 4) and [e["turns"] for e in whole[:3]] == [_session(n)["turns"] for n in range(3)]
-    assert loaded[1] is not None and loaded[0] == len(whole)  # the snapshot is committed with its change
+    assert loaded[2] is not None and loaded[1] == len(whole)  # the snapshot is committed with its change
 
     proc, url = start_cli(export, root, "--api-key-env", "QGMEM_TEST_KEY", env=env)
     try:

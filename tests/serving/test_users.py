@@ -140,7 +140,8 @@ def test_a_store_of_the_previous_schema_is_upgraded_with_nothing_lost(store_url,
                     "(?, ?, ?, ?, ?, ?, ?)", ("ana", 2, snapshot["meta"], snapshot["units"], snapshot["traces"],
                                               snapshot["embeddings"], snapshot["sha256"]))
     users = UserMemories(store_url, _Models())
-    assert users.store.schema_version() == SCHEMA_VERSION == 2
+    assert users.store.schema_version() == SCHEMA_VERSION == 3
+    assert users.store.version("ana") == ("", 3)  # created before users had a generation
     assert _facts(users, "ana") == _facts(reference, "ana") and users.replayed_sessions == 1
     assert users.store.first_result("ana", "k") == ("d", {"user": "ana", "session": 2})
     users.append("ana", TURNS[3])
@@ -177,3 +178,26 @@ def test_two_replicas_over_one_store_see_each_others_writes(store_url):
         with b.hold("ana"):
             pass
     assert b.append("ana", TURNS[3])["session"] == 0  # a new ana, from nothing
+
+
+@pytest.mark.parametrize("again", [2, 3], ids=["as-many-changes", "more-changes"])
+def test_a_replica_holding_a_user_deleted_and_created_again_loads_the_new_one(store_url, again):
+    """Replica B holds ana after two sessions; A deletes ana and creates her again with as many, or more,
+    sessions. B's next request serves the new ana, never the old one with the new changes on top, and
+    a snapshot B saves of the old one is not stored over the new one's."""
+    a, b = UserMemories(store_url, _Models()), UserMemories(store_url, _Models())
+    for turns in TURNS[:2]:
+        a.append("ana", turns)
+    assert len(_facts(b, "ana")) == 2
+    with b.hold("ana") as held:
+        stale = held
+    a.delete("ana")
+    for turns in TURNS[4 - again:]:
+        a.append("ana", turns)
+    b.store.save_snapshot("ana", stale.generation, stale.lines, stale.store)  # what unloading the old one writes
+    with b.hold("ana") as held:
+        assert [u.fact for u in held.store.units] == _facts(a, "ana") and len(held.store) == again
+    assert _sql(store_url, "SELECT seq FROM snapshots WHERE user_id = ?", ("ana",)) == [(again,)]
+    fresh = UserMemories(store_url, _Models())  # a cold load reads the new ana whole
+    assert _facts(fresh, "ana") == _facts(a, "ana")
+    assert b.append("ana", TURNS[0])["session"] == again  # B writes on the new one

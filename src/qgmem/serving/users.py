@@ -33,7 +33,7 @@ from qgmem.memory.store import MemoryStore
 from qgmem.serving.history_file import ASSISTANT_SPEAKERS
 from qgmem.serving.journal import batch_digest, session_digest
 from qgmem.serving.storage import open_store
-from qgmem.serving.storage.base import Store
+from qgmem.serving.storage.base import Store, Version
 
 #: what a user id may be (it names the user in URLs, logs and the store; never "." or "..")
 USER_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -117,6 +117,7 @@ class UserMemory:
     user_id: str
     memory: Memory
     lines: int = 0  # changes applied (the user's version this process holds)
+    generation: str | None = None  # which creation of the user this is (None: not stored yet)
     lock: threading.RLock = field(default_factory=threading.RLock)
     snapshot_seq: int = 0  # changes the newest stored snapshot holds
     last_used: float = field(default_factory=time.monotonic)
@@ -190,16 +191,21 @@ class UserMemories:
         """Replay the changes another writer stored past ``user.lines``; False (the user dropped from the
         cache, to be looked up again) when the stored user is gone or was replaced (deleted, imported)."""
         version = self.store.version(user.user_id)
-        if version == user.lines or (version is None and user.lines == 0 and user.snapshot_seq == 0):
-            return True
-        if version is not None and version > user.lines:
-            changes = self.store.changes(user.user_id, user.lines, version)
-            if len(changes) == version - user.lines:
-                for entry in changes:
-                    user.memory = applyparse_line(self.pipeline, user.memory, entry)
-                user.lines = version
-                self.replayed_sessions += len(changes)
+        if version is None:
+            if user.generation is None and user.lines == 0:  # not stored yet: its first write creates it
                 return True
+        elif user.generation in (None, version.generation):  # None: created by another writer meanwhile
+            if version.changes == user.lines:
+                user.generation = version.generation
+                return True
+            if version.changes > user.lines:
+                changes = self.store.changes(user.user_id, user.lines, version.changes)
+                if len(changes) == version.changes - user.lines:
+                    for entry in changes:
+                        user.memory = applyparse_line(self.pipeline, user.memory, entry)
+                    user.lines, user.generation = version.changes, version.generation
+                    self.replayed_sessions += len(changes)
+                    return True
         self._drop(user)
         return False
 
@@ -239,7 +245,7 @@ class UserMemories:
             if user.gone:
                 return False
             if user.lines > user.snapshot_seq:
-                self.store.save_snapshot(user.user_id, user.lines, user.store)
+                self.store.save_snapshot(user.user_id, user.generation, user.lines, user.store)
             self._drop(user)
             self.unloaded += 1
             return True
@@ -333,10 +339,12 @@ class UserMemories:
         due; then ``memory`` is the user's. False: another writer was first (caught up at the next hold)."""
         lines = user.lines + len(entries)
         snapshot = memory.store if lines - user.snapshot_seq >= self.snapshot_every else None
-        if not self.store.commit(user.user_id, user.lines, entries, key=key, snapshot=snapshot):
+        expected = None if user.generation is None else Version(user.generation, user.lines)
+        version = self.store.commit(user.user_id, expected, entries, key=key, snapshot=snapshot)
+        if version is None:
             self.retried_writes += 1
             return False
-        user.memory, user.lines = memory, lines  # a new memory: its activator follows at the next question
+        user.memory, user.lines, user.generation = memory, lines, version.generation  # its activator follows
         if snapshot is not None:
             user.snapshot_seq = lines
         return True
@@ -389,7 +397,7 @@ class UserMemories:
         for user in list(self._users.values()):
             with user.lock:
                 if not user.gone and user.lines > user.snapshot_seq:
-                    self.store.save_snapshot(user.user_id, user.lines, user.store)
+                    self.store.save_snapshot(user.user_id, user.generation, user.lines, user.store)
                     user.snapshot_seq = user.lines
 
     def close(self) -> None:
@@ -410,14 +418,14 @@ class UserMemories:
         loaded = self.store.load(user_id)
         if loaded is None:
             return None
-        seq, store, changes = loaded
+        generation, seq, store, changes = loaded
         memory = self.pipeline.open_memory(store) if store is not None else self._empty_memory(user_id)
-        user = UserMemory(user_id, memory, lines=seq, snapshot_seq=seq)
+        user = UserMemory(user_id, memory, lines=seq, generation=generation, snapshot_seq=seq)
         for entry in changes:
             user.memory = applyparse_line(self.pipeline, user.memory, entry)
             user.lines += 1
         self.replayed_sessions += len(changes)
         if changes and len(changes) >= self.snapshot_every:
-            self.store.save_snapshot(user_id, user.lines, user.store)
+            self.store.save_snapshot(user_id, generation, user.lines, user.store)
             user.snapshot_seq = user.lines
         return user

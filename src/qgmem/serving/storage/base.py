@@ -2,8 +2,10 @@
 
 The schema (``MIGRATIONS``; its version is the one row of ``schema_version``)::
 
-    users             user_id, version              version: changes stored for the user (the cheap
-                                                    check a replica makes before it answers)
+    users             user_id, version, generation  version: changes stored for the user; generation:
+                                                    made anew each time the user is created, so a user
+                                                    deleted and created again is another user (the cheap
+                                                    check a replica makes before it answers reads both)
     changes           user_id, seq, entry, created_at   the append-only log: one appended session
                                                     ({"turns", "time"}) or forgotten unit ({"forget"})
                                                     per row, seq 0, 1, … per user
@@ -24,10 +26,11 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,10 +49,22 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "units TEXT NOT NULL, traces TEXT NOT NULL, embeddings {blob} NOT NULL, sha256 TEXT NOT NULL)"),
     # when each change was acknowledged (seconds since the epoch; NULL for changes stored before)
     2: ("ALTER TABLE changes ADD COLUMN created_at DOUBLE PRECISION",),
+    # a random id per creation of a user (NULL, read as '', for users created before)
+    3: ("ALTER TABLE users ADD COLUMN generation TEXT",),
 }
 SCHEMA_VERSION = max(MIGRATIONS)
 #: user rows read per query when a user's changes are exported
 PAGE = 1000
+
+
+class Version(NamedTuple):
+    """Where a stored user stands: which creation of the user (``generation``) and how many changes it holds.
+
+    A replica holding a user compares both: the same count of another generation (the user was deleted
+    and created again meanwhile) is another user, never changes to replay."""
+
+    generation: str
+    changes: int
 
 
 class StoreUnavailable(Exception):
@@ -107,21 +122,22 @@ def decode_snapshot(row: dict[str, Any]) -> Any:
 
 class Store(ABC):
     """What the memory service stores per user. ``entry``: ``{"turns", "time"}`` (a session) or
-    ``{"forget": unit id}``; a user's version is the number of changes stored for them."""
+    ``{"forget": unit id}``; a user's :class:`Version` is the user's generation and the number of changes
+    stored for them."""
 
     url: str
 
     @abstractmethod
-    def version(self, user_id: str) -> int | None:
+    def version(self, user_id: str) -> Version | None:
         """The user's version; ``None``: no such user."""
 
     @abstractmethod
     def user_ids(self) -> list[str]: ...
 
     @abstractmethod
-    def load(self, user_id: str) -> tuple[int, Any, list[dict[str, Any]]] | None:
-        """``(snapshot seq, MemoryStore or None, the changes after it)`` read in one transaction; ``None``:
-        no such user. A snapshot that fails its checksum is skipped (logged): every change is replayed."""
+    def load(self, user_id: str) -> tuple[str, int, Any, list[dict[str, Any]]] | None:
+        """``(generation, snapshot seq, MemoryStore or None, the changes after it)`` read in one transaction;
+        ``None``: no such user. A snapshot that fails its checksum is skipped (logged): every change is replayed."""
 
     @abstractmethod
     def changes(self, user_id: str, after: int, upto: int | None = None) -> list[dict[str, Any]]:
@@ -132,15 +148,17 @@ class Store(ABC):
         """``(digest, result)`` stored with ``key`` for the user."""
 
     @abstractmethod
-    def commit(self, user_id: str, expected: int, entries: list[dict[str, Any]], *,
-               key: tuple[str, str, dict[str, Any]] | None = None, snapshot: Any = None) -> bool:
+    def commit(self, user_id: str, expected: Version | None, entries: list[dict[str, Any]], *,
+               key: tuple[str, str, dict[str, Any]] | None = None, snapshot: Any = None) -> Version | None:
         """Store ``entries`` as the user's next changes, with ``key`` ``(key, digest, result)`` and the
-        ``snapshot`` (the MemoryStore after them), in one transaction. False, writing nothing, when the
-        user's version is no longer ``expected`` (another writer stored changes first)."""
+        ``snapshot`` (the MemoryStore after them), in one transaction; returns the user's new version.
+        ``expected`` ``None`` creates the user (a new generation). ``None``, writing nothing, when the user's
+        version is no longer ``expected`` (another writer stored changes first, or deleted or created the user)."""
 
     @abstractmethod
-    def save_snapshot(self, user_id: str, seq: int, store: Any) -> None:
-        """Store a snapshot after ``seq`` changes unless a newer one is there."""
+    def save_snapshot(self, user_id: str, generation: str, seq: int, store: Any) -> None:
+        """Store a snapshot after ``seq`` changes unless a newer one is there, or the user is not of
+        ``generation`` any more (deleted, or deleted and created again)."""
 
     @abstractmethod
     def import_user(self, user_id: str, entries: list[dict[str, Any]], snapshot: Any,
@@ -225,10 +243,19 @@ class SqlStore(Store):
         return self.url
 
     # ---------------------------------------------------------------------------------- reads
-    def version(self, user_id: str) -> int | None:
+    def _version(self, cur, user_id: str) -> Version | None:
+        row = self._run(cur, "SELECT generation, version FROM users WHERE user_id = ?", (user_id,)).fetchone()
+        return None if row is None else Version(row[0] or "", int(row[1]))
+
+    def _create_user(self, cur, user_id: str, changes: int) -> Version:
+        generation = uuid.uuid4().hex
+        self._run(cur, "INSERT INTO users (user_id, version, generation) VALUES (?, ?, ?)",
+                  (user_id, changes, generation))
+        return Version(generation, changes)
+
+    def version(self, user_id: str) -> Version | None:
         with self._tx() as cur:
-            row = self._run(cur, "SELECT version FROM users WHERE user_id = ?", (user_id,)).fetchone()
-        return None if row is None else int(row[0])
+            return self._version(cur, user_id)
 
     def user_ids(self) -> list[str]:
         with self._tx() as cur:
@@ -236,7 +263,8 @@ class SqlStore(Store):
 
     def load(self, user_id: str):
         with self._tx() as cur:
-            if self._run(cur, "SELECT version FROM users WHERE user_id = ?", (user_id,)).fetchone() is None:
+            version = self._version(cur, user_id)
+            if version is None:
                 return None
             row = self._run(cur, "SELECT seq, meta, units, traces, embeddings, sha256 FROM snapshots "
                                  "WHERE user_id = ?", (user_id,)).fetchone()
@@ -248,7 +276,7 @@ class SqlStore(Store):
                     store = None
                 else:
                     seq = int(row[0])
-            return seq, store, self._changes(cur, user_id, seq, None)
+            return version.generation, seq, store, self._changes(cur, user_id, seq, None)
 
     def _changes(self, cur, user_id: str, after: int, upto: int | None) -> list[dict[str, Any]]:
         sql, params = "SELECT entry FROM changes WHERE user_id = ? AND seq >= ?", (user_id, after)
@@ -285,33 +313,34 @@ class SqlStore(Store):
                        "embeddings = excluded.embeddings, sha256 = excluded.sha256 WHERE snapshots.seq < excluded.seq",
                   (user_id, seq, row["meta"], row["units"], row["traces"], row["embeddings"], row["sha256"]))
 
-    def commit(self, user_id, expected, entries, *, key=None, snapshot=None) -> bool:
+    def commit(self, user_id, expected, entries, *, key=None, snapshot=None) -> Version | None:
         with self._tx(write_user=user_id) as cur:
-            row = self._run(cur, "SELECT version FROM users WHERE user_id = ?", (user_id,)).fetchone()
-            current = None if row is None else int(row[0])
-            if current is None and expected == 0:
-                self._run(cur, "INSERT INTO users (user_id, version) VALUES (?, ?)", (user_id, len(entries)))
-            elif current == expected:
-                self._run(cur, "UPDATE users SET version = ? WHERE user_id = ?", (expected + len(entries), user_id))
+            current = self._version(cur, user_id)
+            if current is None and expected is None:
+                start, new = 0, self._create_user(cur, user_id, len(entries))
+            elif current is not None and current == expected:
+                start, new = current.changes, Version(current.generation, current.changes + len(entries))
+                self._run(cur, "UPDATE users SET version = ? WHERE user_id = ?", (new.changes, user_id))
             else:
-                return False
-            self._insert_changes(cur, user_id, expected, entries)
+                return None
+            self._insert_changes(cur, user_id, start, entries)
             if key is not None:
-                self._insert_key(cur, user_id, *key, expected + len(entries) - 1)
+                self._insert_key(cur, user_id, *key, new.changes - 1)
             if snapshot is not None:
-                self._upsert_snapshot(cur, user_id, expected + len(entries), snapshot)
-        return True
+                self._upsert_snapshot(cur, user_id, new.changes, snapshot)
+        return new
 
-    def save_snapshot(self, user_id: str, seq: int, store: Any) -> None:
+    def save_snapshot(self, user_id: str, generation: str, seq: int, store: Any) -> None:
         with self._tx(write_user=user_id) as cur:
-            if self._run(cur, "SELECT version FROM users WHERE user_id = ?", (user_id,)).fetchone() is not None:
+            current = self._version(cur, user_id)
+            if current is not None and current.generation == generation and seq <= current.changes:
                 self._upsert_snapshot(cur, user_id, seq, store)
 
     def import_user(self, user_id, entries, snapshot, keys=(), snapshot_seq=None) -> bool:
         with self._tx(write_user=user_id) as cur:
-            if self._run(cur, "SELECT version FROM users WHERE user_id = ?", (user_id,)).fetchone() is not None:
+            if self._version(cur, user_id) is not None:
                 return False
-            self._run(cur, "INSERT INTO users (user_id, version) VALUES (?, ?)", (user_id, len(entries)))
+            self._create_user(cur, user_id, len(entries))
             self._insert_changes(cur, user_id, 0, entries)
             for key, digest, result, seq in keys:
                 self._insert_key(cur, user_id, key, digest, result, seq)
