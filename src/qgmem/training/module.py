@@ -439,9 +439,13 @@ class QGMemModule(LightningModule):
     def setup(self, stage: str) -> None:
         """Adopt the data module's answer contract (before fit, validate and test): the prompt the batches
         were built with, so this module's generations and its checkpoints use that one setting."""
-        contract = getattr(getattr(self.trainer, "datamodule", None), "answer_contract", None)
+        contract = self._datamodule_contract()
         if contract is not None:
             self.adopt_contract(contract)
+
+    def _datamodule_contract(self) -> AnswerContract | None:
+        """The answer contract of the trainer's data module (``None`` without a trainer or a data module)."""
+        return getattr(getattr(self._trainer, "datamodule", None), "answer_contract", None)
 
     def on_fit_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
@@ -524,6 +528,8 @@ class QGMemModule(LightningModule):
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
         self.data_info = dict(checkpoint.get(CK.DATA_INFO) or {})
+        if self._datamodule_contract() is not None:  # a run's data module made its contract (setup adopted it)
+            return
         block = checkpoint.get(CK.ANSWER_CONTRACT)
         if block is None:  # written before the block: its parts are where the module kept them then
             from qgmem.older_records import checkpoint_contract
