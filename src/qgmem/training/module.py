@@ -2,8 +2,9 @@
 
 The LM stays frozen, in eval mode and in its own dtype; only the graph-token network (and optional LoRA
 adapters, off by default) train. The loss is the answer tokens' cross-entropy with the LM head applied
-only at answer positions. Checkpoints hold the trainable weights, optimizer state and hyperparameters;
-the LM is rebuilt from its id on load, so a checkpoint of an 8B-LM run stays a few megabytes.
+only at answer positions. The prompt comes from the run's answer contract, which the data module makes
+and the module adopts once per stage (``setup``). Checkpoints hold the trainable weights, optimizer
+state, hyperparameters and that contract; the LM is rebuilt from its id on load, so a checkpoint of an 8B-LM run stays a few megabytes.
 """
 
 from __future__ import annotations
