@@ -341,3 +341,12 @@ def test_the_text_budget_reaches_the_checkpoint_once_through_the_contract(lm_pat
     loaded = QGMemModule.load_from_checkpoint(ckpt_path)
     assert loaded.contract.to_dict() == block and loaded.prompt_encoder.settings.memory_units == 3
     assert QGMemModule(lm=lm_path, feature_dim=D, **PAPER).prompt_encoder.settings.memory_units is None  # control
+
+    # the same checkpoint as written before the block: its prompt in the hyperparameters
+    older = {k: v for k, v in ckpt.items() if k != CK.ANSWER_CONTRACT}
+    older["hyper_parameters"] = {**ckpt["hyper_parameters"], "prompt": {**block["prompt"], "memory_units": 2}}
+    older_path = tmp_path / "older.ckpt"
+    torch.save(older, older_path)
+    assert QGMemModule.load_from_checkpoint(older_path).contract.prompt.memory_units == 2
+    config = json.loads((export_checkpoint(older_path, tmp_path / "older_export") / CONFIG_FILE).read_text())
+    assert config["answer"]["prompt"]["memory_units"] == 2 and config["answer"]["graph_mode"] == "token"
