@@ -13,7 +13,7 @@ from lightning.pytorch import Trainer, seed_everything
 from torch_geometric.data import Batch
 
 from qgmem.cli import main as qgmem_main
-from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, export_checkpoint, prompt_settings
+from qgmem.export import CONFIG_FILE, WEIGHTS_FILE, answer_contract, export_checkpoint
 from qgmem.lm import EMBEDDED_LM
 from qgmem.model.alignment import node_word_ids
 from qgmem.model.encoder import EncoderConfig
@@ -35,7 +35,7 @@ def lm_path(tmp_path_factory):
 
 
 def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens: int = 96, max_steps: int = 2,
-                   limit_val_batches: int | None = None, **module_kwargs) -> str:
+                   limit_val_batches: int | None = None, memory_units: int | None = None, **module_kwargs) -> str:
     seed_everything(0)
     module = QGMemModule(lm=lm, feature_dim=feature_dim, generation=GenerationSettings(max_new_tokens=3, val_generate_batches=1),
                          lr_scheduler={"class_path": "qgmem.training.schedule.WarmupCosine",
@@ -43,7 +43,8 @@ def fit_checkpoint(root: Path, lm: str, feature_dim: int = D, max_prompt_tokens:
                          **{"encoder": EncoderConfig(hidden=16, heads=2, layers=2, dropout=0.0), **PAPER,
                             **module_kwargs})
     data = QGMemDataModule.from_items(synthetic_items(4, feature_dim, seed=1), synthetic_items(2, feature_dim, seed=2),
-                                      lm=lm, batch_size=2, max_prompt_tokens=max_prompt_tokens, max_answer_tokens=8)
+                                      lm=lm, batch_size=2, max_prompt_tokens=max_prompt_tokens, max_answer_tokens=8,
+                                      memory_units=memory_units)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=max_steps, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, default_root_dir=root, num_sanity_val_steps=0,
                       limit_val_batches=limit_val_batches)
@@ -99,21 +100,34 @@ def test_export_config_and_model_card(exported):
                                                  "attention_dropout": 0.0},
                                      "injection": "input", "lm_layers": None, "lm_kv_width": None, **net}
     assert config["readout"] == {"kind": net["readout"], "num_graph_tokens": net["num_graph_tokens"]}
-    assert config["features"] == net["features"] and config["prompt"]["include_memory_text"] is True
-    assert config["prompt"]["num_graph_tokens"] == net["num_graph_tokens"]
+    answer = config["answer"]  # the answer contract, one block; none of its parts at the top level
+    assert set(answer) == {"prompt", "activation", "graph_mode"} and not {"prompt", "activation", "graph_mode"} & set(config)
+    assert config["features"] == net["features"] and answer["prompt"]["include_memory_text"] is True
+    assert answer["prompt"]["num_graph_tokens"] == net["num_graph_tokens"]
     assert config["lm"]["hidden_size"] == 32 and config["lm"]["dtype"] == "float32"
-    assert config["qgmem_version"] and config["graph_mode"] == "token" and config["lora"] is None
+    assert config["qgmem_version"] and answer["graph_mode"] == "token" and config["lora"] is None
+    assert config["checkpoint"]["graph_mode"] == "token"  # the mode the weights trained with
     assert config["metrics"]["val"]["val/em"] == 0.25  # picked up from the run's metrics.json
-    assert config["prompt"]["max_prompt_tokens"] == 96  # the data side's prompt contract, adopted by the model
+    assert answer["prompt"]["max_prompt_tokens"] == 96  # the data side's prompt contract, adopted by the model
     card = (out / "README.md").read_text()
     assert "| val | nll | 9.5000 |" in card and "| test | f1 | 0.5000 |" in card
 
 
 def test_an_older_checkpoint_s_prompt_contract_reaches_the_export():
-    """Checkpoints written before the prompt block kept its parts in the hyperparameters and the data info."""
-    assert prompt_settings({"enable_thinking": True}, {"max_prompt_tokens": 300, "max_answer_tokens": 32}) == \
-        PromptSettings(enable_thinking=True, max_prompt_tokens=300, max_answer_tokens=32)
-    assert prompt_settings({"prompt": {"graph_tokens": 2}}, {"max_prompt_tokens": 300}) == PromptSettings(num_graph_tokens=2)
+    """Checkpoints written before the contract block kept its prompt in the hyperparameters and the data info,
+    its activation in the data info and its mode in the hyperparameters."""
+    from qgmem.model import checkpoint_keys as CK
+
+    older = answer_contract({"hyper_parameters": {"enable_thinking": True, "graph": "none"},
+                             CK.DATA_INFO: {"max_prompt_tokens": 300, "max_answer_tokens": 32, "activation": {"k": 4}}})
+    assert older.prompt == PromptSettings(enable_thinking=True, max_prompt_tokens=300, max_answer_tokens=32)
+    assert older.activation.k == 4 and older.graph_mode == "none"
+    assert answer_contract({"hyper_parameters": {"prompt": {"graph_tokens": 2}}}).prompt == PromptSettings(num_graph_tokens=2)
+    # a checkpoint with the block reads it, not the hyperparameters; --graph-mode replaces its mode
+    block = {"hyper_parameters": {"prompt": {"memory_units": 9}},
+             CK.ANSWER_CONTRACT: {"prompt": {"memory_units": 2}, "activation": {}, "graph_mode": "token"}}
+    assert answer_contract(block).prompt.memory_units == 2
+    assert answer_contract(block, "none").graph_mode == "none"
 
 
 def test_metrics_of_another_run_never_reach_the_card(exported, tmp_path):
@@ -173,11 +187,11 @@ def test_the_export_can_answer_with_the_text_prompt_by_default(exported, tmp_pat
     ckpt, reference = exported
     assert qgmem_main(["export", "--ckpt", ckpt, "--out", str(tmp_path / "text"), "--graph-mode", "none"]) == 0
     config = json.loads((tmp_path / "text" / CONFIG_FILE).read_text())
-    assert config["graph_mode"] == "none" and config["trained_graph_mode"] == "token"
+    assert config["answer"]["graph_mode"] == "none" and config["checkpoint"]["graph_mode"] == "token"
     card = (tmp_path / "text" / "README.md").read_text()
     assert "answers read the text prompt alone (trained with graph mode `token`" in card
-    same = json.loads((reference / CONFIG_FILE).read_text())  # no --graph-mode: the mode it trained with
-    assert same["graph_mode"] == same["trained_graph_mode"] == "token"
+    same = json.loads((reference / CONFIG_FILE).read_text())  # no --graph-mode: the checkpoint contract's
+    assert same["answer"]["graph_mode"] == same["checkpoint"]["graph_mode"] == "token"
     assert "answers read the graph tokens" in (reference / "README.md").read_text()
     assert qgmem_main(["export", "--ckpt", ckpt, "--out", str(tmp_path / "bad"), "--graph-mode", "text"]) == 2
     assert "invalid choice: 'text'" in capsys.readouterr().err and not (tmp_path / "bad").exists()
@@ -295,18 +309,44 @@ def serving_pipeline(out, max_new_tokens):
 
 
 def test_the_export_records_the_text_and_the_graph_budget():
-    """The data module's two budgets reach config.json by the run's path: ``memory_units`` through the
-    prompt contract the model adopts (``prompt.memory_units``), ``activation.k`` through the data info."""
+    """The data module's answer contract reaches config.json as the checkpoint's block: ``memory_units`` and
+    ``activation.k`` and the default answer mode, copied from the block, not from the hyperparameters."""
     from qgmem.activation.config import ActivationConfig
     from qgmem.export import export_config
     from qgmem.model import checkpoint_keys as CK
     from qgmem.model.graph_token import GraphTokenConfig
-    from qgmem.training.module import describe_datamodule
 
-    data = QGMemDataModule(memory_units=3, activation=ActivationConfig(k=5))
+    data = QGMemDataModule(memory_units=3, activation=ActivationConfig(k=5), graph_mode="none")
     net = GraphTokenConfig(feature_dim=D, edge_dim=D, lm_hidden=32, features="text", readout="mean", num_graph_tokens=1)
-    ckpt = {"hyper_parameters": {"prompt": data.prompt_settings.to_dict()}, "state_dict": {},
-            CK.DATA_INFO: describe_datamodule(data), CK.GRAPH_TOKEN: net.to_dict()}
+    ckpt = {"hyper_parameters": {"graph": "token"}, "state_dict": {}, CK.DATA_INFO: {},
+            CK.ANSWER_CONTRACT: data.answer_contract.to_dict(), CK.GRAPH_TOKEN: net.to_dict()}
     config = export_config(Path("model.ckpt"), ckpt, None)
-    assert config["prompt"]["memory_units"] == 3
-    assert config["activation"]["k"] == config["activation_key_parameters"]["k"] == 5
+    assert config["answer"]["prompt"]["memory_units"] == 3 and config["answer"]["graph_mode"] == "none"
+    assert config["answer"]["activation"]["k"] == config["activation_key_parameters"]["k"] == 5
+    assert config["checkpoint"]["graph_mode"] == "token"
+
+
+def test_the_text_budget_reaches_the_checkpoint_once_through_the_contract(lm_path, tmp_path):
+    """A data module with ``memory_units=3`` gives a checkpoint whose contract block says 3 (its prompt with
+    the network's slots, the mode the module trained with) and no ``prompt`` hyperparameter; a module
+    loaded from it without a data module has that prompt."""
+    from qgmem.model import checkpoint_keys as CK
+
+    ckpt_path = fit_checkpoint(tmp_path, lm_path, max_steps=1, memory_units=3, limit_val_batches=1)
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+    block = ckpt[CK.ANSWER_CONTRACT]
+    assert block["prompt"]["memory_units"] == 3 and block["prompt"]["max_prompt_tokens"] == 96
+    assert block["prompt"]["num_graph_tokens"] == 1 and block["graph_mode"] == "token"
+    assert "prompt" not in ckpt["hyper_parameters"]
+    loaded = QGMemModule.load_from_checkpoint(ckpt_path)
+    assert loaded.contract.to_dict() == block and loaded.prompt_encoder.settings.memory_units == 3
+    assert QGMemModule(lm=lm_path, feature_dim=D, **PAPER).prompt_encoder.settings.memory_units is None  # control
+
+    # the same checkpoint as written before the block: its prompt in the hyperparameters
+    older = {k: v for k, v in ckpt.items() if k != CK.ANSWER_CONTRACT}
+    older["hyper_parameters"] = {**ckpt["hyper_parameters"], "prompt": {**block["prompt"], "memory_units": 2}}
+    older_path = tmp_path / "older.ckpt"
+    torch.save(older, older_path)
+    assert QGMemModule.load_from_checkpoint(older_path).contract.prompt.memory_units == 2
+    config = json.loads((export_checkpoint(older_path, tmp_path / "older_export") / CONFIG_FILE).read_text())
+    assert config["answer"]["prompt"]["memory_units"] == 2 and config["answer"]["graph_mode"] == "token"

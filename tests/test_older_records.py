@@ -97,7 +97,7 @@ def test_a_version_1_export_config_reads_as_today_s():
     config = {"prompt": {"max_prompt_tokens": 512, "note": None, "graph_token_position": "before the question"},
               "readout": {"kind": "mean"}}
     assert read_export_config(config, 1, Path("config.json")) == {
-        "prompt": {"max_prompt_tokens": 512}, "graph_token_position": "before the question",
+        "answer": {"prompt": {"max_prompt_tokens": 512}}, "graph_token_position": "before the question",
         "readout": {"kind": "mean"}}
 
 
@@ -180,3 +180,69 @@ def test_the_stage_records_an_older_checkpoint_gets_build_the_stages():
     assert stages == [MemoryReconstruction(steps=4, batch_size=2, lr=0.01), Distillation(weight=0.5, topk=8, cache_dir="t")]
     assert [as_stage(r) for r in checkpoint_stages({"align_steps": 3, "align_weight": 0.5, "align_lr": 0.1})] == [
         NodeWordAlignment(steps=3, lr=0.1, weight=0.5)]
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def test_a_version_4_export_config_reads_as_today_s_answer_block():
+    """Version 4 kept the answer contract's parts at the top level and named the weights' mode
+    ``trained_graph_mode``; it reads as version 5 writes it, and as one contract."""
+    from qgmem.activation.answer_contract import AnswerContract
+    from qgmem.prompting import PromptSettings
+
+    old = json.loads((FIXTURES / "export_v4" / "config.json").read_text())
+    read = read_export_config(dict(old), 4, Path("config.json"))
+    assert not {"prompt", "activation", "graph_mode", "trained_graph_mode"} & set(read)
+    assert read["answer"] == {"prompt": old["prompt"], "activation": old["activation"], "graph_mode": "none"}
+    assert read["checkpoint"] == {**old["checkpoint"], "graph_mode": "token"}
+    contract = AnswerContract.from_export_config(read)
+    assert contract.prompt == PromptSettings.from_dict(old["prompt"]) and contract.prompt.memory_units == 3
+    assert contract.activation == ActivationConfig.from_dict(old["activation"]) and contract.graph_mode == "none"
+    # an export older than the mode fields answers with the tokens, as it did; today's record is left as it is
+    assert AnswerContract.from_export_config(read_export_config({"prompt": {}}, 3, Path("c"))).graph_mode == "token"
+    assert read_export_config({"answer": {"graph_mode": "none"}}, 5, Path("c")) == {"answer": {"graph_mode": "none"}}
+
+
+def test_an_older_checkpoint_s_answer_contract_is_gathered_from_where_it_was_kept():
+    from qgmem.activation.answer_contract import AnswerContract
+    from qgmem.older_records import checkpoint_contract
+
+    info = {"activation": ActivationConfig(k=7).to_dict(), "max_prompt_tokens": 300}
+    # the prompt hyperparameter of before this block, the module's mode under its old name and its new one
+    for hp in ({"prompt": {"memory_units": 2, "num_graph_tokens": 5}, "graph": "none"},
+               {"prompt": {"memory_units": 2, "num_graph_tokens": 5}, "graph_mode": "none"}):
+        contract = AnswerContract.from_dict(checkpoint_contract(hp, info))
+        assert contract.prompt.memory_units == 2 and contract.prompt.num_graph_tokens == 5
+        assert contract.activation.k == 7 and contract.graph_mode == "none"
+    # older still: the prompt's parts in the hyperparameters and the data info, no activation recorded
+    block = checkpoint_contract({"enable_thinking": True}, {"max_prompt_tokens": 300})
+    assert block == {"prompt": {"enable_thinking": True, "max_prompt_tokens": 300}, "activation": {},
+                     "graph_mode": "token"}
+
+
+def test_an_older_checkpoint_s_prompt_hyperparameter_is_left_out_of_the_module_s():
+    from qgmem.older_records import checkpoint_hparams
+
+    read = checkpoint_hparams({"prompt": {"memory_units": 3}, "graph": "token", "stages": [], "generation": {}})
+    assert read == {"graph": "token", "stages": [], "generation": {}}
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_the_retired_answer_graph_is_refused_naming_data_graph_mode(where, tmp_path, capsys):
+    """``answer_graph`` (the export's answer mode, now ``data.graph_mode``): refused naming the setting
+    that replaced it, exit 2, on the command line or in a YAML (not LightningCLI's "unrecognized")."""
+    from qgmem import job
+    from qgmem.older_records import TRAINING_FLAGS
+
+    if where == "flag":
+        args = ["--answer_graph", "none"]
+    else:
+        (tmp_path / "old.yaml").write_text("answer_graph: none\n")
+        args = ["--config", "default", "--config", str(tmp_path / "old.yaml")]
+    with pytest.raises(SystemExit) as refused:  # LightningCLI's parser exits as it does for any bad key
+        job.script_main(args)
+    err = capsys.readouterr().err
+    assert refused.value.code == 2
+    assert f"--answer_graph was retired: {TRAINING_FLAGS['answer_graph']}" in err and "data.graph_mode" in err
+    assert "Traceback" not in err

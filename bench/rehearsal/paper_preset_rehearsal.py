@@ -383,7 +383,7 @@ def training_checks(work: Path, root: Path) -> dict[str, Any]:
         "export_config": {"lm": (cfg.get("lm") or {}).get("id"), "lm_dtype": (cfg.get("lm") or {}).get("load_dtype"),
                           "construction_llm": (cfg.get("construction_llm") or {}).get("base_url"),
                           "num_graph_tokens": (cfg.get("graph_token") or {}).get("num_graph_tokens"),
-                          "enable_thinking": (cfg.get("prompt") or {}).get("enable_thinking")},
+                          "enable_thinking": ((cfg.get("answer") or {}).get("prompt") or {}).get("enable_thinking")},
         "seconds": metrics.get("seconds"),
     }
 
@@ -448,7 +448,7 @@ def eval_qa(export: Path, work: Path, env: dict[str, str], port: int, log: Path,
     if rc != 0 or not results.exists():
         return {"ok": False, "exit": rc}
     data = json.loads(results.read_text())
-    activation = json.loads((export / "config.json").read_text()).get("activation") or {}
+    activation = (json.loads((export / "config.json").read_text()).get("answer") or {}).get("activation") or {}
     overall = next((r for r in data.get("table") or [] if r.get("category") == "all"), {})
     return {"ok": True, "questions": data.get("questions"), "judged": overall.get("judged"),
             "accuracy": overall.get("accuracy"), "errors": overall.get("errors"),

@@ -75,6 +75,7 @@ def untrained_export(folder: Path, preset: str = "default") -> Path:
     import torch
     import yaml
 
+    from qgmem.activation.answer_contract import AnswerContract
     from qgmem.activation.config import ActivationConfig
     from qgmem.embed import DEFAULT_ENCODER
     from qgmem.lm import EMBEDDED_LM
@@ -98,11 +99,11 @@ def untrained_export(folder: Path, preset: str = "default") -> Path:
                               readout=model["readout"], num_graph_tokens=model["num_graph_tokens"])
     prompt = PromptSettings(max_prompt_tokens=data["max_prompt_tokens"], max_answer_tokens=data["max_answer_tokens"],
                             num_graph_tokens=model["num_graph_tokens"], memory_units=data.get("memory_units"))
+    answer = AnswerContract(prompt, ActivationConfig(), "token")
     export_config = {"lm": {"id": EMBEDDED_LM, "hidden_size": 576, "load_dtype": "auto"},
-                     "prompt": prompt.to_dict(), "generation": {"max_new_tokens": max_new_tokens},
+                     "answer": answer.to_dict(), "generation": {"max_new_tokens": max_new_tokens},
                      "sentence_encoder": {"id": DEFAULT_ENCODER, "dim": 384},
-                     "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),
-                     "dataset": "convomem", "graph_mode": "token", "metrics": None}
+                     "construction": ConstructionConfig().to_dict(), "dataset": "convomem", "metrics": None}
     GraphTokenEncoder(config, export_config).eval().save_pretrained(folder)
     return folder
 

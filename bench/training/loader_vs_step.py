@@ -63,8 +63,9 @@ def main() -> None:
     model_cfg = (yaml.safe_load(open(resolve_config(args.config), encoding="utf-8")) or {}).get("model") or {}
     # the one-token network these figures were measured with (the defaults insert 16 node tokens)
     module = QGMemModule(lm=dm.cache_spec.lm, lm_dtype=model_cfg.get("lm_dtype", "auto"),
-                         feature_dim=dm.feature_dim, prompt=dm.prompt_settings, features="text", readout="mean",
+                         feature_dim=dm.feature_dim, features="text", readout="mean",
                          num_graph_tokens=1).to(args.device)
+    module.adopt_contract(dm.answer_contract)
     module.train()
     dm.num_workers = 0
     batch = next(iter(dm.train_dataloader()))

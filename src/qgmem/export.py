@@ -3,8 +3,8 @@
 The folder layout, the format checks and save/load/push live in
 :class:`qgmem.model.pretrained.GraphTokenEncoder`; this module turns a Lightning checkpoint into one:
 weights (``graph_encoder.safetensors``), ``config.json`` with everything a server needs (network shape,
-LM, prompt contract, sentence encoder and feature spec, construction and activation settings, cache
-key, package version, the run's metrics), LoRA adapters in PEFT's format and the model card.
+LM, the answer contract as the checkpoint recorded it, sentence encoder and feature spec, construction
+settings, cache key, package version, the run's metrics), LoRA adapters in PEFT's format and the model card.
 :mod:`qgmem.serving` loads it without Lightning or the training code.
 """
 
@@ -13,21 +13,21 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from qgmem import __version__
 from qgmem.provenance import git_commit
 from qgmem.integrity import fresh_temp_dir, publish_dir
-from qgmem.older_records import checkpoint_hparams, checkpoint_prompt
+from qgmem.older_records import checkpoint_contract, checkpoint_graph_mode, checkpoint_hparams
 from qgmem.settings_flags import add_settings_arguments, settings_from_args
 
 if TYPE_CHECKING:
-    from qgmem.prompting.contract import PromptSettings
+    from qgmem.activation.answer_contract import AnswerContract
 
-__all__ = ["CONFIG_FILE", "FORMAT", "FORMAT_VERSION", "WEIGHTS_FILE", "export_checkpoint", "find_metrics",
-           "load_checkpoint", "prompt_settings"]
+__all__ = ["CONFIG_FILE", "FORMAT", "FORMAT_VERSION", "WEIGHTS_FILE", "answer_contract", "export_checkpoint",
+           "find_metrics", "load_checkpoint"]
 #: the export format's names, read from their home on first use (so ``qgmem export --help`` loads no torch)
 _FORMAT_NAMES = ("CONFIG_FILE", "FORMAT", "FORMAT_VERSION", "WEIGHTS_FILE")
 
@@ -84,12 +84,16 @@ def find_metrics(ckpt_path: Path) -> dict[str, Any] | None:
     return metrics if best and Path(best).resolve() == ckpt_path else None
 
 
-def prompt_settings(hp: dict[str, Any], info: dict[str, Any]) -> PromptSettings:
-    """The run's prompt contract from a checkpoint (older checkpoints kept its parts in two places:
-    :func:`qgmem.older_records.checkpoint_prompt`)."""
-    from qgmem.prompting.contract import PromptSettings
+def answer_contract(ckpt: dict[str, Any], graph_mode: str | None = None) -> AnswerContract:
+    """The run's answer contract from a checkpoint's block (one written before it had the block: its parts
+    gathered by :func:`qgmem.older_records.checkpoint_contract`); ``graph_mode`` replaces its mode."""
+    from qgmem.activation.answer_contract import AnswerContract
+    from qgmem.model import checkpoint_keys as CK
 
-    return PromptSettings.from_dict(checkpoint_prompt(hp, info))
+    block = ckpt.get(CK.ANSWER_CONTRACT) or checkpoint_contract(ckpt["hyper_parameters"],
+                                                                 dict(ckpt.get(CK.DATA_INFO) or {}))
+    contract = AnswerContract.from_dict(block)
+    return replace(contract, graph_mode=graph_mode) if graph_mode is not None else contract
 
 
 #: where the graph enters the LM, by ``graph_token.injection`` (the export's ``graph_token_position``)
@@ -116,27 +120,24 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         raise ValueError(f"{ckpt_path}: the checkpoint has no graph-token config ({CK.GRAPH_TOKEN!r})")
     graph_token = GraphTokenConfig.from_dict(graph_token).to_dict()  # older checkpoints' field names read too
     has_adapter = any(k.startswith(CK.LM_PREFIX) for k in ckpt["state_dict"])
-    activation = info.get("activation") or {}
-    trained_mode = hp.get("graph", "token")
+    answer = answer_contract(ckpt, graph_mode).to_dict()
+    activation = answer["activation"]
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "qgmem_version": __version__,
         # the code that trained the weights (the checkpoint's), else the code exporting them
         "git_commit": (ckpt.get(CK.PROVENANCE) or {}).get("git_commit", git_commit()),
         "graph_token": graph_token,
-        # what an answer reads when its caller names no mode; the weights' own training mode beside it
-        "graph_mode": graph_mode or trained_mode,
-        "trained_graph_mode": trained_mode,
+        # what an answer depends on: the prompt, the activation, the mode it reads when its caller names none
+        "answer": answer,
         "readout": {"kind": graph_token["readout"], "num_graph_tokens": graph_token["num_graph_tokens"]},
         "features": graph_token.get("features", "text"),
         "lm": {"id": hp.get("lm"), "hidden_size": graph_token.get("lm_hidden"), "dtype": lm_info.get("dtype"),
                "load_dtype": hp.get("lm_dtype"), "end_of_turn_id": lm_info.get("end_of_turn_id")},
-        "prompt": prompt_settings(hp, info).to_dict(),
         "graph_token_position": GRAPH_POSITION[graph_token["injection"]],
         "generation": {"max_new_tokens": checkpoint_hparams(hp)["generation"].get("max_new_tokens")},
         "sentence_encoder": {"id": info.get("sentence_encoder"),
                              "dim": info.get("feature_dim", graph_token.get("feature_dim"))},
         "edge_features": {**EDGE_FEATURE_SPEC, "dim": graph_token.get("edge_dim")},
-        "activation": activation,
         "activation_key_parameters": {k: activation.get(k) for k in ("k", "pool_size", "rrf_k", "attribute_threshold",
                                                                      "reranker", "reranker_path") if k in activation},
         "construction": info.get("construction"),
@@ -145,7 +146,9 @@ def export_config(ckpt_path: Path, ckpt: dict[str, Any], metrics: dict[str, Any]
         "cache_key": info.get("cache_key"),
         "data_split": _data_split(info),
         "lora": hp.get("lora") if has_adapter else None,
-        "checkpoint": {"file": ckpt_path.name, "epoch": ckpt.get("epoch"), "global_step": ckpt.get("global_step")},
+        # the mode the weights trained with (the answer block's may differ: qgmem export --graph-mode)
+        "checkpoint": {"file": ckpt_path.name, "epoch": ckpt.get("epoch"), "global_step": ckpt.get("global_step"),
+                       "graph_mode": checkpoint_graph_mode(hp)},
         "metrics": metrics,
     }
 
@@ -170,8 +173,9 @@ def export_checkpoint(ckpt_path: str | Path, out_dir: str | Path, metrics: dict[
     """Write the export folder for ``ckpt_path``; returns ``out_dir`` (an existing one is replaced whole).
 
     ``metrics`` default to the checkpoint's own run's (:func:`find_metrics`); none found, the card says so.
-    ``graph_mode``: the export's default answer mode (field ``graph_mode``: ``token``, or ``none``, the text
-    prompt alone, with the graph tokens one request field away); default: the mode the weights trained with.
+    ``graph_mode``: the export's default answer mode (field ``answer.graph_mode``: ``token``, or ``none``, the
+    text prompt alone, with the graph tokens one request field away); default: the checkpoint's contract's
+    (the run's ``data.graph_mode``, else the mode the weights trained with).
     """
     from qgmem.finite import nonfinite_names
     from qgmem.model import checkpoint_keys as CK
@@ -213,7 +217,7 @@ class ExportSettings:
     out: str  #: export folder to create
     #: metrics.json to put on the model card (default: the one train.py wrote next to the checkpoint's run)
     metrics: str | None = None
-    #: what answers read when a request names no mode: the graph tokens, or none (the text prompt alone); default: the mode the checkpoint trained with
+    #: what answers read when a request names no mode: the graph tokens, or none (the text prompt alone); default: the checkpoint's answer contract's
     graph_mode: Literal["token", "none"] | None = None
 
 

@@ -110,7 +110,7 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         export_dir = None
         started = time.perf_counter()
         if cfg.get("export", True) and best:
-            export_dir = export_checkpoint(best, root / "export", metrics, graph_mode=cfg.get("answer_graph"))
+            export_dir = export_checkpoint(best, root / "export", metrics)
         seconds["export"] = time.perf_counter() - started
         metrics["seconds"] = {k: round(v, 1) for k, v in seconds.items()}
         (root / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")

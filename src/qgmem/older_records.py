@@ -2,9 +2,10 @@
 
 One home for every such rule, so an old record reads the same wherever it is opened.
 
-Export ``config.json`` (older format versions), the graph-token network and prompt blocks of exports and
-checkpoints (renamed fields, fields added since), a checkpoint's prompt contract (kept in two places
-before it had one block), its training stages (flat ``align_*``/``distill_*`` settings before
+Export ``config.json`` (older format versions, the answer contract's parts at the top level before
+the ``answer`` block), the graph-token network and prompt blocks of exports and checkpoints (renamed
+fields, fields added since), a checkpoint's answer contract (its prompt kept in two places, its activation
+in the data info and its graph mode in the hyperparameters before it had one block), its training stages (flat ``align_*``/``distill_*`` settings before
 ``model.stages`` listed them) and its generation settings (flat before ``model.generation``) read as
 the version of today would have written them.
 
@@ -41,7 +42,8 @@ def read_export_config(config: dict[str, Any], version: int, path: Path) -> dict
     reads it: version 1 kept ``graph_token_position`` in the prompt block and its LoRA adapter outside
     PEFT's format (refused: serving cannot apply it); version 3 named K ``graph_tokens`` in the readout
     block (the network and prompt blocks are renamed by :func:`read_graph_token` and :func:`read_prompt`;
-    that block is only a record)."""
+    that block is only a record); version 4 and older kept the answer contract's parts at the top level
+    (:func:`export_answer_block`)."""
     if version == 1:
         prompt = dict(config.get("prompt") or {})
         config["graph_token_position"] = prompt.pop("graph_token_position", None)
@@ -52,6 +54,26 @@ def read_export_config(config: dict[str, Any], version: int, path: Path) -> dict
     readout = config.get("readout")
     if version < 4 and isinstance(readout, dict) and "graph_tokens" in readout:
         readout["num_graph_tokens"] = readout.pop("graph_tokens")
+    if version < 5:
+        config = export_answer_block(config)
+    return config
+
+
+def export_answer_block(config: dict[str, Any]) -> dict[str, Any]:
+    """A ``config.json`` of format 4 or older with the answer contract as version 5 writes it: the top-level
+    ``prompt``, ``activation`` and ``graph_mode`` fields as one ``answer`` block (an absent one is left to
+    the contract's default), and ``trained_graph_mode``, the mode the weights trained with, as
+    ``checkpoint.graph_mode``."""
+    config = dict(config)
+    answer = {}
+    for name in ("prompt", "activation", "graph_mode"):
+        value = config.pop(name, None)
+        if value:
+            answer[name] = value
+    trained = config.pop("trained_graph_mode", None)
+    config["answer"] = answer
+    if trained:
+        config["checkpoint"] = {**(config.get("checkpoint") or {}), "graph_mode": trained}
     return config
 
 
@@ -73,6 +95,23 @@ def checkpoint_prompt(hp: dict[str, Any], info: dict[str, Any]) -> dict[str, Any
     legacy = {"enable_thinking": hp.get("enable_thinking"), "max_prompt_tokens": info.get("max_prompt_tokens"),
               "max_answer_tokens": info.get("max_answer_tokens")}
     return {k: v for k, v in legacy.items() if v is not None}
+
+def checkpoint_contract(hp: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """The answer-contract block of a checkpoint written before it had one: its prompt
+    (:func:`checkpoint_prompt`), the activation its data info records and the mode its module trained with
+    (:func:`checkpoint_graph_mode`)."""
+    return {"prompt": read_prompt(checkpoint_prompt(hp, info)), "activation": info.get("activation") or {},
+            "graph_mode": checkpoint_graph_mode(hp)}
+
+
+def checkpoint_graph_mode(hp: dict[str, Any]) -> str:
+    """The graph mode a checkpoint's module trained with: its hyperparameter ``graph_mode``, formerly ``graph``."""
+    return hp.get("graph_mode", hp.get("graph")) or "token"
+
+
+#: module hyperparameters whose values moved to the checkpoint's answer-contract block
+#: (:func:`checkpoint_contract` reads them from an older checkpoint)
+CONTRACT_MODULE_HPARAMS = ("prompt",)
 
 #: a checkpoint's training-stage hyperparameters before ``model.stages`` listed the stages
 #: (``align_objective``: ``words`` or ``reconstruct``; a checkpoint without one predates ``reconstruct``)
@@ -112,8 +151,8 @@ GENERATION_HPARAMS = ("max_new_tokens", "val_generate_batches", "test_generate_b
 def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's module hyperparameters as today's module takes them: the flat stage settings of an
     older one as its ``stages`` list, its flat generation settings as its ``generation`` block, retired
-    settings left out."""
-    hp = {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS}
+    settings and those the answer-contract block holds now left out."""
+    hp = {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS + CONTRACT_MODULE_HPARAMS}
     if "generation" not in hp:
         flat = {k: hp.pop(k) for k in GENERATION_HPARAMS if k in hp}
         hp["generation"] = flat
@@ -146,6 +185,13 @@ CONSTRUCTION_KEYED = ("unread_turn_fallback",)
 RETIRED_PRESETS: dict[str, str] = {
     "compact": "the compact prompt is the default since issue 63 (python train.py, or --config default); "
                "the former default is --config nodes10",
+}
+
+#: keys of the training configuration (``python train.py``, ``qgmem fit|validate|test``) that were retired
+#: -> what sets their value now
+TRAINING_FLAGS: dict[str, str] = {
+    "answer_graph": "the export's default answer mode is the data module's data.graph_mode "
+                    "(--data.graph_mode token|none, or graph_mode under data: in the YAML)",
 }
 
 #: flags of ``qgmem eval-retrieval`` that no default or documented choice needed -> what happens instead

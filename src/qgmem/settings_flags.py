@@ -110,11 +110,12 @@ class RetiredFlag(argparse.ArgumentTypeError, ValueError):
     """A retired flag or ``--config`` key (argparse reports the one, jsonargparse the other)."""
 
 
-def add_retired_arguments(parser: argparse.ArgumentParser, retired: dict[str, str]) -> None:
+def add_retired_arguments(parser: argparse.ArgumentParser, retired: dict[str, str], *, dashes: bool = True) -> None:
     """Hidden flags for retired settings (``field -> what happens instead``): given as a flag or as a
-    ``--config`` key, each is refused with that message instead of "unrecognized"."""
+    ``--config`` key, each is refused with that message instead of "unrecognized". ``dashes=False``: the
+    flag keeps the field's underscores, as LightningCLI's flags do."""
     for name, instead in retired.items():
-        flag = "--" + name.replace("_", "-")
+        flag = "--" + (name.replace("_", "-") if dashes else name)
 
         def refuse(value: str, flag: str = flag, instead: str = instead) -> None:
             raise RetiredFlag(f"{flag} was retired: {instead}")

@@ -21,9 +21,10 @@ def test_each_untrained_export_has_its_presets_budgets_and_readout(tmp_path):
                                               "default": (3, 11, "summary_units")}.items():
         folder = script.untrained_export(tmp_path / preset, preset)
         config = json.loads((folder / "config.json").read_text())
-        assert config["prompt"]["memory_units"] == units and config["prompt"]["num_graph_tokens"] == tokens
+        answer = config["answer"]
+        assert answer["prompt"]["memory_units"] == units and answer["prompt"]["num_graph_tokens"] == tokens
         assert config["graph_token"]["num_graph_tokens"] == tokens and config["graph_token"]["readout"] == readout
-        assert config["activation"]["k"] == 10  # the graph budget: both read the top 10 units
+        assert answer["activation"]["k"] == 10  # the graph budget: both read the top 10 units
     cfg = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())
     assert (cfg["data"]["memory_units"], cfg["model"]["num_graph_tokens"]) == (3, 11)
     # written once: a second call keeps the folder as it is

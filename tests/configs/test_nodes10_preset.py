@@ -17,7 +17,7 @@ STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction", "init_arg
           {"class_path": "qgmem.training.stages.Distillation", "init_args": {"weight": 2.0}}]
 COMPACT = {"data.memory_units": 3, "model.readout": "summary_units", "model.num_graph_tokens": 11,
            "model.stages": STAGES,
-           "answer_graph": "none"}  # the answer-mode rule's outcome for the default (docs/graph_token.md)
+           "data.graph_mode": "none"}  # the answer-mode rule's outcome for the default (docs/graph_token.md)
 RESOLVED_STAGES = [{"class_path": "qgmem.training.stages.MemoryReconstruction",
                     "init_args": {"steps": 40, "batch_size": 8, "lr": 3e-3}},
                    {"class_path": "qgmem.training.stages.Distillation",

@@ -19,11 +19,14 @@ HIDDEN = 32
 
 
 def export_config(lm_path: str, feature_dim: int, **extra) -> dict:
-    return {"lm": {"id": lm_path, "hidden_size": HIDDEN, "load_dtype": "auto"},
-            "prompt": PromptSettings(max_prompt_tokens=256).to_dict(),
+    """An export's ``config.json`` of today's format; ``prompt``, ``activation`` and ``graph_mode`` given
+    here go into its ``answer`` block."""
+    answer = {"prompt": PromptSettings(max_prompt_tokens=256).to_dict(), "activation": ActivationConfig().to_dict(),
+              "graph_mode": "token", **{k: extra.pop(k) for k in ("prompt", "activation", "graph_mode") if k in extra}}
+    return {"lm": {"id": lm_path, "hidden_size": HIDDEN, "load_dtype": "auto"}, "answer": answer,
             "sentence_encoder": {"id": "embedded:all-MiniLM-L6-v2", "dim": feature_dim},
-            "construction": ConstructionConfig().to_dict(), "activation": ActivationConfig().to_dict(),
-            "dataset": "convomem", "graph_mode": "token", "generation": {"max_new_tokens": 4},
+            "construction": ConstructionConfig().to_dict(),
+            "dataset": "convomem", "generation": {"max_new_tokens": 4},
             "metrics": {"val": {"val/nll": 2.5}, "test": {"test/em": 0.25, "test/f1": 0.5}}, **extra}
 
 

@@ -164,7 +164,7 @@ def test_an_export_whose_text_budget_passes_its_graph_budget_is_refused(pipeline
     from qgmem.serving import ExportFormatError
 
     encoder = make_encoder(tiny_lm_path, prompt=PromptSettings(max_prompt_tokens=256, memory_units=11).to_dict())
-    with pytest.raises(ExportFormatError, match=r"prompt.memory_units = 11 is more than activation.k = 10"):
+    with pytest.raises(ExportFormatError, match=r"answer.prompt.memory_units = 11 is more than answer.activation.k = 10"):
         QGMemPipeline(encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8))
 
 

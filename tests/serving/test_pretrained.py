@@ -98,7 +98,7 @@ def _edit_config(folder, edit):
      r"config field graph_token\.encoder\.layers = 3 disagrees with the weights, which have 2 'encoder.convs\.\*' layers"),
     (lambda c: c["graph_token"].update(feature_dim=12),
      r"config field graph_token\.feature_dim = 12 disagrees with the weights: 'encoder.input.weight' has size 8"),
-    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2, 3, 4\]"),
+    (lambda c: c.update(format_version=99), r"field 'format_version' is 99; this qgmem reads versions \[1, 2, 3, 4, 5\]"),
     (lambda c: c.update(format="other"), r"field 'format' is 'other'"),
 ])
 def test_mismatched_export_is_refused_by_name(tiny_lm_path, tmp_path, edit, message):
@@ -224,6 +224,8 @@ def test_a_version_3_export_with_the_old_names_of_k_loads_the_same(tiny_lm_path,
     def to_v3(c):
         c["format_version"] = 3
         c["graph_token"]["num_queries"] = c["graph_token"].pop("num_graph_tokens")
+        answer = c.pop("answer")  # version 3 kept the answer contract's parts at the top level
+        c.update(prompt=answer["prompt"], activation=answer["activation"], graph_mode=answer["graph_mode"])
         c["prompt"]["graph_tokens"] = c["prompt"].pop("num_graph_tokens")
         c["readout"] = {"kind": "nodes", "graph_tokens": 3}
 
@@ -232,7 +234,8 @@ def test_a_version_3_export_with_the_old_names_of_k_loads_the_same(tiny_lm_path,
     loaded = GraphTokenEncoder.from_pretrained(folder)
     assert loaded.config.num_graph_tokens == 3 and loaded.config.readout == "nodes"
     assert loaded.export_config["readout"] == {"kind": "nodes", "num_graph_tokens": 3}
-    assert PromptSettings.from_dict(loaded.export_config["prompt"]).num_graph_tokens == 3
+    assert PromptSettings.from_dict(loaded.export_config["answer"]["prompt"]).num_graph_tokens == 3
+    assert "prompt" not in loaded.export_config and loaded.export_config["answer"]["graph_mode"] == "token"
     graphs = [it["graph"] for it in synthetic_items(2, 8, seed=1)]
     torch.testing.assert_close(loaded.encode(graphs), encoder.encode(graphs))
 

@@ -22,6 +22,7 @@ def default_shaped_export(folder):
     from qgmem.embed import DEFAULT_ENCODER
     from qgmem.memory.config import ConstructionConfig
     from qgmem.model.graph_token import GraphTokenConfig
+    from qgmem.activation.answer_contract import AnswerContract
     from qgmem.model.pretrained import GraphTokenEncoder
     from qgmem.prompting import PromptSettings
 
@@ -30,11 +31,11 @@ def default_shaped_export(folder):
                               readout="summary_nodes", num_graph_tokens=17)
     prompt = PromptSettings(max_prompt_tokens=288, max_answer_tokens=48, num_graph_tokens=17)
     GraphTokenEncoder(config, {"lm": {"id": EMBEDDED_LM, "hidden_size": 576, "load_dtype": "auto"},
-                               "prompt": prompt.to_dict(), "generation": {"max_new_tokens": 12},
+                               "answer": AnswerContract(prompt, ActivationConfig(), "token").to_dict(),
+                               "generation": {"max_new_tokens": 12},
                                "sentence_encoder": {"id": DEFAULT_ENCODER, "dim": 384},
-                               "construction": ConstructionConfig().to_dict(),
-                               "activation": ActivationConfig().to_dict(), "dataset": "convomem",
-                               "graph_mode": "token", "metrics": None}).eval().save_pretrained(folder)
+                               "construction": ConstructionConfig().to_dict(), "dataset": "convomem",
+                               "metrics": None}).eval().save_pretrained(folder)
     return folder
 
 

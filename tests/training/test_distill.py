@@ -79,7 +79,7 @@ def test_the_distilled_loss_falls_on_a_fixed_batch(lm_path, tmp_path):
                 weight.mul_(20.0)
     data = make_data(lm_path, n_train=2, batch_size=2)
     data.setup("fit")
-    module.use_prompt_settings(data.prompt_settings)
+    module.adopt_contract(data.answer_contract)
     stage.teacher, _ = build_teacher(module.lm, lm_path, module.tokenizer, module.prompt_encoder.settings,
                                      data.split("train"), topk=8, folder=tmp_path, progress=False)
     batch = next(iter(data.train_dataloader()))

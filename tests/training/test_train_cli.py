@@ -24,10 +24,10 @@ class TinyData(InMemoryDataModule):
     """Synthetic items behind the real data module's loaders (no memory building, no cache)."""
 
     def __init__(self, lm: str = EMBEDDED_LM, n_train: int = 6, n_eval: int = 4, feature_dim: int = 8,
-                 batch_size: int = 2, memory_units: int | None = None):
+                 batch_size: int = 2, memory_units: int | None = None, graph_mode: str | None = None):
         super().__init__(synthetic_items(n_train, feature_dim, seed=1), synthetic_items(n_eval, feature_dim, seed=2),
                          synthetic_items(n_eval, feature_dim, seed=3), lm=lm, batch_size=batch_size,
-                         max_prompt_tokens=96, max_answer_tokens=8, memory_units=memory_units)
+                         max_prompt_tokens=96, max_answer_tokens=8, memory_units=memory_units, graph_mode=graph_mode)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,8 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert saved["git_commit"] == config["git_commit"] == git_commit()
     assert config["metrics"]["test"] == saved["test"] and config["lm"]["id"] == lm_path
     # the prompt contract is set on the data side and reaches the export through the model
-    assert config["prompt"]["max_prompt_tokens"] == 96 and config["prompt"]["max_answer_tokens"] == 8
+    prompt = config["answer"]["prompt"]
+    assert prompt["max_prompt_tokens"] == 96 and prompt["max_answer_tokens"] == 8
     # per-category scalars, test predictions next to metrics.json, hp_metric = the best checkpoint's score
     categories = {"user_evidence", "changing_evidence"}
     assert {f"test/{c}/{m}" for c in categories for m in ("nll", "em", "f1")} <= set(saved["test"])
@@ -82,15 +83,16 @@ def test_train_runs_fit_test_export_and_resumes(lm_path, tmp_path, capsys):
     assert scalars["hp_metric"][-1] == pytest.approx(saved["best_score"])
     assert "lr-AdamW" in scalars and {f"val/{c}/nll" for c in categories} <= set(scalars)
 
-    assert config["graph_mode"] == config["trained_graph_mode"] == "token"  # answers read the tokens by default
+    # answers read the tokens by default (data.graph_mode unset: the mode the model trains with)
+    assert config["answer"]["graph_mode"] == config["checkpoint"]["graph_mode"] == "token"
 
     again = main(tiny_args(root, lm_path, "--model.encoder.layers", "3", "--trainer.max_steps", "5",
-                           "--ckpt_path", "last", "--answer_graph", "none"), datamodule_class=TinyData)
+                           "--ckpt_path", "last", "--data.graph_mode", "none"), datamodule_class=TinyData)
     last = torch.load(root / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 5 and again["test"]
     # the export's default answer mode is the text prompt; the weights still trained with their graph tokens
     config = json.loads((root / "export" / "config.json").read_text())
-    assert config["graph_mode"] == "none" and config["trained_graph_mode"] == "token"
+    assert config["answer"]["graph_mode"] == "none" and config["checkpoint"]["graph_mode"] == "token"
 
 
 def read_scalars(root: Path) -> dict[str, list[float]]:
@@ -394,4 +396,4 @@ def test_the_compact_recipe_trains_and_exports_with_both_stages(lm_path, tmp_pat
                          "init_args": {"weight": 2.0, "topk": 16, "cache_dir": None}}]
     assert math.isfinite(metrics["val"]["val/nll"])
     config = json.loads((root / "export" / "config.json").read_text())
-    assert config["prompt"]["memory_units"] == 0 and config["graph_token"]["readout"] == "summary_units"
+    assert config["answer"]["prompt"]["memory_units"] == 0 and config["graph_token"]["readout"] == "summary_units"

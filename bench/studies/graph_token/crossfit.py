@@ -376,7 +376,7 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
     else:
         fits("stage1")
         dm.setup("fit")
-        module.use_prompt_settings(dm.prompt_settings)
+        module.adopt_contract(dm.answer_contract)
         loader = dm.train_dataloader()
         t = time.perf_counter()
         result = module.pretrain(loader.dataset, loader.collate_fn.graphs, seed=dm.order_seed, progress=True)

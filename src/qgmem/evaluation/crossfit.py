@@ -348,7 +348,7 @@ ANSWER_MODE_RULE = ("Held-out answers, once the default is chosen. Its graph tok
                     "the share of degenerate replies with its graph tokens (empty, a lead-in line only, an echoed "
                     "memory entry; eval-qa's counts, before the answer cut repairs them) is not above the share "
                     "without them. Otherwise python train.py still trains and exports the encoder, and the export's "
-                    "default answer mode is the text prompt at the default's budget (answer_graph: none).")
+                    "default answer mode is the text prompt at the default's budget (data.graph_mode: none).")
 
 
 def answer_mode(default: str | None, plain: float | None, named: float | None,

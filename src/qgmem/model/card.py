@@ -55,9 +55,16 @@ def card_data(config: dict[str, Any]) -> ModelCardData:
     )
 
 
+def _modes(config: dict[str, Any]) -> tuple[Any, Any]:
+    """The default answer mode (``answer.graph_mode``) and the mode the weights trained with
+    (``checkpoint.graph_mode``)."""
+    return (config.get("answer") or {}).get("graph_mode"), (config.get("checkpoint") or {}).get("graph_mode")
+
+
 def _answer_mode(config: dict[str, Any]) -> str:
-    """What an answer reads by default (field ``graph_mode``), and how the weights trained when that differs."""
-    mode, trained = config.get("graph_mode"), config.get("trained_graph_mode")
+    """What an answer reads by default (field ``answer.graph_mode``), and how the weights trained when that
+    differs."""
+    mode, trained = _modes(config)
     said = {"token": "the graph tokens", "none": "the text prompt alone"}.get(mode, f"graph mode `{mode}`")
     if trained and trained != mode:
         said += f" (trained with graph mode `{trained}`; a request's `graph` field picks another)"
@@ -66,7 +73,8 @@ def _answer_mode(config: dict[str, Any]) -> str:
 
 def _budgets(config: dict[str, Any]) -> str:
     """What the LM reads of the working memory, and why the embedded default reads it that way."""
-    prompt, k = config.get("prompt") or {}, (config.get("activation") or {}).get("k")
+    answer = config.get("answer") or {}
+    prompt, k = answer.get("prompt") or {}, (answer.get("activation") or {}).get("k")
     m, tokens = prompt.get("memory_units"), prompt.get("num_graph_tokens")
     graph = f"{tokens} graph tokens over {k if k is not None else 'all'} units"
     if m is None:
@@ -78,7 +86,8 @@ def _budgets(config: dict[str, Any]) -> str:
 
 def _answer_rule(config: dict[str, Any]) -> str:
     """Why the export answers with or without its graph tokens by default."""
-    if config.get("graph_mode") == "none" and config.get("trained_graph_mode") not in (None, "none"):
+    mode, trained = _modes(config)
+    if mode == "none" and trained not in (None, "none"):
         return ("The text prompt is the default answer: by the answer-mode rule the graph tokens ship only if "
                 "held-out greedy F1 with them is not lower than without, in both ConvoMem forms, and their "
                 "replies are not more often degenerate (empty, a lead-in line, an echoed memory entry).")
@@ -108,7 +117,7 @@ def model_card(config: dict[str, Any]) -> str:
         f"- reads: {_budgets(config)}",
         *([f"- the graph enters the LM as keys and values at every one of its {g.get('lm_layers')} layers "
            "(`injection: kv_prefix`); `--lm-url` cannot serve it"] if g.get("injection") == "kv_prefix" else []),
-        f"- prompt: {json.dumps({k: v for k, v in (config.get('prompt') or {}).items() if k != 'system_prompt'})}",
+        f"- prompt: {json.dumps({k: v for k, v in ((config.get('answer') or {}).get('prompt') or {}).items() if k != 'system_prompt'})}",
         f"- activation: {json.dumps(config.get('activation_key_parameters') or {})}",
         f"- trained on: `{config.get('dataset')}`" + (f" (data licence {licence})" if licence else "")
         + f"; data cache key `{config.get('cache_key')}`; qgmem {config.get('qgmem_version')}",

@@ -8,6 +8,9 @@ both, without Lightning) keeps writer and reader on one spelling.
 DATA_INFO = "qgmem_data_info"
 #: the graph-token network's shape (:class:`~qgmem.model.graph_token.GraphTokenConfig` as a dict)
 GRAPH_TOKEN = "qgmem_graph_token"
+#: what an answer of the run depends on: its prompt, activation and graph mode
+#: (:class:`~qgmem.activation.answer_contract.AnswerContract` as a dict)
+ANSWER_CONTRACT = "qgmem_answer_contract"
 #: the code that trained it (package version and git commit)
 PROVENANCE = "qgmem_provenance"
 #: the frozen LM as trained with: dtype, hidden size, end-of-turn id
@@ -17,4 +20,4 @@ NET_PREFIX = "net."
 #: the frozen LM's weights in it (only LoRA adapters are kept in a checkpoint)
 LM_PREFIX = "lm."
 
-__all__ = ["DATA_INFO", "GRAPH_TOKEN", "LM", "LM_PREFIX", "NET_PREFIX", "PROVENANCE"]
+__all__ = ["ANSWER_CONTRACT", "DATA_INFO", "GRAPH_TOKEN", "LM", "LM_PREFIX", "NET_PREFIX", "PROVENANCE"]

@@ -3,8 +3,9 @@
 An export folder (or Hub repository) holds:
 
 - ``graph_encoder.safetensors``: the encoder + projector weights (no pickle);
-- ``config.json``: ``format``/``format_version``, the network shape (``graph_token``), the LM, the prompt
-  contract, the sentence encoder, the construction and activation settings and the run's metrics;
+- ``config.json``: ``format``/``format_version``, the network shape (``graph_token``), the LM, the answer
+  contract (``answer``: the prompt, the activation, the default graph mode), the sentence encoder, the
+  construction settings and the run's metrics;
 - ``lora_adapter/``: LoRA adapters of the frozen LM in PEFT's own format (``adapter_config.json`` +
   ``adapter_model.safetensors``), present only for a LoRA run, applied by ``PeftModel.from_pretrained``;
 - ``README.md``: the model card with YAML metadata (:mod:`qgmem.model.card`);
@@ -45,11 +46,14 @@ CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"
 ADAPTER_DIR = "lora_adapter"
 FORMAT = "qgmem-graph-token"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: versions this code reads: 1 (prompt settings mixed with notes, LoRA as a bare safetensors file), 2 (no
-#: checksums), 3 (``checksums.json`` of the weight files) and 4 (K named ``num_graph_tokens`` in every
-#: block: ``graph_token``, ``prompt`` and ``readout``, where 3 said ``num_queries`` / ``graph_tokens``)
-READABLE_VERSIONS = (1, 2, 3, 4)
+#: checksums), 3 (``checksums.json`` of the weight files), 4 (K named ``num_graph_tokens`` in every
+#: block: ``graph_token``, ``prompt`` and ``readout``, where 3 said ``num_queries`` / ``graph_tokens``) and
+#: 5 (the answer contract as one ``answer`` block: ``prompt``, ``activation``, ``graph_mode``, where 4 kept
+#: them at the top level, and the mode the weights trained with as ``checkpoint.graph_mode``, where 4 said
+#: ``trained_graph_mode``)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: the first version whose exports carry ``checksums.json`` (older ones load unverified, with a warning)
 SEALED_VERSION = 3
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")

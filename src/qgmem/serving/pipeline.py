@@ -62,7 +62,7 @@ class QGMemPipeline:
         cfg = encoder.export_config  # settings not given explicitly are the export's
         self.construction = construction or _settings(ConstructionConfig, cfg.get("construction"), "construction",
                                                       encoder.source)
-        #: what an answer depends on (prompt and budgets, activation, graph mode, injection): the export's
+        #: what an answer depends on (prompt and budgets, activation, graph mode): the export's
         #: unless given, validated once where it is made
         self.contract = contract or _contract(cfg, encoder.source)
         self.prompts = PromptEncoder(tokenizer, self.prompt_settings) if tokenizer is not None else None

@@ -3,9 +3,10 @@
 A ``LightningCLI`` over ``QGMemModule`` and ``QGMemDataModule``: every value is a YAML key and a flag
 (``--trainer.devices 8``, ``--model.encoder.layers 3``, ``--data.num_cases 1200``), and ``--config``
 takes a file or a preset's name (:mod:`qgmem.configs`). ``model.lm`` is the single source of the LM id
-(linked into the data module); the sentence encoder's width and the prompt contract
-(``data.max_prompt_tokens``, ``data.enable_thinking``, ...) are linked into the model once the data
-module exists. ``python train.py`` (:mod:`qgmem.job`) runs cache → fit → best checkpoint → test → export; the
+(linked into the data module); the sentence encoder's width is linked into the model once the data
+module exists. The run's answer contract (the prompt with ``data.memory_units``, ``data.activation``,
+``data.graph_mode``) is the data module's: the model adopts it in ``setup`` and records it in its
+checkpoints, and the export copies it from there. ``python train.py`` (:mod:`qgmem.job`) runs cache → fit → best checkpoint → test → export; the
 subcommands run one Lightning stage, so ``qgmem test --config default --ckpt_path …`` tests a checkpoint without
 retraining (its hyperparameters come from the checkpoint). Everything a run writes lives under
 ``--trainer.default_root_dir``: TensorBoard logs, ``checkpoints/`` (best by ``val/nll`` + ``last.ckpt``),
@@ -18,13 +19,15 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
 from qgmem.configs import resolve_config
+from qgmem.older_records import TRAINING_FLAGS
+from qgmem.settings_flags import add_retired_arguments
 from qgmem.training.callbacks import default_callbacks
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteGuard
 from qgmem.training.module import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
@@ -68,7 +71,6 @@ class QGMemCLI(LightningCLI):
         parser.link_arguments("lr_scheduler", "model.lr_scheduler", compute_fn=_class_spec)
         parser.link_arguments("model.lm", "data.lm")
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
-        parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
         _show_resolved_defaults(parser)
         if self.whole_job:
             parser.add_argument("--ckpt_path", type=str | None, default=None,
@@ -77,10 +79,7 @@ class QGMemCLI(LightningCLI):
         only = "" if self.whole_job else " (train.py's whole job only; `qgmem fit` only fits)"
         parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end" + only)
         parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit" + only)
-        parser.add_argument("--answer_graph", type=Literal["token", "none"] | None, default=None,
-                            help="the export's default answer mode (its field graph_mode): the graph tokens, or "
-                                 "none, the text prompt alone, with the tokens one request field away; default: "
-                                 "model.graph, the mode it trains with" + only)
+        add_retired_arguments(parser, TRAINING_FLAGS, dashes=False)
 
     def instantiate_classes(self) -> None:
         """Build the run's objects; a setting they refuse (a ``ValueError``) is a user error naming it."""

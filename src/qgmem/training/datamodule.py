@@ -27,6 +27,7 @@ from qgmem.errors import IntegrityError
 from qgmem.lm import EMBEDDED_LM
 from qgmem.llm.base import LLMConfig
 from qgmem.memory.config import ConstructionConfig
+from qgmem.model.graph_modes import GraphMode
 from qgmem.prompting import PromptSettings
 from qgmem.prompting.contract import check_budgets
 from qgmem.samples import cache as C
@@ -69,10 +70,11 @@ class GraphTextDataModule(L.LightningDataModule):
 
     def __init__(self, *, lm: str, batch_size: int, eval_batch_size: int, num_workers: int,
                  max_prompt_tokens: int, max_answer_tokens: int, enable_thinking: bool = False, tokenizer=None,
-                 memory_units: int | None = None):
+                 memory_units: int | None = None, graph_mode: GraphMode | None = None):
         super().__init__()
         check_budgets(memory_units, None)
         self.memory_units = memory_units  # the prompt's text holds the top m units; the graph keeps all k
+        self.graph_mode = graph_mode  # the answer contract's default mode (None: the module's training mode)
         self.lm = lm
         self.batch_size, self.eval_batch_size, self.num_workers = batch_size, eval_batch_size, num_workers
         self.max_prompt_tokens, self.max_answer_tokens = max_prompt_tokens, max_answer_tokens
@@ -86,6 +88,15 @@ class GraphTextDataModule(L.LightningDataModule):
         """The run's one prompt contract: the collator, the answer filter, the model and the export use it."""
         return PromptSettings(max_prompt_tokens=self.max_prompt_tokens, max_answer_tokens=self.max_answer_tokens,
                               enable_thinking=self.enable_thinking, memory_units=self.memory_units)
+
+    @property
+    def answer_contract(self) -> AnswerContract:
+        """What an answer of this run depends on (:class:`~qgmem.activation.answer_contract.AnswerContract`):
+        the prompt with its text budget, the activation whose ``k`` units the graph is built over (the
+        default's without one) and the default answer mode. The training module adopts it once per stage
+        (``setup``) and writes it into every checkpoint; the export copies it from there."""
+        return AnswerContract(self.prompt_settings, getattr(self, "activation", None) or ActivationConfig(),
+                              self.graph_mode, names=("data.memory_units", "data.activation.k"))
 
     @property
     def order_seed(self) -> int:
@@ -201,8 +212,12 @@ class QGMemDataModule(GraphTextDataModule):
             cache folder shared by every node).
         memory_units: The text budget ``m``: the prompt's text holds only the top ``m`` working-memory
             units (``None``: all ``k``) while the graph covers all ``k`` (``activation.k``, the graph
-            budget); ``0 <= m <= k``. Linked into the model's prompt settings, so the export records it
-            and ``qgmem answer``, ``qgmem serve`` and ``qgmem eval-qa`` apply it; the cache is the same.
+            budget); ``0 <= m <= k``. Part of the run's answer contract, which the model adopts and its
+            checkpoints record, so the export records it and ``qgmem answer``, ``qgmem serve`` and
+            ``qgmem eval-qa`` apply it; the cache is the same.
+        graph_mode: The export's default answer mode, in the run's answer contract: ``token`` (the graph
+            tokens) or ``none`` (the text prompt alone, the graph tokens one request field away);
+            ``None`` = ``model.graph_mode``, the mode the model trains with. Not part of the cache key.
     """
 
     def __init__(
@@ -240,6 +255,7 @@ class QGMemDataModule(GraphTextDataModule):
         rebuild: bool = False,
         prepare_data_per_node: bool = True,
         memory_units: int | None = None,
+        graph_mode: Literal["token", "none"] | None = None,
     ):
         activation = activation or ActivationConfig()
         self.cache_spec = CacheSpec(
@@ -259,17 +275,11 @@ class QGMemDataModule(GraphTextDataModule):
             data_fingerprint=data_fingerprint)
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size, num_workers=num_workers,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens,
-                         enable_thinking=enable_thinking, memory_units=memory_units)
+                         enable_thinking=enable_thinking, memory_units=memory_units, graph_mode=graph_mode)
         self.rebuild = rebuild
         self.prepare_data_per_node = prepare_data_per_node
         self._summary: dict[str, Any] | None = None
         _ = self.answer_contract  # made once here: a text budget above the graph's is refused before any build
-
-    @property
-    def answer_contract(self) -> AnswerContract:
-        """What an answer of this run depends on (:class:`~qgmem.activation.answer_contract.AnswerContract`):
-        the prompt with its text budget, and the activation whose ``k`` units the graph is built over."""
-        return AnswerContract(self.prompt_settings, self.activation, names=("data.memory_units", "data.activation.k"))
 
     def __getattr__(self, name: str) -> Any:
         # only called for names not found normally: the cache settings, keys and folders
@@ -365,10 +375,11 @@ class InMemoryDataModule(GraphTextDataModule):
                  batch_size: int = 4, eval_batch_size: int | None = None,
                  max_prompt_tokens: int = PromptSettings.max_prompt_tokens,
                  max_answer_tokens: int = PromptSettings.max_answer_tokens, feature_dim: int | None = None,
-                 memory_units: int | None = PromptSettings.memory_units):
+                 memory_units: int | None = PromptSettings.memory_units,
+                 graph_mode: Literal["token", "none"] | None = None):
         super().__init__(lm=lm, batch_size=batch_size, eval_batch_size=eval_batch_size or batch_size, num_workers=0,
                          max_prompt_tokens=max_prompt_tokens, max_answer_tokens=max_answer_tokens, tokenizer=tokenizer,
-                         memory_units=memory_units)
+                         memory_units=memory_units, graph_mode=graph_mode)
         self.items = {"train": list(train_items), "val": list(val_items), "test": list(test_items)}
         first = next((it for split in self.items.values() for it in split), None)
         if feature_dim is None and first is None:

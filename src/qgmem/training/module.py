@@ -2,8 +2,9 @@
 
 The LM stays frozen, in eval mode and in its own dtype; only the graph-token network (and optional LoRA
 adapters, off by default) train. The loss is the answer tokens' cross-entropy with the LM head applied
-only at answer positions. Checkpoints hold the trainable weights, optimizer state and hyperparameters;
-the LM is rebuilt from its id on load, so a checkpoint of an 8B-LM run stays a few megabytes.
+only at answer positions. The prompt comes from the run's answer contract, which the data module makes
+and the module adopts once per stage (``setup``). Checkpoints hold the trainable weights, optimizer
+state, hyperparameters and that contract; the LM is rebuilt from its id on load, so a checkpoint of an 8B-LM run stays a few megabytes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.model_helpers import _restricted_classmethod
 from torch_geometric.data import Batch
 
+from qgmem.activation.answer_contract import AnswerContract
 from qgmem.model.graph_modes import empty_graph
 from qgmem.errors import SettingError
 from qgmem.lm import EMBEDDED_LM, load_causal_lm, load_tokenizer
@@ -31,7 +33,7 @@ from qgmem.model.graph_modes import GraphMode, check_mode, shuffled
 from qgmem.model.graph_token import GraphTokenConfig, GraphTokenNet
 from qgmem.model.kv_prefix import INJECTIONS, Injection, kv_scale, lm_kv_shape, reading
 from qgmem.model.readout import Readout
-from qgmem.prompting import PromptEncoder, PromptSettings, final_answer, generate
+from qgmem.prompting import PromptEncoder, final_answer, generate
 from qgmem.provenance import provenance
 from qgmem.training.metrics import AnswerScores
 from qgmem.training.records import EvalRecords, by_category
@@ -127,9 +129,6 @@ class QGMemModule(LightningModule):
             ``max_new_tokens``, ``val_generate_batches``, ``test_generate_batches``, ``num_examples``).
         gradient_checkpointing: Recompute LM layers in backward (long contexts); the LM stays in eval mode.
         lora: LoRA adapters on the frozen LM (``None`` = off).
-        prompt: The run's prompt contract (:class:`qgmem.prompting.PromptSettings`); ``train.py`` links it
-            from the data module (``data.prompt_settings``), so the collator, the answer filter, this
-            module's generations and the export all use one setting.
         optimizer: The optimizer as ``{class_path, init_args}`` (linked from the CLI's ``--optimizer``;
             ``None`` = :data:`DEFAULT_OPTIMIZER`), built over the trainable parameters.
         lr_scheduler: The schedule as ``{class_path, init_args}`` (linked from ``--lr_scheduler``;
@@ -147,7 +146,6 @@ class QGMemModule(LightningModule):
                  graph: GraphMode = "token", stages: list[Stage] | None = None,
                  generation: GenerationSettings = GenerationSettings(), gradient_checkpointing: bool = False,
                  lora: LoraSettings | None = None,
-                 prompt: PromptSettings | None = None,
                  optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
                  init_from: str | None = None):
         super().__init__()
@@ -160,18 +158,14 @@ class QGMemModule(LightningModule):
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
         self.generation = GenerationSettings(**generation) if isinstance(generation, dict) else generation
-        prompt = PromptSettings.from_dict(prompt) if isinstance(prompt, dict) else (prompt or PromptSettings())
-        prompt = replace(prompt, num_graph_tokens=num_graph_tokens)  # the prompt holds as many slots as the readout gives
         check_mode(graph)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
         self.hparams["generation"] = _plain(self.generation)
         self.hparams["stages"] = [stage_record(s) for s in self.stages]  # what the checkpoint was trained with
-        self.hparams["prompt"] = prompt.to_dict()
 
         self.lm = load_causal_lm(lm, dtype=lm_dtype)
         self.tokenizer = load_tokenizer(lm)
-        self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
         lm_hidden = self.lm.get_input_embeddings().embedding_dim
         kv = dict(zip(("lm_layers", "lm_kv_width"), lm_kv_shape(self.lm))) if injection == "kv_prefix" else {}
         self.net = GraphTokenNet(GraphTokenConfig(feature_dim=feature_dim, edge_dim=feature_dim, lm_hidden=lm_hidden,
@@ -179,6 +173,8 @@ class QGMemModule(LightningModule):
                                                   features=features, readout=readout, num_graph_tokens=num_graph_tokens,
                                                   injection=injection, **kv))
         self.net.use_word_embedding(self.lm.get_input_embeddings())
+        # the default contract until the data module's is adopted (setup) or a checkpoint's is read
+        self.adopt_contract(AnswerContract(graph_mode=None))
         # the projector's output starts at the RMS of the LM's token embeddings, or of each layer's keys and values
         target = kv_scale(self.lm) if kv else \
             self.lm.get_input_embeddings().weight.detach().float().pow(2).mean().sqrt().item()
@@ -441,10 +437,20 @@ class QGMemModule(LightningModule):
             kwargs.update({b: today[b] for b in blocks if b not in hparams})
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
+    def setup(self, stage: str) -> None:
+        """Adopt the data module's answer contract (before fit, validate and test): the prompt the batches
+        were built with, so this module's generations and its checkpoints use that one setting."""
+        contract = self._datamodule_contract()
+        if contract is not None:
+            self.adopt_contract(contract)
+
+    def _datamodule_contract(self) -> AnswerContract | None:
+        """The answer contract of the trainer's data module (``None`` without a trainer or a data module)."""
+        return getattr(getattr(self._trainer, "datamodule", None), "answer_contract", None)
+
     def on_fit_start(self) -> None:
         datamodule = getattr(self.trainer, "datamodule", None)
         self.data_info = describe_datamodule(datamodule)
-        self.use_prompt_settings(getattr(datamodule, "prompt_settings", None))
         for stage in self.stages:
             stage.fit_start(self, datamodule)
 
@@ -496,21 +502,22 @@ class QGMemModule(LightningModule):
                                      "steps": sum(r["steps"] for r in runs), "stages": results}
         return self.alignment_result
 
-    def use_prompt_settings(self, settings: PromptSettings | None) -> None:
-        """Adopt the data side's prompt contract (the one the batches were built with), if it differs."""
-        if settings is None:
-            return
-        settings = replace(settings, num_graph_tokens=self.net.config.num_graph_tokens)
-        if settings.to_dict() == self.hparams["prompt"]:
-            return
-        self.prompt_encoder = PromptEncoder(self.tokenizer, settings)
-        self.hparams["prompt"] = settings.to_dict()
+    def adopt_contract(self, contract: AnswerContract) -> None:
+        """Take ``contract`` as the run's (:attr:`contract`), as a trainer's ``setup`` does with its data
+        module's; for a module used without a trainer (a study, a benchmark, a stage's test). Its prompt
+        holds this network's ``num_graph_tokens`` slots, and a contract without a graph mode gets the mode
+        this module trains with."""
+        prompt = replace(contract.prompt, num_graph_tokens=self.net.config.num_graph_tokens)
+        mode = contract.graph_mode or self.hparams.get("graph_mode", self.hparams.get("graph"))
+        self.contract = replace(contract, prompt=prompt, graph_mode=mode)
+        self.prompt_encoder = PromptEncoder(self.tokenizer, prompt)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only trainable weights (+ non-LM buffers): the frozen LM is reloaded from its id."""
         keep = self.trainable_keys()
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if k in keep}
         checkpoint[CK.DATA_INFO] = self.data_info
+        checkpoint[CK.ANSWER_CONTRACT] = self.contract.to_dict()
         checkpoint[CK.GRAPH_TOKEN] = self.net.config.to_dict()
         checkpoint[CK.PROVENANCE] = provenance()  # the code that trained it, for the export
         checkpoint[CK.LM] = {"dtype": str(self.lm.dtype).replace("torch.", ""),
@@ -522,6 +529,14 @@ class QGMemModule(LightningModule):
             raise KeyError(f"checkpoint lacks trainable weights {missing[:5]}{' ...' if len(missing) > 5 else ''}: "
                            "it was saved by a model with another encoder shape, LM or LoRA setting")
         self.data_info = dict(checkpoint.get(CK.DATA_INFO) or {})
+        if self._datamodule_contract() is not None:  # a run's data module made its contract (setup adopted it)
+            return
+        block = checkpoint.get(CK.ANSWER_CONTRACT)
+        if block is None:  # written before the block: its parts are where the module kept them then
+            from qgmem.older_records import checkpoint_contract
+
+            block = checkpoint_contract(checkpoint.get(self.CHECKPOINT_HYPER_PARAMS_KEY) or {}, self.data_info)
+        self.adopt_contract(AnswerContract.from_dict(block))
 
 
 def _check_injection(injection: str, stages: list[Stage], checkpointing: bool) -> None:
