@@ -111,9 +111,9 @@ GENERATION_HPARAMS = ("max_new_tokens", "val_generate_batches", "test_generate_b
 
 def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's module hyperparameters as today's module takes them: the flat stage settings of an
-    older one as its ``stages`` list, its flat generation settings as its ``generation`` block, retired
-    settings left out."""
-    hp = {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS}
+    older one as its ``stages`` list, its flat generation settings as its ``generation`` block, renamed
+    settings by their names of today (:func:`read_module_hparams`), retired settings left out."""
+    hp = {k: v for k, v in read_module_hparams(hp).items() if k not in RETIRED_MODULE_HPARAMS}
     if "generation" not in hp:
         flat = {k: hp.pop(k) for k in GENERATION_HPARAMS if k in hp}
         hp["generation"] = flat
@@ -121,6 +121,29 @@ def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
         stages = checkpoint_stages(hp)
         hp = {**{k: v for k, v in hp.items() if k not in STAGE_HPARAMS}, "stages": stages}
     return hp
+
+
+#: module hyperparameters renamed since: old name -> name (the graph mode was ``graph`` before it had one
+#: name everywhere, ``graph_mode``)
+MODULE_RENAMED = {"graph": "graph_mode"}
+#: training settings (YAML keys and flags) renamed since -> what to write instead (refused by name)
+TRAINING_RENAMED_FLAGS: dict[str, str] = {
+    "model.graph": "the graph mode's one name is model.graph_mode (--model.graph_mode token|none|shuffled)",
+}
+#: flags of ``qgmem answer`` renamed since -> what to write instead
+ANSWER_FLAGS: dict[str, str] = {"graph": "the graph mode's one name is --graph-mode (token, none or shuffled)"}
+#: flags of ``qgmem eval-qa`` renamed since -> what to write instead
+EVAL_QA_FLAGS: dict[str, str] = {
+    "graph": "the graph modes' one name is --graph-modes (comma-separated: token, none, shuffled, ablated)",
+}
+#: fields of the memory service's request bodies renamed since: old name -> name (still read, so clients
+#: written before keep working; the reply's field was already ``graph_mode``)
+REQUEST_RENAMED: dict[str, str] = {"graph": "graph_mode"}
+
+
+def read_module_hparams(hp: dict[str, Any]) -> dict[str, Any]:
+    """Module hyperparameters with today's names (:data:`MODULE_RENAMED`)."""
+    return {MODULE_RENAMED.get(k, k): v for k, v in hp.items()}
 
 
 #: activation: retired field -> the value today's activation always uses

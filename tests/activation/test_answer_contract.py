@@ -17,7 +17,7 @@ def test_the_text_budget_is_at_most_the_graph_s_units():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("graph_mode", "tokens", "field 'graph_mode': graph must be one of token, none, shuffled, got 'tokens'"),
+    ("graph_mode", "tokens", "field 'graph_mode': graph_mode must be one of token, none, shuffled, got 'tokens'"),
     ("injection", "prefix", "injection must be one of input, kv_prefix, got 'prefix'")])
 def test_a_bad_mode_is_refused_by_name(field, value, message):
     with pytest.raises(SettingError, match=message):

@@ -142,13 +142,13 @@ def test_neutral_values_of_openai_fields_are_accepted(server):
     url, _ = server
     r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "n": 1, "logprobs": False, "stop": None, "tools": [],
                                                      "response_format": {"type": "text"}, "stream": False,
-                                                     "temperature": 0.7, "top_p": 1, "seed": 3, "graph": "none",
+                                                     "temperature": 0.7, "top_p": 1, "seed": 3, "graph_mode": "none",
                                                      "time": "2024-06-01T09:00:00Z"})
     assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("path,body,needle", [
-    ("/v1/users/alice/answer", {"question": "Where?", "graph_mode": "none"}, "unknown field 'graph_mode'"),
+    ("/v1/users/alice/answer", {"question": "Where?", "graph_modes": "none"}, "unknown field 'graph_modes'"),
     ("/v1/users/alice/answer", {"question": "Where?", "time": "2024-13-45"}, "field 'time'"),
     ("/v1/users/alice/sessions", {"turns": ALICE, "time": "yesterday"}, "field 'time'"),
     ("/v1/users/alice/sessions", {"turns": [{"speaker": "U", "text": "hi", "time": "2024-13-45"}]},

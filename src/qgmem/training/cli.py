@@ -25,6 +25,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 
 from qgmem.configs import resolve_config
+from qgmem.older_records import TRAINING_RENAMED_FLAGS
+from qgmem.settings_flags import add_retired_arguments
 from qgmem.training.callbacks import default_callbacks
 from qgmem.training.guard import FiniteModelCheckpoint, NonFiniteGuard
 from qgmem.training.module import DEFAULT_LR_SCHEDULER, DEFAULT_OPTIMIZER
@@ -70,6 +72,7 @@ class QGMemCLI(LightningCLI):
         parser.link_arguments("data.feature_dim", "model.feature_dim", apply_on="instantiate")
         parser.link_arguments("data.prompt_settings", "model.prompt", apply_on="instantiate")
         _show_resolved_defaults(parser)
+        add_retired_arguments(parser, TRAINING_RENAMED_FLAGS)  # an old YAML key or flag, refused by name
         if self.whole_job:
             parser.add_argument("--ckpt_path", type=str | None, default=None,
                                 help="resume fit from this checkpoint ('last' = the run root's last.ckpt)")
@@ -92,7 +95,8 @@ class QGMemCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """A subcommand's ``--ckpt_path`` sets ``model`` from the checkpoint's hyperparameters (Lightning's
         rule), read as today's module takes them (:func:`qgmem.older_records.checkpoint_hparams`: an older
-        checkpoint's flat stage and generation settings become its ``stages`` and ``generation``)."""
+        checkpoint's flat stage and generation settings become its ``stages`` and ``generation``, its ``graph``
+        its ``graph_mode``)."""
         from lightning.fabric.utilities.cloud_io import _load as pl_load
 
         from qgmem.older_records import checkpoint_hparams
