@@ -17,6 +17,9 @@ today's code uses. Nothing here is a user's setting; ``ActivationConfig`` and ``
 strip these fields from what they read and add the keyed ones to their keys. Retired command flags are
 refused by name, saying what happens instead, whether given on the command line or in a ``--config`` file;
 so are retired preset names.
+
+Renamed settings: a checkpoint's hyperparameters and a request body read by the names of before (the graph
+mode's ``graph``, now ``graph_mode``); a flag or training key of before is refused naming today's.
 """
 
 from __future__ import annotations

@@ -127,7 +127,8 @@ CHAT = {"user": "alice", "messages": [{"role": "user", "content": "Where do I li
 @pytest.mark.parametrize("extra,field", [
     ({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"), ({"logprobs": True}, "logprobs"),
-    ({"stop": ["\n"]}, "stop"), ({"stream": "no"}, "stream"), ({"graph_mode": "none"}, "graph_mode"),
+    ({"stop": ["\n"]}, "stop"), ({"stream": "no"}, "stream"), ({"graph_mode": "best"}, "graph_mode"),
+    ({"graph": "best"}, "graph"),  # the graph mode's older name, read and checked as graph_mode
     ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": True}, "max_completion_tokens"),
     ({"time": "yesterday"}, "time"),
 ])
