@@ -93,6 +93,13 @@ def test_a_retired_eval_retrieval_flag_is_refused_by_name(name, value, where, tm
     assert f"{flag} was retired: {RETRIEVAL_EVAL_FLAGS[name]}" in capsys.readouterr().err
 
 
+def test_an_older_run_s_metrics_read_with_the_graph_mode_s_name():
+    from qgmem.older_records import read_run_metrics
+
+    assert read_run_metrics({"graph": "none", "best_score": 1.5}) == {"graph_mode": "none", "best_score": 1.5}
+    assert read_run_metrics({"graph_mode": "token"}) == {"graph_mode": "token"}  # today's, as it is
+
+
 @pytest.mark.parametrize("where", ["flag", "config"])
 @pytest.mark.parametrize(("command", "args", "retired"), [
     ("answer", ["--question", "Where?", "--history", "h.json"], "ANSWER_FLAGS"),

@@ -142,6 +142,13 @@ EVAL_QA_FLAGS: dict[str, str] = {
 #: fields of the memory service's request bodies renamed since: old name -> name (still read, so clients
 #: written before keep working; the reply's field was already ``graph_mode``)
 REQUEST_RENAMED: dict[str, str] = {"graph": "graph_mode"}
+#: a training run's ``metrics.json`` fields renamed since: old name -> name
+RUN_METRICS_RENAMED: dict[str, str] = {"graph": "graph_mode"}
+
+
+def read_run_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``metrics.json`` with today's field names (:data:`RUN_METRICS_RENAMED`)."""
+    return {RUN_METRICS_RENAMED.get(k, k): v for k, v in metrics.items()}
 
 
 def read_module_hparams(hp: dict[str, Any]) -> dict[str, Any]:
