@@ -69,7 +69,7 @@ def token_and_text_only_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("runs")
     lm = str(save_random_lm(tmp / "lm", hidden_size=32, layers=2))
     main(tiny_args(tmp / "run", lm), datamodule_class=TinyData)
-    main(tiny_args(tmp / "run" / "none", lm, "--model.graph", "none"), datamodule_class=TinyData)
+    main(tiny_args(tmp / "run" / "none", lm, "--model.graph_mode", "none"), datamodule_class=TinyData)
     return tmp / "run"
 
 

@@ -93,6 +93,55 @@ def test_a_retired_eval_retrieval_flag_is_refused_by_name(name, value, where, tm
     assert f"{flag} was retired: {RETRIEVAL_EVAL_FLAGS[name]}" in capsys.readouterr().err
 
 
+def test_an_older_run_s_metrics_read_with_the_graph_mode_s_name():
+    from qgmem.older_records import read_run_metrics
+
+    assert read_run_metrics({"graph": "none", "best_score": 1.5}) == {"graph_mode": "none", "best_score": 1.5}
+    assert read_run_metrics({"graph_mode": "token"}) == {"graph_mode": "token"}  # today's, as it is
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+@pytest.mark.parametrize(("command", "args", "retired"), [
+    ("answer", ["--question", "Where?", "--history", "h.json"], "ANSWER_FLAGS"),
+    ("eval-qa", ["--dataset", "locomo", "--path", "x.json"], "EVAL_QA_FLAGS"),
+])
+def test_the_graph_mode_s_older_flag_is_refused_by_name(command, args, retired, where, tmp_path, capsys):
+    """``--graph`` (and a ``graph:`` key of a ``--config`` file) of ``answer`` and ``eval-qa``: exit 2 naming
+    the flag and its name of today, before any export is read."""
+    import qgmem.older_records as older
+    from qgmem.cli import main
+
+    extra = ["--graph", "none"]
+    if where == "config":
+        (tmp_path / "old.yaml").write_text("graph: none\n")
+        extra = ["--config", str(tmp_path / "old.yaml")]
+    assert main([command, "--export", str(tmp_path / "no-export"), *args, *extra]) == 2
+    err = capsys.readouterr().err
+    assert f"--graph was retired: {getattr(older, retired)['graph']}" in err and "Traceback" not in err
+    assert "--graph-mode" in err
+
+
+@pytest.mark.parametrize("where", ["flag", "config"])
+def test_the_training_s_model_graph_is_refused_by_name(where, tmp_path, capsys):
+    """``model.graph`` (a flag, or a key of a training YAML written before) is refused saying
+    ``model.graph_mode``; the control: ``model.graph_mode`` parses."""
+    from qgmem.cli import main
+    from qgmem.older_records import TRAINING_FLAGS
+
+    extra = ["--model.graph", "none"]
+    if where == "config":
+        (tmp_path / "old.yaml").write_text("model:\n  graph: none\n")
+        extra = ["--config", str(tmp_path / "old.yaml")]
+    with pytest.raises(SystemExit) as refused:
+        main(["fit", *extra, "--print_config"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "Traceback" not in err
+    assert f"--model.graph was retired: {TRAINING_FLAGS['model.graph']}" in err.splitlines()[-1]
+    with pytest.raises(SystemExit) as printed:
+        main(["fit", "--model.graph_mode", "none", "--print_config"])
+    assert printed.value.code in (0, None) and "  graph_mode: none\n" in capsys.readouterr().out
+
+
 def test_a_version_1_export_config_reads_as_today_s():
     config = {"prompt": {"max_prompt_tokens": 512, "note": None, "graph_token_position": "before the question"},
               "readout": {"kind": "mean"}}
@@ -152,9 +201,20 @@ def test_an_older_checkpoint_s_flat_stage_settings_read_as_its_stages():
         {"class_path": "qgmem.training.stages.NodeWordAlignment", "init_args": {"steps": 5, "weight": 0.5}}]
     # the whole hyperparameter block: the flat and retired keys go, the rest stays; today's block is kept
     read = checkpoint_hparams({**compact, "graph": "none", "match_embedding_scale": True})
-    assert read == {"graph": "none", "stages": checkpoint_stages(compact), "generation": {}}
-    today = {"graph": "token", "stages": [], "generation": {"max_new_tokens": 5}}
+    assert read == {"graph_mode": "none", "stages": checkpoint_stages(compact), "generation": {}}
+    today = {"graph_mode": "token", "stages": [], "generation": {"max_new_tokens": 5}}
     assert checkpoint_hparams(today) == today
+
+
+def test_an_older_checkpoint_s_graph_reads_as_its_graph_mode():
+    """The graph mode was the hyperparameter ``graph`` before it had one name everywhere."""
+    from qgmem.older_records import checkpoint_hparams, read_module_hparams
+
+    assert read_module_hparams({"graph": "shuffled", "lm": "x"}) == {"graph_mode": "shuffled", "lm": "x"}
+    assert checkpoint_hparams({"graph": "none", "stages": [], "generation": {}}) == {
+        "graph_mode": "none", "stages": [], "generation": {}}
+    # negative control: today's name and the graph objects' keys elsewhere are left alone
+    assert read_module_hparams({"graph_mode": "none"}) == {"graph_mode": "none"}
 
 
 def test_an_older_checkpoint_s_flat_generation_settings_read_as_its_generation_block():

@@ -442,7 +442,7 @@ def serve_one(export: Path, work: Path, env: dict[str, str]) -> dict[str, Any]:
 def eval_qa(export: Path, work: Path, env: dict[str, str], port: int, log: Path, limit: int) -> dict[str, Any]:
     out = work / "eval-qa"
     rc, _, _ = run([sys.executable, "-m", "qgmem", "eval-qa", "--export", str(export), "--dataset", "convomem",
-                    "--path", str(REPO / "data" / "convomem"), "--split", "all", "--limit", str(limit), "--graph", "token",
+                    "--path", str(REPO / "data" / "convomem"), "--split", "all", "--limit", str(limit), "--graph-modes", "token",
                     "--out", str(out), "--json", "--device", "cpu"], env, log, check=False)
     results = out / "results.json"
     if rc != 0 or not results.exists():

@@ -86,7 +86,7 @@ def answer_case(pipe, lms: dict, case) -> list[dict]:
     for name, lm in lms.items():
         pipe.lm = lm
         t = time.perf_counter()
-        answers = pipe.generate(retrieved, graph="token")
+        answers = pipe.generate(retrieved, graph_mode="token")
         seconds = (time.perf_counter() - t) / len(rows)
         nll = reference_nll(pipe, retrieved, case.qas, "token")
         for row, a, v in zip(rows, answers, nll):

@@ -99,7 +99,7 @@ def run_training(cli: QGMemCLI) -> dict[str, Any]:
         "best_checkpoint": best or None,
         "best_score": _float(trainer.checkpoint_callback.best_model_score) if best else None,
         "monitor": trainer.checkpoint_callback.monitor if trainer.checkpoint_callback else None,
-        "graph": model.hparams.graph,
+        "graph_mode": model.hparams.graph_mode,
         "data": _jsonable(getattr(data, "summary", None)),
         "nonfinite": _nonfinite_report(trainer),
         **provenance(),

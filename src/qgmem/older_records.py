@@ -18,6 +18,9 @@ today's code uses. Nothing here is a user's setting; ``ActivationConfig`` and ``
 strip these fields from what they read and add the keyed ones to their keys. Retired command flags are
 refused by name, saying what happens instead, whether given on the command line or in a ``--config`` file;
 so are retired preset names.
+
+Renamed settings: a checkpoint's hyperparameters and a request body read by the names of before (the graph
+mode's ``graph``, now ``graph_mode``); a flag or training key of before is refused naming today's.
 """
 
 from __future__ import annotations
@@ -105,8 +108,9 @@ def checkpoint_contract(hp: dict[str, Any], info: dict[str, Any]) -> dict[str, A
 
 
 def checkpoint_graph_mode(hp: dict[str, Any]) -> str:
-    """The graph mode a checkpoint's module trained with: its hyperparameter ``graph_mode``, formerly ``graph``."""
-    return hp.get("graph_mode", hp.get("graph")) or "token"
+    """The graph mode a checkpoint's module trained with: its hyperparameter ``graph_mode``, formerly ``graph``
+    (:func:`read_module_hparams`)."""
+    return read_module_hparams(hp).get("graph_mode") or "token"
 
 
 #: module hyperparameters whose values moved to the checkpoint's answer-contract block
@@ -150,9 +154,10 @@ GENERATION_HPARAMS = ("max_new_tokens", "val_generate_batches", "test_generate_b
 
 def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's module hyperparameters as today's module takes them: the flat stage settings of an
-    older one as its ``stages`` list, its flat generation settings as its ``generation`` block, retired
-    settings and those the answer-contract block holds now left out."""
-    hp = {k: v for k, v in hp.items() if k not in RETIRED_MODULE_HPARAMS + CONTRACT_MODULE_HPARAMS}
+    older one as its ``stages`` list, its flat generation settings as its ``generation`` block, renamed
+    settings by their names of today (:func:`read_module_hparams`), retired settings and those the
+    answer-contract block holds now left out."""
+    hp = {k: v for k, v in read_module_hparams(hp).items() if k not in RETIRED_MODULE_HPARAMS + CONTRACT_MODULE_HPARAMS}
     if "generation" not in hp:
         flat = {k: hp.pop(k) for k in GENERATION_HPARAMS if k in hp}
         hp["generation"] = flat
@@ -160,6 +165,32 @@ def checkpoint_hparams(hp: dict[str, Any]) -> dict[str, Any]:
         stages = checkpoint_stages(hp)
         hp = {**{k: v for k, v in hp.items() if k not in STAGE_HPARAMS}, "stages": stages}
     return hp
+
+
+#: module hyperparameters renamed since: old name -> name (the graph mode was ``graph`` before it had one
+#: name everywhere, ``graph_mode``)
+MODULE_RENAMED = {"graph": "graph_mode"}
+#: flags of ``qgmem answer`` renamed since -> what to write instead
+ANSWER_FLAGS: dict[str, str] = {"graph": "the graph mode's one name is --graph-mode (token, none or shuffled)"}
+#: flags of ``qgmem eval-qa`` renamed since -> what to write instead
+EVAL_QA_FLAGS: dict[str, str] = {
+    "graph": "the graph modes' one name is --graph-modes (comma-separated: token, none, shuffled, ablated)",
+}
+#: fields of the memory service's request bodies renamed since: old name -> name (still read, so clients
+#: written before keep working; the reply's field was already ``graph_mode``)
+REQUEST_RENAMED: dict[str, str] = {"graph": "graph_mode"}
+#: a training run's ``metrics.json`` fields renamed since: old name -> name
+RUN_METRICS_RENAMED: dict[str, str] = {"graph": "graph_mode"}
+
+
+def read_run_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``metrics.json`` with today's field names (:data:`RUN_METRICS_RENAMED`)."""
+    return {RUN_METRICS_RENAMED.get(k, k): v for k, v in metrics.items()}
+
+
+def read_module_hparams(hp: dict[str, Any]) -> dict[str, Any]:
+    """Module hyperparameters with today's names (:data:`MODULE_RENAMED`)."""
+    return {MODULE_RENAMED.get(k, k): v for k, v in hp.items()}
 
 
 #: activation: retired field -> the value today's activation always uses
@@ -187,9 +218,10 @@ RETIRED_PRESETS: dict[str, str] = {
                "the former default is --config nodes10",
 }
 
-#: keys of the training configuration (``python train.py``, ``qgmem fit|validate|test``) that were retired
+#: keys of the training configuration (``python train.py``, ``qgmem fit|validate|test``) that were renamed or retired
 #: -> what sets their value now
 TRAINING_FLAGS: dict[str, str] = {
+    "model.graph": "the graph mode's one name is model.graph_mode (--model.graph_mode token|none|shuffled)",
     "answer_graph": "the export's default answer mode is the data module's data.graph_mode "
                     "(--data.graph_mode token|none, or graph_mode under data: in the YAML)",
 }

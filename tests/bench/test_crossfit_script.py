@@ -145,15 +145,15 @@ def test_the_answer_mode_reads_the_chosen_defaults_figures_once_every_fold_is_in
     even = {"plain": {"token": 0.0, "none": 0.0}, "named": {"token": 0.01, "none": 0.02}}
     summaries = {"product": s([0, 1], 0.01, -0.02), "m3-answer": s([0, 1], 0.04, 0.01, even)}
     compact_won = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, summaries, folds=2)
-    assert compact_won["default"] == "m3-answer" and compact_won["answer_graph"] == "token"
+    assert compact_won["default"] == "m3-answer" and compact_won["graph_mode"] == "token"
     unshared = {**summaries, "m3-answer": s([0, 1], 0.04, 0.01)}  # F1 alone cannot ship the tokens
     assert script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, unshared,
-                                     folds=2)["answer_graph"] is None
+                                     folds=2)["graph_mode"] is None
     kept = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": False}, summaries, folds=2)
-    assert kept["default"] == "product" and kept["answer_graph"] == "none"  # its named form loses F1
+    assert kept["default"] == "product" and kept["graph_mode"] == "none"  # its named form loses F1
     assert kept["f1_own_minus_none"] == {"plain": 0.01, "named": -0.02}
     early = script.choose_answer_mode({"chosen": "m3-answer", "compact_default": True}, summaries, folds=3)
-    assert early["answer_graph"] is None  # a fold missing from the summary: not decided
+    assert early["graph_mode"] is None  # a fold missing from the summary: not decided
 
 
 def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tmp_path):
@@ -199,7 +199,7 @@ def test_a_compact_variant_stops_early_scores_both_forms_and_joins_text10(tmp_pa
     assert result["variant_settings"]["m3-answer"]["model"]["readout"] == "summary_units"
     choice = result["compact_choice"]  # 1 of the 3 units: nothing chosen yet
     assert choice["candidates"]["m3-answer"]["units"] == 1 and choice["chosen"] is None and not choice["decided"]
-    assert result["answer_mode"]["default"] is None and result["answer_mode"]["answer_graph"] is None
+    assert result["answer_mode"]["default"] is None and result["answer_mode"]["graph_mode"] is None
     # the text-10 reference joined by question id: one question without a row is counted and left out
     qa = unit["scores"]["qa_id"]
     text10 = tmp_path / "scores.jsonl"

@@ -48,10 +48,10 @@ def _same(a: Any, b: Any) -> bool:
 
 def test_restated_finds_a_default_written_twice(signature_defaults):
     """Positive and negative control of the check below."""
-    preset = {"model": {"graph": "token", "generation": {"max_new_tokens": 7}, "encoder": {"hidden": 256, "layers": 3}},
+    preset = {"model": {"graph_mode": "token", "generation": {"max_new_tokens": 7}, "encoder": {"hidden": 256, "layers": 3}},
               "trainer": {"max_steps": 30}, "data": {"split_ratios": [0.7, 0.15, 0.15]},
               "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 1e-3}}}
-    assert restated(preset, signature_defaults) == ["model.graph", "model.encoder.hidden", "data.split_ratios",
+    assert restated(preset, signature_defaults) == ["model.graph_mode", "model.encoder.hidden", "data.split_ratios",
                                                     "optimizer.init_args.lr"]
     assert restated({"optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 2e-4}}},
                     signature_defaults) == []

@@ -203,20 +203,20 @@ EVEN = {"plain": {"token": 0.02, "none": 0.02}, "named": {"token": 0.01, "none":
 ])
 def test_the_default_s_tokens_ship_only_if_neither_form_loses_f1(plain, named, expected):
     out = answer_mode("m3-answer", plain, named, EVEN)
-    assert out["rule"] == ANSWER_MODE_RULE and out["answer_graph"] == expected
+    assert out["rule"] == ANSWER_MODE_RULE and out["graph_mode"] == expected
     assert out["f1_own_minus_none"] == {"plain": plain, "named": named} and out["degenerate_share"] == EVEN
-    assert answer_mode(None, 0.1, 0.1, EVEN)["answer_graph"] is None  # no default chosen yet
+    assert answer_mode(None, 0.1, 0.1, EVEN)["graph_mode"] is None  # no default chosen yet
 
 
 def test_the_tokens_ship_only_if_their_replies_are_not_more_often_degenerate():
     """Issue 63's outside check: F1 not lower, but 44 of 150 replies degenerate with the tokens against 5
     without: the tokens do not ship. Without the shares a winning F1 decides nothing."""
     more = {**EVEN, "locomo_form": {"token": 44 / 150, "none": 5 / 150}}
-    assert answer_mode("default", 0.01, 0.0, more)["answer_graph"] == "none"
-    assert answer_mode("default", 0.01, 0.0, {"plain": {"token": 0.1, "none": 0.1}})["answer_graph"] == "token"
-    assert answer_mode("default", 0.01, 0.0)["answer_graph"] is None
-    assert answer_mode("default", 0.01, 0.0, {"plain": {"token": None, "none": 0.1}})["answer_graph"] is None
-    assert answer_mode("default", -0.01, 0.0)["answer_graph"] == "none"  # F1 alone decides against the tokens
+    assert answer_mode("default", 0.01, 0.0, more)["graph_mode"] == "none"
+    assert answer_mode("default", 0.01, 0.0, {"plain": {"token": 0.1, "none": 0.1}})["graph_mode"] == "token"
+    assert answer_mode("default", 0.01, 0.0)["graph_mode"] is None
+    assert answer_mode("default", 0.01, 0.0, {"plain": {"token": None, "none": 0.1}})["graph_mode"] is None
+    assert answer_mode("default", -0.01, 0.0)["graph_mode"] == "none"  # F1 alone decides against the tokens
 
 
 def test_answer_contrasts_against_a_fixed_reference_per_question():

@@ -50,7 +50,7 @@ def test_rubric_rows_are_not_scored_without_an_llm_judge():
                                                                   "response should ...", rubric=True)]
     score_with_judge(rows, MatchJudge(), "convomem")
     assert rows[0]["correct"] is True and rows[1]["correct"] is None
-    table = {(r["category"], r["graph"]): r for r in summarize(rows, ["token"])}
+    table = {(r["category"], r["graph_mode"]): r for r in summarize(rows, ["token"])}
     assert table[("preference_evidence", "token")]["not_scored"] == 1
     assert table[("preference_evidence", "token")]["em"] is None and table[("all", "token")]["judged"] == 1
     llm_rows = [dict(r, correct=None) for r in rows]
@@ -62,7 +62,7 @@ def test_table_has_one_row_per_category_and_mode():
     rows = [_row(c, m, "x", "x") for c in ("a", "b") for m in ("token", "none", "shuffled")]
     score_with_judge(rows, MatchJudge(), "convomem")
     table = summarize(rows, ["token", "none", "shuffled"])
-    assert [(r["category"], r["graph"]) for r in table] == [(c, m) for c in ("a", "b", "all")
+    assert [(r["category"], r["graph_mode"]) for r in table] == [(c, m) for c in ("a", "b", "all")
                                                             for m in ("token", "none", "shuffled")]
     assert table[-1]["questions"] == 2 and table[-1]["accuracy"] == 1.0 and table[-1]["online_tokens"] == 30
 
@@ -92,7 +92,7 @@ def test_table_carries_answer_nll_and_the_overall_contrasts():
     for row in table:
         if row["category"] == "all":
             row["nll"] = contrasts
-    by = {(r["category"], r["graph"]): r for r in table}
+    by = {(r["category"], r["graph_mode"]): r for r in table}
     assert by[("all", "token")]["answer_nll"] == pytest.approx(1.015) and by[("a", "none")]["answer_nll"] == pytest.approx(2.015)
     printed = format_table(table, "rule")
     assert "| answer NLL |" in printed and "own vs none (n=4): -1.000 [-1.000, -1.000]" in printed
@@ -113,7 +113,7 @@ def test_degenerate_replies_are_counted_per_mode_and_category_before_the_repair(
             row = _row("a" if i < 2 else "b", mode, final_answer(text), "pottery")
             rows.append(dict(row, reply_shape=reply_shape(text)))
     rows.append(dict(_row("b", "token", "", "pottery"), reply_shape="empty", error="HTTP 500"))  # a failed request
-    table = {(r["category"], r["graph"]): r for r in summarize(rows, ["token", "none"])}
+    table = {(r["category"], r["graph_mode"]): r for r in summarize(rows, ["token", "none"])}
     assert table[("all", "token")]["degenerate"] == {"empty": 1, "lead_in": 1, "entry": 1, "all": 3, "share": 3 / 5}
     assert table[("a", "token")]["degenerate"]["all"] == 2 and table[("all", "none")]["degenerate"]["share"] == 0.0
     printed = format_table(list(table.values()), "rule")
@@ -121,8 +121,8 @@ def test_degenerate_replies_are_counted_per_mode_and_category_before_the_repair(
     figures = answer_mode_figures({"table": list(table.values())})
     assert figures["degenerate_share"] == {"token": 3 / 5, "none": 0.0}
     assert figures["f1_own_minus_none"] == pytest.approx(0.0)
-    with pytest.raises(UserError, match="--graph token,none"):
-        answer_mode_figures({"table": [r for r in table.values() if r["graph"] == "token"]})
+    with pytest.raises(UserError, match="--graph-modes token,none"):
+        answer_mode_figures({"table": [r for r in table.values() if r["graph_mode"] == "token"]})
 
 
 @pytest.mark.slow
@@ -158,7 +158,7 @@ def test_answer_and_eval_qa_commands(tiny_lm_path, tmp_path, convomem_path, caps
     assert "| degenerate: empty / lead-in / entry (share) |" in printed
     # the ablated mode: the graph without the evidence units, the prompt text the question's own
     assert main(["eval-qa", "--export", str(export), "--dataset", "convomem", "--path", str(convomem_path),
-                 "--limit", "3", "--graph", "token,ablated", "--json", "--out", str(tmp_path / "eval2")]) == 0
+                 "--limit", "3", "--graph-modes", "token,ablated", "--json", "--out", str(tmp_path / "eval2")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ablation"]["ablated"] + sum(v for k, v in out["ablation"].items() if k != "ablated") == 3
     assert out["ablation"]["ablated"] >= 1 and out["nll"]["own_vs_ablated"]["n"] >= 1
@@ -190,7 +190,7 @@ def test_eval_qa_named_speaker_form(tiny_lm_path, tmp_path, convomem_path, capsy
     runs = {}
     for name, extra in (("plain", []), ("named", ["--name-speakers", "Ingrid,Tobias"])):
         assert main(["eval-qa", "--export", str(export), "--dataset", "convomem", "--path", str(convomem_path),
-                     "--limit", "3", "--graph", "none", "--out", str(tmp_path / name), *extra]) == 0
+                     "--limit", "3", "--graph-modes", "none", "--out", str(tmp_path / name), *extra]) == 0
         runs[name] = [json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
     assert "in the named form (Ingrid, Tobias)" in capsys.readouterr().out
     assert [r["qa_id"] for r in runs["named"]] == [r["qa_id"] for r in runs["plain"]] and len(runs["plain"]) == 3

@@ -96,7 +96,7 @@ def test_typed_results_and_the_key_from_the_environment(served):
         assert [s.session for s in batch.sessions] == [1, 2]
         found = memory.search("ana", "Where do I live?", limit=2)
         assert isinstance(found, protocol.SearchResult) and len(found.units) == 2 and found.units[0].unit_id
-        answered = memory.answer("ana", "Where do I live?", graph="none")
+        answered = memory.answer("ana", "Where do I live?", graph_mode="none")
         assert isinstance(answered, protocol.AnswerResult) and answered.graph_mode == "none"
         listed = memory.memories("ana", limit=1000)
         assert listed.total == batch.units and len(listed.units) == batch.units

@@ -41,10 +41,10 @@ def pipeline(tiny_lm_path):
 
 @pytest.mark.parametrize("mode,slots", [("token", K), ("none", 0), ("shuffled", K)])
 def test_the_pipeline_answers_with_a_key_value_prefix(pipeline, mode, slots):
-    answers = pipeline.answer(QUESTIONS, graph=mode)
+    answers = pipeline.answer(QUESTIONS, graph_mode=mode)
     assert [a.graph_mode for a in answers] == [mode] * len(QUESTIONS)
     assert all(a.tokens["graph"] == slots and 1 <= a.tokens["generated"] <= 4 for a in answers)
-    alone = [pipeline.answer(q, graph=mode)[0].answer for q in QUESTIONS]  # left padding changes nothing
+    alone = [pipeline.answer(q, graph_mode=mode)[0].answer for q in QUESTIONS]  # left padding changes nothing
     assert [a.answer for a in answers] == alone
 
 
@@ -61,7 +61,7 @@ def test_the_pipeline_s_lm_reads_the_prefix_while_it_generates(pipeline, monkeyp
         return original(lm, tokenizer, mask, inputs_embeds=inputs_embeds, **kwargs)
 
     monkeypatch.setattr(served, "generate", spy)
-    pipeline.generate(pipeline.retrieve(QUESTIONS[:1]), graph="token")
+    pipeline.generate(pipeline.retrieve(QUESTIONS[:1]), graph_mode="token")
     with torch.no_grad():  # the same columns without the prefix: zero placeholders only
         outside = pipeline.lm(inputs_embeds=seen["embeds"], attention_mask=seen["mask"]).logits[:, -1]
     assert not torch.allclose(seen["inside"], outside)

@@ -36,7 +36,7 @@ def pipeline(tiny_lm_path):
 
 @pytest.mark.parametrize("mode,graph_tokens", [("token", 1), ("none", 0), ("shuffled", 1)])
 def test_batched_answers_carry_memory_graph_and_costs(pipeline, mode, graph_tokens):
-    answers = pipeline.answer(QUESTIONS, graph=mode)
+    answers = pipeline.answer(QUESTIONS, graph_mode=mode)
     assert [a.question for a in answers] == QUESTIONS and all(a.graph_mode == mode for a in answers)
     for a in answers:
         assert isinstance(a.answer, str) and a.memory and a.memory[0]["label"] == "M1"
@@ -81,9 +81,9 @@ def test_graph_modes_feed_the_lm_different_inputs(pipeline, monkeypatch):
 
     monkeypatch.setattr(pipeline.encoder, "encode", spy)
     retrieved = pipeline.retrieve(QUESTIONS)
-    pipeline.generate(retrieved, graph="token")
-    pipeline.generate(retrieved, graph="shuffled")
-    pipeline.generate(retrieved, graph="none")
+    pipeline.generate(retrieved, graph_mode="token")
+    pipeline.generate(retrieved, graph_mode="shuffled")
+    pipeline.generate(retrieved, graph_mode="none")
     own, shuffled = seen["calls"]
     assert len(seen["calls"]) == 2  # `none` inserts nothing
     torch.testing.assert_close(shuffled, torch.roll(own, shifts=-1, dims=0))
@@ -113,8 +113,8 @@ def test_answer_before_memory_and_unknown_mode(pipeline):
     fresh = QGMemPipeline(pipeline.encoder, pipeline.lm, pipeline.tokenizer, HashEncoder(8))
     with pytest.raises(UserError, match="no memory yet"):
         fresh.answer("Where?")
-    with pytest.raises(UserError, match="graph must be one of token, none, shuffled"):
-        pipeline.answer("Where?", graph="random")
+    with pytest.raises(UserError, match="graph_mode must be one of token, none, shuffled"):
+        pipeline.answer("Where?", graph_mode="random")
 
 
 def test_load_memory_reuses_a_saved_store(pipeline, tmp_path):
@@ -187,12 +187,12 @@ def test_an_answer_naming_no_mode_reads_the_exports_graph_mode(pipeline, tiny_lm
                                HashEncoder(8), max_new_tokens=4)
     text_first.memory = pipeline.memory
     assert pipeline.contract.graph_mode == "token" and text_first.contract.graph_mode == "none"
-    [plain], [asked] = text_first.answer(QUESTIONS[:1]), text_first.answer(QUESTIONS[:1], graph="token")
-    [reference_none], [reference_token] = (pipeline.answer(QUESTIONS[:1], graph=m) for m in ("none", "token"))
+    [plain], [asked] = text_first.answer(QUESTIONS[:1]), text_first.answer(QUESTIONS[:1], graph_mode="token")
+    [reference_none], [reference_token] = (pipeline.answer(QUESTIONS[:1], graph_mode=m) for m in ("none", "token"))
     assert plain.graph_mode == "none" and plain.tokens["graph"] == 0 and plain.answer == reference_none.answer
     assert asked.graph_mode == "token" and asked.tokens["graph"] == 1 and asked.answer == reference_token.answer
     assert pipeline.answer(QUESTIONS[:1])[0].graph_mode == "token"  # an export that says token answers with it
-    with pytest.raises(ExportFormatError, match="field 'graph_mode': graph must be one of token, none, shuffled"):
+    with pytest.raises(ExportFormatError, match="field 'graph_mode': graph_mode must be one of token, none, shuffled"):
         QGMemPipeline(make_encoder(tiny_lm_path, graph_mode="text"), pipeline.lm, pipeline.tokenizer, HashEncoder(8))
 
 

@@ -65,7 +65,7 @@ def pipelines(tiny_lm_path, lm, engine):
 @pytest.mark.parametrize("mode", ["token", "none", "shuffled"])
 def test_answers_through_the_engine_equal_the_in_process_ones(pipelines, mode):
     local, far = pipelines
-    here, there = local.answer(QUESTIONS, graph=mode), far.answer(QUESTIONS, graph=mode)
+    here, there = local.answer(QUESTIONS, graph_mode=mode), far.answer(QUESTIONS, graph_mode=mode)
     assert [a.answer for a in there] == [a.answer for a in here]
     assert [a.finish_reason for a in there] == [a.finish_reason for a in here]
     assert [a.tokens for a in there] == [a.tokens for a in here]
@@ -78,7 +78,7 @@ def test_each_question_is_sent_as_its_fused_rows_without_padding(pipelines, engi
     local, far = pipelines
     double, _ = engine
     before = len(double.requests)
-    [answer] = far.answer(["Who visited me?"], graph="token")
+    [answer] = far.answer(["Who visited me?"], graph_mode="token")
     [sent] = double.requests[before:]
     embeds = decode_embeds(sent["prompt_embeds"])
     assert embeds.shape == (answer.tokens["prompt"] + answer.tokens["graph"], 32)

@@ -71,7 +71,7 @@ def test_sessions_answer_chat_health_and_metrics(server):
     assert set(a["cited"]) <= {m["label"] for m in a["memory"]}
     assert {"activation", "graph_features", "graph_encoding", "generation", "queue", "total"} <= set(a["seconds"])
     assert a["batch_size"] >= 1 and a["tokens"]["graph"] == 1 and "nodes" in a["graph"]
-    none = httpx.post(f"{url}/v1/users/alice/answer", json={"question": "What colour is my boat?", "graph": "none"})
+    none = httpx.post(f"{url}/v1/users/alice/answer", json={"question": "What colour is my boat?", "graph_mode": "none"})
     assert none.json()["graph_mode"] == "none" and none.json()["tokens"]["graph"] == 0
 
     chat = httpx.post(f"{url}/v1/chat/completions", json={
@@ -161,7 +161,10 @@ def test_isolation_answers_never_cite_another_users_units(server):
     ("/v1/users/alice/sessions", b" " * 3000, 413, "over the limit of 2000"),
     ("/v1/users/nobody/answer", b'{"question": "Where do I live?"}', 404, "no memory for user 'nobody': append"),
     ("/v1/users/alice/answer", b'{"question": ""}', 400, "question"),
-    ("/v1/users/alice/answer", b'{"question": "Where?", "graph": "best"}', 400, "graph"),
+    ("/v1/users/alice/answer", b'{"question": "Where?", "graph_mode": "best"}', 400, "field 'graph_mode'"),
+    ("/v1/users/alice/answer", b'{"question": "Where?", "graph": "best"}', 400, "field 'graph'"),  # its older name
+    ("/v1/users/alice/answer", b'{"question": "Where?", "graph_mode": "none", "graph": "none"}', 400,
+     "unknown field 'graph'"),  # the older name beside the name: one of them
     ("/v1/users/bad%20id/sessions", b'{"turns": [{"speaker": "U", "text": "hi"}]}', 400, "must match"),
     ("/v1/users/%2E%2E/answer", b'{"question": "q"}', 400, "must match"),
     ("/v1/users/" + "a" * 129 + "/sessions", b'{"turns": [{"speaker": "U", "text": "hi"}]}', 400, "must match"),
@@ -248,10 +251,15 @@ def test_a_request_naming_no_graph_mode_takes_the_exports(pipeline, tmp_path):
         assert httpx.post(f"{url}/v1/users/alice/sessions", json={"turns": ALICE}).status_code == 200
         plain = httpx.post(f"{url}/v1/users/alice/answer", json={"question": "What colour is my boat?"}).json()
         asked = httpx.post(f"{url}/v1/users/alice/answer",
+                           json={"question": "What colour is my boat?", "graph_mode": "token"}).json()
+        # a client written before the field was renamed sends its older name, ``graph``
+        older = httpx.post(f"{url}/v1/users/alice/answer",
                            json={"question": "What colour is my boat?", "graph": "token"}).json()
-        chat = httpx.post(f"{url}/v1/chat/completions", json={
+        chats = [httpx.post(f"{url}/v1/chat/completions", json={
             "model": "qgmem", "user": "alice", "messages": [{"role": "user", "content": "What colour is my boat?"}],
-        }).json()
+            **extra}).json() for extra in ({}, {"graph_mode": "token"}, {"graph": "token"})]
     assert plain["graph_mode"] == "none" and plain["tokens"]["graph"] == 0
     assert asked["graph_mode"] == "token" and asked["tokens"]["graph"] == 1
-    assert chat["qgmem"]["graph_mode"] == "none"
+    assert older["graph_mode"] == "token" and older["tokens"]["graph"] == 1 and older["answer"] == asked["answer"]
+    assert [c["qgmem"]["graph_mode"] for c in chats] == ["none", "token", "token"]
+    assert chats[1]["choices"][0]["message"]["content"] == chats[2]["choices"][0]["message"]["content"]

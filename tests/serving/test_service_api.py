@@ -127,7 +127,8 @@ CHAT = {"user": "alice", "messages": [{"role": "user", "content": "Where do I li
 @pytest.mark.parametrize("extra,field", [
     ({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"response_format": {"type": "json_object"}}, "response_format"), ({"logprobs": True}, "logprobs"),
-    ({"stop": ["\n"]}, "stop"), ({"stream": "no"}, "stream"), ({"graph_mode": "none"}, "graph_mode"),
+    ({"stop": ["\n"]}, "stop"), ({"stream": "no"}, "stream"), ({"graph_mode": "best"}, "graph_mode"),
+    ({"graph": "best"}, "graph"),  # the graph mode's older name, read and checked as graph_mode
     ({"max_tokens": 0}, "max_tokens"), ({"max_completion_tokens": True}, "max_completion_tokens"),
     ({"time": "yesterday"}, "time"),
 ])
@@ -142,13 +143,13 @@ def test_neutral_values_of_openai_fields_are_accepted(server):
     url, _ = server
     r = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "n": 1, "logprobs": False, "stop": None, "tools": [],
                                                      "response_format": {"type": "text"}, "stream": False,
-                                                     "temperature": 0.7, "top_p": 1, "seed": 3, "graph": "none",
+                                                     "temperature": 0.7, "top_p": 1, "seed": 3, "graph_mode": "none",
                                                      "time": "2024-06-01T09:00:00Z"})
     assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("path,body,needle", [
-    ("/v1/users/alice/answer", {"question": "Where?", "graph_mode": "none"}, "unknown field 'graph_mode'"),
+    ("/v1/users/alice/answer", {"question": "Where?", "graph_modes": "none"}, "unknown field 'graph_modes'"),
     ("/v1/users/alice/answer", {"question": "Where?", "time": "2024-13-45"}, "field 'time'"),
     ("/v1/users/alice/sessions", {"turns": ALICE, "time": "yesterday"}, "field 'time'"),
     ("/v1/users/alice/sessions", {"turns": [{"speaker": "U", "text": "hi", "time": "2024-13-45"}]},

@@ -38,7 +38,7 @@ def api_pipeline(tiny_lm_path):
 def test_api_backbone_against_a_stub_server(api_pipeline, mode):
     with StubServer(_reply) as server:
         pipe = api_pipeline(server.url)
-        answers = pipe.answer(QUESTIONS, graph=mode)
+        answers = pipe.answer(QUESTIONS, graph_mode=mode)
     assert [a.answer for a in answers] == ["You live in Lisbon [M1]."] * 3  # first line, as the contract says
     assert all(a.cited == ["M1"] and a.tokens["prompt"] == 40 and a.tokens["generated"] == 7 for a in answers)
     assert len(server.requests) == 3 and all(r["model"] == "gpt-4o-mini" and r["temperature"] == 0

@@ -84,7 +84,7 @@ def test_the_network_writes_keys_and_values_for_every_layer_and_only_it_learns(l
     assert losses[-1] < losses[0], losses
     trained = {n for n, p in module.named_parameters() if p.grad is not None}
     assert trained and all(n.startswith("net.") for n in trained)
-    none = make_module(lm_path, graph="none")
+    none = make_module(lm_path, graph_mode="none")
     assert none.fused_inputs(batch)[0].shape[1] == batch["input_ids"].shape[1]  # no prefix, no columns
 
 

@@ -57,9 +57,9 @@ def trainer(root, **kwargs) -> Trainer:
     return Trainer(**{**defaults, **kwargs})
 
 
-@pytest.mark.parametrize("graph", ["token", "shuffled"])
-def test_only_encoder_and_projector_get_gradients(lm_path, graph):
-    module = make_module(lm_path, graph=graph)
+@pytest.mark.parametrize("graph_mode", ["token", "shuffled"])
+def test_only_encoder_and_projector_get_gradients(lm_path, graph_mode):
+    module = make_module(lm_path, graph_mode=graph_mode)
     module.train()
     assert module.net.training and not module.lm.training
     loss = module(a_batch(lm_path, module))
@@ -71,11 +71,11 @@ def test_only_encoder_and_projector_get_gradients(lm_path, graph):
 
 
 def test_text_only_ablation_inserts_nothing(lm_path):
-    module = make_module(lm_path, graph="none")
+    module = make_module(lm_path, graph_mode="none")
     batch = a_batch(lm_path, module)
     embeds, mask, _, labels, _ = module.fused_inputs(batch)
     assert embeds.shape[1] == batch["input_ids"].shape[1] and torch.equal(labels, batch["labels"])
-    with_token = make_module(lm_path, graph="token").fused_inputs(batch)[0]
+    with_token = make_module(lm_path, graph_mode="token").fused_inputs(batch)[0]
     assert with_token.shape[1] == batch["input_ids"].shape[1] + 1
     assert not module(batch).requires_grad  # nothing upstream of the loss trains
     assert module.training_step(batch, 0) is None  # so the optimizer step is skipped
@@ -83,7 +83,7 @@ def test_text_only_ablation_inserts_nothing(lm_path):
 
 def test_text_only_fit_runs_its_steps(lm_path, tmp_path):
     t = trainer(tmp_path, max_steps=3, max_epochs=5)
-    t.fit(make_module(lm_path, graph="none"), datamodule=make_data(lm_path))
+    t.fit(make_module(lm_path, graph_mode="none"), datamodule=make_data(lm_path))
     assert t.global_step == 3 and "val/nll" in t.callback_metrics
 
 
@@ -144,7 +144,7 @@ def test_unknown_optimizer_or_schedule_fails_at_construction(lm_path, kwargs, ma
 
 
 def test_shuffled_pairs_each_sample_with_another_graph(lm_path):
-    module = make_module(lm_path, graph="shuffled").eval()
+    module = make_module(lm_path, graph_mode="shuffled").eval()
     batch = a_batch(lm_path, module)
     graphs = batch["graph"].to_data_list()
     shuffled = module.graph_tokens(batch["graph"])

@@ -137,8 +137,9 @@ def test_subcommands_fit_then_test_and_validate_a_checkpoint_without_retraining(
 
 def test_a_checkpoint_with_the_older_flat_stage_settings_loads_and_validates(lm_path, tmp_path, capsys):
     """Before ``model.stages`` and ``model.generation``, a checkpoint kept its stages as ``align_*``/``distill_*``
-    hyperparameters and its generation settings flat: it loads with those (``qgmem.older_records``), as a
-    module and through ``--ckpt_path``."""
+    hyperparameters and its generation settings flat, and before ``graph_mode`` its graph mode as ``graph``: it
+    loads with those (``qgmem.older_records``), as a module and through ``--ckpt_path``."""
+    from qgmem.training.cli import _cli
     from qgmem.training.module import GenerationSettings, QGMemModule
     from qgmem.training.stages import NodeWordAlignment
 
@@ -150,7 +151,8 @@ def test_a_checkpoint_with_the_older_flat_stage_settings_loads_and_validates(lm_
     hp = ckpt["hyper_parameters"]
     assert hp["stages"] == [{"class_path": "qgmem.training.stages.NodeWordAlignment",
                              "init_args": {"steps": 1, "batch_size": 2, "lr": 3e-3, "weight": 5.0}}]
-    del hp["stages"], hp["generation"]
+    del hp["stages"], hp["generation"], hp["graph_mode"]
+    hp["graph"] = "shuffled"
     hp.update(max_new_tokens=5, val_generate_batches=0, test_generate_batches=1, num_examples=2)
     hp.update(align_steps=1, align_objective="words", align_batch_size=2, align_lr=3e-3, align_weight=0.5,
               distill_weight=0.0, distill_topk=16, teacher_cache_dir=None, match_embedding_scale=True)
@@ -160,9 +162,10 @@ def test_a_checkpoint_with_the_older_flat_stage_settings_loads_and_validates(lm_
     assert module.stages == [NodeWordAlignment(steps=1, batch_size=2, weight=0.5)]
     assert module.generation == GenerationSettings(max_new_tokens=5, val_generate_batches=0, test_generate_batches=1,
                                                    num_examples=2)
+    assert module.hparams.graph_mode == "shuffled" and "graph" not in module.hparams
     capsys.readouterr()
-    run_subcommand(["validate", *tiny_args(root, lm_path), "--ckpt_path", str(old)], datamodule_class=TinyData)
-    assert "val/nll" in capsys.readouterr().out
+    cli = _cli(["test", *tiny_args(root, lm_path), "--ckpt_path", str(old)], run=True, datamodule_class=TinyData)
+    assert cli.model.hparams.graph_mode == "shuffled" and "test/nll" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("config,expected", [("default", EMBEDDED_LM),

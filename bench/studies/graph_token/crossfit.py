@@ -787,8 +787,8 @@ def choose_answer_mode(compact: dict[str, Any], summaries: dict[str, Any], folds
     # the study records no raw replies: degenerate shares come from eval-qa runs (docs/graph_token.md)
     out = answer_mode(default, plain, named, s.get("degenerate_share") if s is not None else None)
     print(f"answer mode of the default ({default or 'not chosen yet'}): "
-          + (f"F1 own − none plain {plain:+.4f}, named {named:+.4f} -> answer_graph {out['answer_graph']}"
-             if out["answer_graph"] else "not decided yet"))
+          + (f"F1 own − none plain {plain:+.4f}, named {named:+.4f} -> graph_mode {out['graph_mode']}"
+             if out["graph_mode"] else "not decided yet"))
     return out
 
 

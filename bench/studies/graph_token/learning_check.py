@@ -98,7 +98,7 @@ def settings_of(args) -> list[tuple[str, dict[str, Any]]]:
     if args.protocol == "lora":
         lora = {"r": args.lora_r, "alpha": 2 * args.lora_r, "dropout": 0.0,
                 "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
-        return [("lora-graph", {"lora": lora}), ("lora-only", {"lora": lora, "graph": "none"})]
+        return [("lora-graph", {"lora": lora}), ("lora-only", {"lora": lora, "graph_mode": "none"})]
     return [("text-graph", {})]
 
 
@@ -154,15 +154,15 @@ def build_run(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any]):
             model_cfg[key] = value
     if args.align_steps is not None or args.align_weight is not None:
         model_cfg["stages"] = with_word_stage(model_cfg.get("stages"), args.align_steps, args.align_weight)
-    model_cfg.update(graph=overrides.get("graph", "token"),
+    model_cfg.update(graph_mode=overrides.get("graph_mode", "token"),
                      generation={**(model_cfg.get("generation") or {}), "max_new_tokens": args.max_new_tokens})
     if "lora" in overrides:
         model_cfg["lora"] = overrides["lora"]
-    if model_cfg["graph"] == "none":  # nothing of the graph network is trained or scored
+    if model_cfg["graph_mode"] == "none":  # nothing of the graph network is trained or scored
         model_cfg["stages"] = []
     if data_cfg.get("lm") is None:  # linked from model.lm, as LightningCLI does (the signature when unset)
         data_cfg["lm"] = model_cfg.get("lm") or module_default("lm")
-    conditions = ["none"] if model_cfg["graph"] == "none" else list(args.conditions)
+    conditions = ["none"] if model_cfg["graph_mode"] == "none" else list(args.conditions)
     steps = args.steps or DEFAULT_STEPS[kind_of(name)]
     trainer_cfg = cfg.get("trainer") or {}
     spec = {"protocol": PROTOCOL_VERSION, "setting": name, "data": data_cfg, "model": model_cfg, "steps": steps,
@@ -223,7 +223,7 @@ def run_setting(args, cfg: dict[str, Any], name: str, overrides: dict[str, Any])
                    memory_units=overrides.get("memory_units"), seed_list=list(args.seeds), seed_runs=seeds_info,
                    data_s=round(data_s, 1), ablation=ablation_counts(dm.split(args.split), table), **tokens)
     summary["_scores"] = [s.to_dict() for s in scores]
-    if args.probe and model_cfg["graph"] != "none":
+    if args.probe and model_cfg["graph_mode"] != "none":
         probe_path = out / "probe.json"
         if probe_path.exists():
             summary["probe"] = json.loads(probe_path.read_text())
@@ -245,7 +245,7 @@ def prompt_tokens(dm, items, model_cfg) -> dict[str, float]:
 
     enc = dm.collator.encoder
     encoded = [enc.prompt(it["memory_text"], it["question"]) for it in items]
-    k = 0 if model_cfg.get("graph") == "none" else int(model_cfg.get("num_graph_tokens", module_default("num_graph_tokens")))
+    k = 0 if model_cfg.get("graph_mode") == "none" else int(model_cfg.get("num_graph_tokens", module_default("num_graph_tokens")))
     whole = []  # entries [M1]..[Mj] that fit in the prompt's memory text whole (what a budget of m amounts to)
     for it, e in zip(items, encoded):
         text = first_entries(it["memory_text"], enc.settings.memory_units)

@@ -183,9 +183,9 @@ class MemoryClient(_Calls):
         return self._send(self._search(user_id, question, time=time, limit=limit, after=after, before=before,
                                        time_field=time_field, sessions=sessions))
 
-    def answer(self, user_id: str, question: str, *, time: str | None = None, graph: str | None = None,
+    def answer(self, user_id: str, question: str, *, time: str | None = None, graph_mode: str | None = None,
                max_tokens: int | None = None) -> p.AnswerResult:
-        return self._send(self._answer(user_id, question, time=time, graph=graph, max_tokens=max_tokens))
+        return self._send(self._answer(user_id, question, time=time, graph_mode=graph_mode, max_tokens=max_tokens))
 
     def memories(self, user_id: str, *, offset: int = 0, limit: int = 100, **filters) -> p.Memories:
         return self._send(self._memories(user_id, offset, limit, **filters))

@@ -15,7 +15,7 @@ They are built by replaying the cache's plan through the sample build's per-ques
 (``Replayer.rows(..., on_question=)``), so they are compared with exactly the cached own graph, and kept
 as a table keyed by question id: ``counterfactuals-<samples key>/`` next to ``samples-<samples key>/``,
 one Arrow shard per case of the plan, resumable like the samples. A training row holds one graph; the
-study changes no cache format. ``eval-qa --graph ablated`` decides its ablated graph with the same
+study changes no cache format. ``eval-qa --graph-modes ablated`` decides its ablated graph with the same
 :func:`evidence_ablation`.
 """
 

@@ -353,22 +353,22 @@ ANSWER_MODE_RULE = ("Held-out answers, once the default is chosen. Its graph tok
 
 def answer_mode(default: str | None, plain: float | None, named: float | None,
                 degenerate: dict[str, dict[str, float | None]] | None = None) -> dict[str, Any]:
-    """:data:`ANSWER_MODE_RULE` applied: ``answer_graph`` is ``"token"`` or ``"none"`` once the default
+    """:data:`ANSWER_MODE_RULE` applied: ``graph_mode`` is ``"token"`` or ``"none"`` once the default
     (``None``: not chosen yet) has its mean held-out F1 own − none in both forms (``None``: not all units
     yet). ``degenerate``: per form, the share of degenerate replies ``{"token": .., "none": ..}``. A form
     that loses F1 decides ``none`` alone; ``token`` needs the shares too (without them: not decided)."""
     shares = {form: dict(pair) for form, pair in (degenerate or {}).items()}
     out: dict[str, Any] = {"rule": ANSWER_MODE_RULE, "default": default,
                            "f1_own_minus_none": {"plain": plain, "named": named}, "degenerate_share": shares,
-                           "answer_graph": None}
+                           "graph_mode": None}
     if default is None or plain is None or named is None:
         return out
     if plain < 0 or named < 0:
-        out["answer_graph"] = "none"
+        out["graph_mode"] = "none"
         return out
     complete = bool(shares) and all(s.get("token") is not None and s.get("none") is not None for s in shares.values())
     if complete:
-        out["answer_graph"] = "token" if all(s["token"] <= s["none"] for s in shares.values()) else "none"
+        out["graph_mode"] = "token" if all(s["token"] <= s["none"] for s in shares.values()) else "none"
     return out
 
 

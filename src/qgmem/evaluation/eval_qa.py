@@ -35,8 +35,9 @@ from typing import Any, Literal
 
 from qgmem.data.loaders import DATASETS, add_load_arguments, load_arguments
 from qgmem.errors import UserError
+from qgmem.older_records import EVAL_QA_FLAGS
 from qgmem.serving.export_models import ModelSettings, load_pipeline
-from qgmem.settings_flags import add_settings_arguments, settings_from_args
+from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, settings_from_args
 from qgmem.text import exact_match, token_f1
 from qgmem.llm.judge import RUBRIC_CATEGORIES, JudgeItem, LLMJudge, MatchJudge, backend_completer
 
@@ -55,7 +56,7 @@ class EvalQASettings:
     split: Literal[SPLITS] = "test"
     #: at most this many questions, taken round-robin over the categories (default 6: a few minutes on a 2-core CPU; 0 = all)
     limit: int = 6
-    graph: str = "token,none,shuffled"  #: comma-separated graph modes (one row each): token, none, shuffled, ablated
+    graph_modes: str = "token,none,shuffled"  #: comma-separated graph modes (one row each): token, none, shuffled, ablated
     #: rule: normalized match (rubric categories not scored); llm: an LLM judge
     judge: Literal["rule", "llm"] = "rule"
     judge_model: str = "gpt-4o-mini"  #: model of the LLM judge
@@ -71,6 +72,7 @@ class EvalQASettings:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, EvalQASettings)
     add_load_arguments(parser)
+    add_retired_arguments(parser, EVAL_QA_FLAGS)
 
 
 def eval_modes() -> tuple[str, ...]:
@@ -83,7 +85,7 @@ def parse_modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     bad = [m for m in modes if m not in eval_modes()]
     if bad or not modes:
-        raise UserError(f"--graph: unknown mode(s) {bad or [text]}; choose from {', '.join(eval_modes())}")
+        raise UserError(f"--graph-modes: unknown mode(s) {bad or [text]}; choose from {', '.join(eval_modes())}")
     return list(dict.fromkeys(modes))
 
 
@@ -158,19 +160,19 @@ def run_eval(pipe, cases: list, dataset: str, modes: list[str], limit: int, judg
     bar.close()
     predictions = []
     bar = tqdm(total=total * len(modes), desc="eval-qa: answers", unit="answer", disable=not progress)
-    for mode in modes:
-        if mode == "ablated":
+    for graph_mode in modes:
+        if graph_mode == "ablated":
             index = [i for i, a in enumerate(ablated) if a is not None]
             batch = [ablated[i] for i in index]
-            answers = pipe.generate(batch, graph="token") if batch else []
+            answers = pipe.generate(batch, graph_mode="token") if batch else []
             nll = reference_nll(pipe, batch, [meta[i][1] for i in index], "token")
             for a in answers:
                 a.graph_mode = "ablated"
             rows = [prediction_row(meta[i][0], meta[i][1], a, dataset) for i, a in zip(index, answers)]
             bar.update(total - len(index))
         else:
-            answers = pipe.generate(retrieved, graph=mode)
-            nll = reference_nll(pipe, retrieved, [qa for _, qa in meta], mode)
+            answers = pipe.generate(retrieved, graph_mode=graph_mode)
+            nll = reference_nll(pipe, retrieved, [qa for _, qa in meta], graph_mode)
             rows = [prediction_row(case, qa, a, dataset) for (case, qa), a in zip(meta, answers)]
         for row, value in zip(rows, nll):
             row["nll"] = value
@@ -218,8 +220,8 @@ def ablated_retrieved(pipe, memory, qas: list, own: list, counts: dict[str, int]
     return out
 
 
-def reference_nll(pipe, retrieved: list, qas: list, mode: str) -> list[float | None]:
-    """The reference answer's NLL (mean over its tokens) per question under ``mode``'s graph.
+def reference_nll(pipe, retrieved: list, qas: list, graph_mode: str) -> list[float | None]:
+    """The reference answer's NLL (mean over its tokens) per question under ``graph_mode``.
 
     ``None`` for rubric references (a grading text, not an answer) and where no LM is at hand (an
     API backbone, or an engine behind ``--lm-url``, scores no likelihood).
@@ -230,12 +232,12 @@ def reference_nll(pipe, retrieved: list, qas: list, mode: str) -> list[float | N
 
     if getattr(pipe, "backbone", None) is not None or isinstance(pipe.lm, RemoteLM) or not retrieved:
         return [None] * len(retrieved)
-    graphs = pipe._graphs_for(retrieved, mode)
+    graphs = pipe._graphs_for(retrieved, graph_mode)
     with torch.no_grad():
-        return _reference_nll(pipe, retrieved, qas, mode, graphs)
+        return _reference_nll(pipe, retrieved, qas, graph_mode, graphs)
 
 
-def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) -> list[float | None]:
+def _reference_nll(pipe, retrieved: list, qas: list, graph_mode: str, graphs: list) -> list[float | None]:
     import torch
 
     from qgmem.model.fusion import IGNORE_INDEX, answer_nll, insert_token
@@ -258,7 +260,7 @@ def _reference_nll(pipe, retrieved: list, qas: list, mode: str, graphs: list) ->
             mask[b, : n + m] = 1
             labels[b, n: n + m] = torch.tensor(a)
         pos = torch.tensor([p.graph_pos for p in prompts])
-        token = None if mode == "none" else pipe.encoder.encode([graphs[i] for i in index])
+        token = None if graph_mode == "none" else pipe.encoder.encode([graphs[i] for i in index])
         embeds = pipe.lm.get_input_embeddings()(ids.to(device))
         fused = insert_token(embeds, mask.to(device), pos.to(device), token, labels.to(device))
         with reading(pipe.lm, token, pos):
@@ -320,14 +322,14 @@ def summarize(rows: list[dict[str, Any]], modes: list[str]) -> list[dict[str, An
     categories = sorted({r["category"] for r in rows}) + ["all"]
     table = []
     for category in categories:
-        for mode in modes:
-            group = groups.get((category, mode), [])
+        for graph_mode in modes:
+            group = groups.get((category, graph_mode), [])
             if not group:
                 continue
             scored = [r for r in group if r["correct"] is not None]
             answered = [r for r in group if r["em"] is not None]
             table.append({
-                "category": category, "graph": mode, "questions": len(group),
+                "category": category, "graph_mode": graph_mode, "questions": len(group),
                 "judged": len(scored), "not_scored": len(group) - len(scored),
                 "accuracy": _mean([float(r["correct"]) for r in scored]),
                 "em": _mean([r["em"] for r in answered]), "f1": _mean([r["f1"] for r in answered]),
@@ -358,9 +360,9 @@ def answer_mode_figures(summary: dict[str, Any], own: str = "token", other: str 
     """What the answer-mode rule (:func:`qgmem.evaluation.crossfit.answer_mode`) reads from one eval-qa
     run's results: F1 ``own`` − ``other`` (every question is answered in every mode, so the difference of
     the overall rows' means is the mean paired difference) and both modes' degenerate shares."""
-    rows = {row["graph"]: row for row in summary["table"] if row["category"] == "all"}
+    rows = {row["graph_mode"]: row for row in summary["table"] if row["category"] == "all"}
     if own not in rows or other not in rows:
-        raise UserError(f"the answer-mode rule needs graph modes {own} and {other} (--graph {own},{other}); "
+        raise UserError(f"the answer-mode rule needs graph modes {own} and {other} (--graph-modes {own},{other}); "
                         f"this run has {', '.join(rows) or 'none'}")
     f1 = None if rows[own]["f1"] is None or rows[other]["f1"] is None else rows[own]["f1"] - rows[other]["f1"]
     return {"f1_own_minus_none": f1, "degenerate_share": {own: rows[own]["degenerate"]["share"],
@@ -372,14 +374,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def format_table(table: list[dict[str, Any]], judge_name: str) -> str:
-    head = (f"| category | graph | n | judged | not scored | acc ({judge_name}) | EM | F1 | answer NLL | context tok "
+    head = (f"| category | graph mode | n | judged | not scored | acc ({judge_name}) | EM | F1 | answer NLL | context tok "
             "| online tok "
             "| s/QA construct | s/QA activate | s/QA graph | s/QA generate | s/QA total "
             "| degenerate: empty / lead-in / entry (share) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for row in table:
         s = row["seconds"]
-        lines.append(f"| {row['category']} | {row['graph']} | {row['questions']} | {row['judged']} | "
+        lines.append(f"| {row['category']} | {row['graph_mode']} | {row['questions']} | {row['judged']} | "
                      f"{row['not_scored']} | {_fmt(row['accuracy'])} | {_fmt(row['em'])} | {_fmt(row['f1'])} | "
                      f"{_fmt(row.get('answer_nll'))} | "
                      f"{_fmt(row['retrieved_context_tokens'], 0)} | {_fmt(row['online_tokens'], 0)} | "
@@ -423,7 +425,7 @@ def run(args: argparse.Namespace) -> int:
         from qgmem.errors import InputPathError
 
         raise InputPathError(f"data set path {s.path} does not exist")
-    modes = parse_modes(s.graph)
+    modes = parse_modes(s.graph_modes)
     if s.limit < 0:
         raise UserError(f"--limit must be >= 0, got {s.limit}")
     if s.name_speakers is not None:  # the names are checked before the (slow) export load
@@ -447,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
 
         cases, named = cases_from_flag(cases, s.name_speakers)
     if "ablated" in modes and not any(qa.evidence_turn_ids for c in cases for qa in c.qas):
-        raise UserError(f"--graph ablated needs gold evidence turns; no question of {how} in {s.path} has any")
+        raise UserError(f"--graph-modes ablated needs gold evidence turns; no question of {how} in {s.path} has any")
     result = run_eval(pipe, cases, s.dataset, modes, s.limit, judge)
     out = Path(s.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -460,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
                "backbone": s.models.backbone, "unparsed_verdicts": getattr(judge, "unparsed", 0),
                "skipped_records": (loaded.report or {}).get("skipped", 0), "nll": result["nll"],
                "ablation": result["ablation"], "table": result["table"],
-               "degenerate": {row["graph"]: row["degenerate"] for row in result["table"] if row["category"] == "all"}}
+               "degenerate": {row["graph_mode"]: row["degenerate"] for row in result["table"] if row["category"] == "all"}}
     (out / "results.json").write_text(json.dumps(summary, indent=1) + "\n")
     if s.json:
         print(json.dumps(summary, indent=1))

@@ -30,7 +30,7 @@ def shuffled(graphs: Sequence[T], alone: T) -> list[T]:
 def check_mode(mode: str) -> str:
     """``mode`` when it is one of :data:`GRAPH_MODES`; a ``ValueError`` naming the modes otherwise."""
     if mode not in GRAPH_MODES:
-        raise ValueError(f"graph must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
+        raise ValueError(f"graph_mode must be one of {', '.join(GRAPH_MODES)}, got {mode!r}")
     return mode
 
 

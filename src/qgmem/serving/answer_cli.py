@@ -13,8 +13,9 @@ from typing import Literal
 
 from qgmem.errors import UserError
 from qgmem.model.graph_modes import GRAPH_MODES
+from qgmem.older_records import ANSWER_FLAGS
 from qgmem.serving.export_models import ModelSettings, load_pipeline
-from qgmem.settings_flags import add_settings_arguments, settings_from_args
+from qgmem.settings_flags import add_retired_arguments, add_settings_arguments, settings_from_args
 
 
 @dataclass(kw_only=True)
@@ -30,7 +31,7 @@ class AnswerSettings:
     question: list[str] = field(metadata={"action": "append"})  #: the question (repeat for a batch)
     time: str | None = None  #: when the question is asked (ISO-8601), for 'last week' etc.
     #: graph tokens, none (the text prompt alone), or another question's graph (default: the export's field 'graph_mode')
-    graph: Literal[GRAPH_MODES] | None = None
+    graph_mode: Literal[GRAPH_MODES] | None = None
     json: bool = False  #: print the full answers as JSON
 
 
@@ -38,6 +39,7 @@ class AnswerSettings:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_settings_arguments(parser, AnswerSettings)
+    add_retired_arguments(parser, ANSWER_FLAGS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         store = pipe.remember(case)
         where = f"history {s.history}" + (f" (case {case.id})" if case.qas else "")
-    answers = pipe.answer(s.question, graph=s.graph, question_times=[s.time] * len(s.question))
+    answers = pipe.answer(s.question, graph_mode=s.graph_mode, question_times=[s.time] * len(s.question))
     if s.json:
         # the store's size is store_units, as in the memory service (memory_units is the prompt's text budget m)
         print(json.dumps({"store_units": len(store), "source": where, "construction_seconds": pipe.memory.seconds,

@@ -28,7 +28,7 @@ class QueueFull(Exception):
 @dataclass
 class Job:
     retrieved: Any
-    graph: str = "token"
+    graph_mode: str = "token"
     on_text: Callable[[str], None] | None = None
     future: Future = field(default_factory=Future)
     queued_at: float = field(default_factory=time.perf_counter)
@@ -104,9 +104,9 @@ class Batcher:
         self._thread = threading.Thread(target=self._run, name="qgmem-generate", daemon=True)
         self._thread.start()
 
-    def submit(self, retrieved: Any, graph: str = "token", on_text: Callable[[str], None] | None = None) -> Future:
+    def submit(self, retrieved: Any, graph_mode: str = "token", on_text: Callable[[str], None] | None = None) -> Future:
         """Queue one activated question; the future gives ``(Answer, size of the batch it was in)``."""
-        job = Job(retrieved, graph, on_text)
+        job = Job(retrieved, graph_mode, on_text)
         try:
             self.queue.put_nowait(job)
         except queue.Full:
@@ -149,8 +149,8 @@ class Batcher:
         self.batched_questions += len(jobs)
         by_mode: dict[str, list[Job]] = {}
         for job in jobs:
-            by_mode.setdefault(job.graph, []).append(job)
-        for mode, group in by_mode.items():
+            by_mode.setdefault(job.graph_mode, []).append(job)
+        for graph_mode, group in by_mode.items():
             try:
                 streamer = None
                 if any(j.on_text is not None for j in group) and self.pipeline.prompts is not None:
@@ -159,7 +159,7 @@ class Batcher:
                                            set(self.pipeline.prompts.stop_ids),
                                            settings.first_line and not settings.enable_thinking,
                                            [self.pipeline.answer_cap(j.retrieved) for j in group])
-                answers = self.pipeline.generate([j.retrieved for j in group], graph=mode, streamer=streamer)
+                answers = self.pipeline.generate([j.retrieved for j in group], graph_mode=graph_mode, streamer=streamer)
             except Exception as exc:  # noqa: BLE001 - every waiting request gets the error, the thread lives on
                 for job in group:
                     job.future.set_exception(exc)

@@ -209,38 +209,38 @@ class QGMemPipeline:
             graph.node_word_ids = node_word_ids([working.graph.node_text], [int(graph.num_nodes)], self.tokenizer)
         return Retrieved(question, working, graph, seconds, when, len(memory))
 
-    def answer(self, questions: str | Sequence[str], graph: str | None = None,
+    def answer(self, questions: str | Sequence[str], graph_mode: str | None = None,
                question_times: Sequence[str | None] | None = None, memory: Memory | None = None) -> list[Answer]:
-        """Batched answers for ``questions`` over ``memory`` (default: :attr:`memory`; ``graph``: token |
+        """Batched answers for ``questions`` over ``memory`` (default: :attr:`memory`; ``graph_mode``: token |
         none | shuffled, default the contract's ``graph_mode``, the export's)."""
         questions = [questions] if isinstance(questions, str) else list(questions)
-        return self.generate(self.retrieve(questions, question_times, memory), graph=graph)
+        return self.generate(self.retrieve(questions, question_times, memory), graph_mode=graph_mode)
 
-    def generate(self, retrieved: Sequence[Retrieved], graph: str | None = None,
+    def generate(self, retrieved: Sequence[Retrieved], graph_mode: str | None = None,
                  streamer: Any = None) -> list[Answer]:
-        """Answers for activated questions (``graph`` ``None``: the contract's ``graph_mode``); ``shuffled`` pairs
+        """Answers for activated questions (``graph_mode`` ``None``: the contract's); ``shuffled`` pairs
         question ``i`` with question ``i+1``'s graph (a single question gets the empty graph). ``streamer``:
         a ``transformers`` streamer given each decoding step's tokens (``[batch]``) of one batch; pass at most
         ``batch_size`` questions with it."""
-        graph = self.contract.graph_mode if graph is None else graph
+        graph_mode = self.contract.graph_mode if graph_mode is None else graph_mode
         try:
-            check_mode(graph)
+            check_mode(graph_mode)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if self.backbone is not None:
-            return self.backbone.generate(retrieved, graph)
-        graphs = self._graphs_for(retrieved, graph)
+            return self.backbone.generate(retrieved, graph_mode)
+        graphs = self._graphs_for(retrieved, graph_mode)
         answers: list[Answer] = []
         for start in range(0, len(retrieved), self.batch_size):
             answers.extend(self._generate_batch(retrieved[start:start + self.batch_size],
-                                                graphs[start:start + self.batch_size], graph, streamer))
+                                                graphs[start:start + self.batch_size], graph_mode, streamer))
         return answers
 
-    def _graphs_for(self, retrieved: Sequence[Retrieved], mode: str) -> list[Data | None]:
-        if mode == "none":
+    def _graphs_for(self, retrieved: Sequence[Retrieved], graph_mode: str) -> list[Data | None]:
+        if graph_mode == "none":
             return [None] * len(retrieved)
         graphs = [r.graph for r in retrieved]
-        if mode == "shuffled":
+        if graph_mode == "shuffled":
             cfg = self.encoder.config
             graphs = shuffled(graphs, alone=empty_graph(cfg.feature_dim, cfg.edge_dim))
         return graphs
@@ -257,7 +257,7 @@ class QGMemPipeline:
         return encoded
 
     @torch.no_grad()
-    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], mode: str,
+    def _generate_batch(self, batch: Sequence[Retrieved], graphs: list[Data | None], graph_mode: str,
                         streamer: Any = None) -> list[Answer]:
         from qgmem.model.fusion import insert_token
         from qgmem.model.kv_prefix import KVPrefix, reading
@@ -269,7 +269,7 @@ class QGMemPipeline:
         device = self.lm.device
         ids, mask = ids.to(device), mask.to(device)
         pos = torch.tensor([p.graph_pos + ids.size(1) - len(p.ids) for p in encoded], device=device)
-        token = self.encoder.encode(graphs) if mode != "none" else None
+        token = self.encoder.encode(graphs) if graph_mode != "none" else None
         t1 = time.perf_counter()
         embeds = self.lm.get_input_embeddings()(ids)
         embeds, mask, _, _ = insert_token(embeds, mask, pos, token)
@@ -299,7 +299,7 @@ class QGMemPipeline:
             tokens = {"retrieved_context": p.memory_tokens, "prompt": len(p.ids), "graph": graph_slots,
                       "generated": n_new if memory_present else 0}
             tokens["total"] = tokens["prompt"] + tokens["graph"] + tokens["generated"]
-            answers.append(Answer(r.question, answer, mode, cited_labels(answer, len(r.memory.units)),
+            answers.append(Answer(r.question, answer, graph_mode, cited_labels(answer, len(r.memory.units)),
                                   memory_json(r.memory), graph_json(r.memory.graph), seconds, tokens,
                                   p.memory_tokens_dropped, finish_reason=reason,
                                   reply_shape=reply_shape(text) if memory_present else None))

@@ -8,7 +8,7 @@ metrics per route and the error shape. Endpoints (JSON in and out; errors are ``
   append a session to the user's memory (a new user is created); the reply comes once it is durable.
   An ``Idempotency-Key`` header makes a retry return the first append's result instead of storing the
   session again.
-- ``POST /v1/users/{user_id}/answer`` ``{"question", "time"?, "graph"?, "max_tokens"?}``: the answer,
+- ``POST /v1/users/{user_id}/answer`` ``{"question", "time"?, "graph_mode"?, "max_tokens"?}``: the answer,
   the memory it cites and every entry the LM read, the local graph, seconds per stage, tokens.
 - ``POST /v1/users/{user_id}/search`` ``{"question", "time"?, "limit"?}``: the activated working memory
   for an agent that answers with its own LLM (ranked units with their times, trace states and scores,
@@ -189,12 +189,12 @@ class MemoryService:
         if self.batcher.depth() >= self.batcher.queue.maxsize:
             raise ApiError(503, "too many questions are waiting; retry shortly", {"Retry-After": "1"})
 
-    def submit(self, retrieved, mode: str | None, on_text=None):
-        """The batcher's future of ``(Answer, batch size)`` (``mode`` ``None``: the export's default graph
-        mode); a full queue is a 503."""
-        mode = self.pipeline.contract.graph_mode if mode is None else mode
+    def submit(self, retrieved, graph_mode: str | None, on_text=None):
+        """The batcher's future of ``(Answer, batch size)`` (``graph_mode`` ``None``: the export's default
+        graph mode); a full queue is a 503."""
+        graph_mode = self.pipeline.contract.graph_mode if graph_mode is None else graph_mode
         try:
-            return self.batcher.submit(retrieved, mode, on_text)
+            return self.batcher.submit(retrieved, graph_mode, on_text)
         except QueueFull:
             raise ApiError(503, "too many questions are waiting; retry shortly", {"Retry-After": "1"}) from None
 

@@ -36,9 +36,9 @@ class TextGraphBackbone:
         # the text budget (prompt.memory_units) keeps the top m entries; the triples cover the graph's k units
         return memory_with_graph_text(first_entries(retrieved.memory.text, self.prompt.memory_units), graph_text)
 
-    def generate(self, retrieved: Sequence[Any], graph: str = "token") -> list[Any]:
-        sources = list(retrieved) if graph != "none" else [None] * len(retrieved)
-        if graph == "shuffled":
+    def generate(self, retrieved: Sequence[Any], graph_mode: str = "token") -> list[Any]:
+        sources = list(retrieved) if graph_mode != "none" else [None] * len(retrieved)
+        if graph_mode == "shuffled":
             sources = shuffled(sources, alone=None)  # alone: no triples, the empty graph as text
         blocks = [self.memory_block(r, s) for r, s in zip(retrieved, sources)]
         conversations = [build_messages(block, r.question, self.prompt.system_prompt)
@@ -55,7 +55,7 @@ class TextGraphBackbone:
             tokens = {"retrieved_context": context, "prompt": int(result.prompt_tokens), "graph": 0,
                       "generated": int(result.completion_tokens)}
             tokens["total"] = tokens["prompt"] + tokens["generated"]
-            answer = Answer(r.question, text, graph, cited_labels(text, len(r.memory.units)), memory_json(r.memory),
+            answer = Answer(r.question, text, graph_mode, cited_labels(text, len(r.memory.units)), memory_json(r.memory),
                             graph_json(r.memory.graph), seconds, tokens, 0, error=result.error,
                             finish_reason="length" if tokens["generated"] >= self.max_new_tokens else "stop",
                             reply_shape=None if result.error else reply_shape(result.text))

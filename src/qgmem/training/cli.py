@@ -79,7 +79,7 @@ class QGMemCLI(LightningCLI):
         only = "" if self.whole_job else " (train.py's whole job only; `qgmem fit` only fits)"
         parser.add_argument("--export", type=bool, default=True, help="export the best checkpoint at the end" + only)
         parser.add_argument("--run_test", type=bool, default=True, help="test the best checkpoint after fit" + only)
-        add_retired_arguments(parser, TRAINING_FLAGS, dashes=False)
+        add_retired_arguments(parser, TRAINING_FLAGS, dashes=False)  # an old YAML key or flag, refused by name
 
     def instantiate_classes(self) -> None:
         """Build the run's objects; a setting they refuse (a ``ValueError``) is a user error naming it."""
@@ -91,7 +91,8 @@ class QGMemCLI(LightningCLI):
     def _parse_ckpt_path(self) -> None:
         """A subcommand's ``--ckpt_path`` sets ``model`` from the checkpoint's hyperparameters (Lightning's
         rule), read as today's module takes them (:func:`qgmem.older_records.checkpoint_hparams`: an older
-        checkpoint's flat stage and generation settings become its ``stages`` and ``generation``)."""
+        checkpoint's flat stage and generation settings become its ``stages`` and ``generation``, its ``graph``
+        its ``graph_mode``)."""
         from lightning.fabric.utilities.cloud_io import _load as pl_load
 
         from qgmem.older_records import checkpoint_hparams

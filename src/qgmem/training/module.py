@@ -47,8 +47,9 @@ warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode a
 #: the init_args left out are the classes' own defaults: AdamW's lr 1e-3 and weight decay 0.01)
 DEFAULT_OPTIMIZER = {"class_path": "torch.optim.AdamW"}
 DEFAULT_LR_SCHEDULER = {"class_path": "qgmem.training.schedule.WarmupCosine"}
-#: hyperparameter blocks that older checkpoints kept as flat settings (read through ``older_records``)
-MODULE_BLOCKS = ("stages", "generation")
+#: hyperparameters that older checkpoints kept as flat settings (the blocks) or under an older name (read
+#: through ``older_records``)
+MODULE_BLOCKS = ("stages", "generation", "graph_mode")
 
 
 @dataclass
@@ -119,7 +120,7 @@ class QGMemModule(LightningModule):
             embeddings) or ``kv_prefix`` (``K`` positions of keys and values at every layer, written by the
             projector at the same slot; :mod:`qgmem.model.kv_prefix`). ``kv_prefix`` trains without the
             ``NodeWordAlignment`` stage (it fits input embeddings) and without gradient checkpointing.
-        graph: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
+        graph_mode: ``token`` (QGMem), ``none`` (text only, same pipeline) or ``shuffled`` (another sample's
             graph token), so the graph token's contribution is measurable.
         stages: The recipe beside the answer loss (:mod:`qgmem.training.stages`): pre-training phases run
             before answer training and terms added to the loss each step, in list order (``None`` = the
@@ -143,7 +144,7 @@ class QGMemModule(LightningModule):
                  encoder: EncoderConfig = EncoderConfig(), projector_hidden: int | None = None,
                  features: GraphFeatures = "node_words", readout: Readout = "summary_nodes", num_graph_tokens: int = 17,
                  injection: Injection = "input",
-                 graph: GraphMode = "token", stages: list[Stage] | None = None,
+                 graph_mode: GraphMode = "token", stages: list[Stage] | None = None,
                  generation: GenerationSettings = GenerationSettings(), gradient_checkpointing: bool = False,
                  lora: LoraSettings | None = None,
                  optimizer: dict[str, Any] | None = None, lr_scheduler: dict[str, Any] | None = None,
@@ -158,7 +159,7 @@ class QGMemModule(LightningModule):
         encoder = EncoderConfig(**encoder) if isinstance(encoder, dict) else encoder
         lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
         self.generation = GenerationSettings(**generation) if isinstance(generation, dict) else generation
-        check_mode(graph)
+        check_mode(graph_mode)
         self.save_hyperparameters()
         self.hparams["encoder"], self.hparams["lora"] = _plain(encoder), _plain(lora)
         self.hparams["generation"] = _plain(self.generation)
@@ -225,11 +226,11 @@ class QGMemModule(LightningModule):
 
     # ------------------------------------------------------------------------------------ forward
     def graph_tokens(self, graph: Batch) -> torch.Tensor | None:
-        """``[B, K, lm_hidden]`` graph tokens (``None`` for ``graph: none``)."""
-        mode = self.hparams.graph
-        if mode == "none":
+        """``[B, K, lm_hidden]`` graph tokens (``None`` for ``graph_mode: none``)."""
+        graph_mode = self.hparams.graph_mode
+        if graph_mode == "none":
             return None
-        if mode == "shuffled":
+        if graph_mode == "shuffled":
             graph = self._shuffle(graph)
         return self.net(graph)
 
@@ -342,7 +343,7 @@ class QGMemModule(LightningModule):
 
     def training_step(self, batch, batch_idx):
         loss = self._step(batch, "train", batch_idx)
-        # `graph: none` without LoRA has nothing to train: the step only measures the text-only NLL
+        # `graph_mode: none` without LoRA has nothing to train: the step only measures the text-only NLL
         return loss if loss.requires_grad else None
 
     def validation_step(self, batch, batch_idx):
@@ -419,8 +420,8 @@ class QGMemModule(LightningModule):
 
         The checkpoint's weights replace those starting weights anyway, so a module re-created where that
         file does not exist (another machine, a cleaned run folder) still loads. An older checkpoint's
-        flat stage and generation settings read as its ``stages`` and ``generation``
-        (:func:`qgmem.older_records.checkpoint_hparams`).
+        flat stage and generation settings read as its ``stages`` and ``generation``, its ``graph`` as its
+        ``graph_mode`` (:func:`qgmem.older_records.checkpoint_hparams`).
         """
         kwargs.setdefault("init_from", None)
         blocks = [b for b in MODULE_BLOCKS if b not in kwargs]
@@ -434,7 +435,7 @@ class QGMemModule(LightningModule):
             if hasattr(checkpoint_path, "seek"):  # a file object: Lightning reads it again
                 checkpoint_path.seek(0)
             today = checkpoint_hparams(hparams)
-            kwargs.update({b: today[b] for b in blocks if b not in hparams})
+            kwargs.update({b: today[b] for b in blocks if b not in hparams and b in today})
         return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def setup(self, stage: str) -> None:

@@ -68,7 +68,8 @@ def teacher_key(lm_id: str, lm, tokenizer, settings: PromptSettings, topk: int) 
     return {"format": TEACHER_FORMAT, "lm": lm_id, "dtype": str(lm.dtype).replace("torch.", ""),
             "lm_config": _sha(json.dumps(config, sort_keys=True, default=str)), "lm_weights": weights_sample(lm),
             "prompt": settings.to_dict(), "chat_template": _sha(str(getattr(tokenizer, "chat_template", None))),
-            "graph": "none", "topk": int(topk)}
+            "graph": "none",  # legacy name of the graph mode, kept: the key of every teacher cache built
+            "topk": int(topk)}
 
 
 def weights_sample(lm, per_tensor: int = 1024) -> str:

@@ -66,23 +66,23 @@ def router(service: Any):
         head = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
                 "model": asked.model or service.model_name}
         if not asked.stream:
-            result, _ = await asyncio.wrap_future(service.submit(retrieved, asked.graph))
+            result, _ = await asyncio.wrap_future(service.submit(retrieved, asked.graph_mode))
             service.observe(result)
             return {**head, "object": "chat.completion", "usage": usage(result), "qgmem": extras(result),
                     "choices": [{"index": 0, "finish_reason": result.finish_reason,
                                  "message": {"role": "assistant", "content": result.answer}}]}
-        return StreamingResponse(stream(service, retrieved, asked.graph, head), media_type="text/event-stream",
+        return StreamingResponse(stream(service, retrieved, asked.graph_mode, head), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     return routes
 
 
-async def stream(service: Any, retrieved: Any, mode: str, head: dict[str, Any]):
+async def stream(service: Any, retrieved: Any, graph_mode: str | None, head: dict[str, Any]):
     """The answer's server-sent events: a role chunk, one chunk per decoded piece, the final chunk with
     ``finish_reason``, usage and qgmem's extras, then ``[DONE]`` (an error after the start: an event)."""
     loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[str] = asyncio.Queue()
-    future = asyncio.wrap_future(service.submit(retrieved, mode,
+    future = asyncio.wrap_future(service.submit(retrieved, graph_mode,
                                                 lambda piece: loop.call_soon_threadsafe(pieces.put_nowait, piece)))
 
     def chunk(delta: dict[str, Any], finish: str | None = None, **extra) -> str:

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
 from qgmem.model.graph_modes import GRAPH_MODES
+from qgmem.older_records import REQUEST_RENAMED
 from qgmem.serving.requests import (EXPORT_FORMAT, EXPORT_VERSION, MAX_BATCH_SESSIONS, UNIT_ID, ApiError, Limits,
                                     check_filters)
 from qgmem.timeexpr import parse_time
@@ -68,6 +69,12 @@ UnitId = Annotated[str, AfterValidator(_unit_id)]
 Question = Annotated[str, AfterValidator(_nonblank), _limit("max_question_chars")]
 
 
+def renamed(name: str) -> AliasChoices:
+    """A request field read by its name and by the names it had before (:data:`REQUEST_RENAMED`), so a
+    client written then keeps working; the schema shows the name."""
+    return AliasChoices(name, *sorted(old for old, new in REQUEST_RENAMED.items() if new == name))
+
+
 class Body(BaseModel):
     """A request body: strict types, no unknown field."""
 
@@ -109,7 +116,8 @@ class AnswerRequest(Body):
 
     question: Question
     time: Time | None = None
-    graph: Literal[GRAPH_MODES] | None = None  # None: the export's default graph mode
+    #: None: the export's default graph mode
+    graph_mode: Literal[GRAPH_MODES] | None = Field(None, validation_alias=renamed("graph_mode"))
     max_tokens: Annotated[int, Field(ge=1)] | None = None
 
 
@@ -178,7 +186,8 @@ class ChatRequest(Body):
     parallel_tool_calls: Any = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    graph: Literal[GRAPH_MODES] | None = None  # qgmem's own: the answer's graph mode
+    #: qgmem's own: the answer's graph mode
+    graph_mode: Literal[GRAPH_MODES] | None = Field(None, validation_alias=renamed("graph_mode"))
     time: Time | None = None  # qgmem's own: the question's time
     # refused unless neutral (checked before the types, so the refusal names them)
     n: Any = None

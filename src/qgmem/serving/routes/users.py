@@ -61,7 +61,7 @@ def router(service: Any):
         asked = p.validate(p.AnswerRequest, await read_json(request, limits), limits)
         cap = min(asked.max_tokens or service.max_new_tokens, service.max_new_tokens)
         retrieved = await activate(service, user_id, asked.question, asked.time, cap)
-        result, batch = await asyncio.wrap_future(service.submit(retrieved, asked.graph))
+        result, batch = await asyncio.wrap_future(service.submit(retrieved, asked.graph_mode))
         service.observe(result)
         return {"user": user_id, **result.to_dict(), "batch_size": batch}
 
