@@ -285,7 +285,7 @@ def test_an_older_checkpoint_s_prompt_hyperparameter_is_left_out_of_the_module_s
     from qgmem.older_records import checkpoint_hparams
 
     read = checkpoint_hparams({"prompt": {"memory_units": 3}, "graph": "token", "stages": [], "generation": {}})
-    assert read == {"graph": "token", "stages": [], "generation": {}}
+    assert read == {"graph_mode": "token", "stages": [], "generation": {}}  # and its older graph name read as today's
 
 
 @pytest.mark.parametrize("where", ["flag", "config"])
