@@ -700,6 +700,9 @@ def summary(root: Path, variant: dict[str, Any], seeds: list[int], folds: int, i
                val_nll_mean=sum(u["val_nll_best"] for u in units) / len(units),
                val_f1={f"{f}-{s}": runs[(f, s)].get("val_f1") for f in done for s in seeds},
                steps_run={f"{f}-{s}": runs[(f, s)].get("steps_run", runs[(f, s)]["steps"]) for f in done for s in seeds},
+               # the learning curve of each unit: validation answer NLL by step (units run before it was kept: [])
+               val_curve={f"{f}-{s}": [[h["step"], round(h["val_nll"], 4)] for h in runs[(f, s)].get("val_history") or []]
+                          for f in done for s in seeds},
                unit_s={f"{f}-{s}": runs[(f, s)]["train_s"] + runs[(f, s)]["score_s"] for f in done for s in seeds})
     return out
 
@@ -833,6 +836,10 @@ def print_table(s: dict[str, Any]) -> None:
                           for k in ("own_vs_ablated", "own_vs_sham", "sham_vs_ablated") if k in m))
     print(f"validation answer NLL (best checkpoint), mean over units: {s['val_nll_mean']:.4f}; steps run: "
           + ", ".join(f"{u} {n}" for u, n in s["steps_run"].items()))
+    for unit, curve in (s.get("val_curve") or {}).items():
+        if curve:
+            print(f"learning curve {unit} (step: validation answer NLL): "
+                  + ", ".join(f"{step}: {nll:.3f}" for step, nll in curve))
 
 
 def report_graph_sizes(items, scored, args) -> int:
