@@ -173,6 +173,33 @@ def test_a_unit_lock_is_held_by_a_live_process_and_taken_over_from_a_dead_one(tm
     assert claim(lock) and lock.read_text() != str(other.pid)  # its holder died: taken over
     lock.write_text("not a pid")
     assert claim(lock)  # an unreadable lock is stale too
+    lock.write_text("")
+    assert not claim(lock) and lock.read_text() == ""  # just created by another copy, its pid not yet written
+    old = __import__("time").time() - 120
+    __import__("os").utime(lock, (old, old))
+    assert claim(lock) and lock.read_text() == str(__import__("os").getpid())  # left empty long ago: stale
+
+
+def test_a_process_estimates_its_first_pieces_from_the_recorded_units(tmp_path):
+    import json
+
+    recorded_seconds = load_bench_script("bench.studies.graph_token.crossfit").recorded_seconds
+    runs = tmp_path / "runs"
+    assert recorded_seconds(runs, "kv3-full") == {}  # nothing recorded: no estimate
+    (runs / "kv3-answer").mkdir(parents=True)
+    for seed, train_s in ((0, 2341.4), (1, 2309.0)):
+        stem = runs / "kv3-answer" / f"fold-0-seed-{seed}"
+        stem.with_name(stem.name + ".train.json").write_text(json.dumps({"train_s": train_s}))
+        stem.with_name(stem.name + ".own.json").write_text(json.dumps({"score_s": 383.0 - seed}))
+        stem.with_name(stem.name + ".sham.json").write_text(json.dumps({"score_s": 90.0 + seed}))
+    (runs / "kv3-full").mkdir()
+    (runs / "kv3-full" / "fold-0-seed-0.train.json").write_text(json.dumps({"train_s": 1800.0,
+                                                                              "stage1": {"seconds": 525.0}}))
+    (runs / "kv3-full" / "fold-0-seed-1.train.json").write_text("{not json")  # being written: skipped
+    assert recorded_seconds(runs, "kv3-full") == {"train": 1800.0, "stage1": 525.0}  # its own units
+    # a variant with none of its own: the longest of every variant's
+    assert recorded_seconds(runs, "kv0-full") == {"train": 2341.4, "stage1": 525.0, "generate": 383.0,
+                                                  "score": 91.0}
 
 
 @pytest.mark.skipif(not _has_readout("summary_units"), reason="the summary_units readout is not in the model yet")

@@ -16,8 +16,8 @@ checkpoint selection; today's default construction and activation). Stages, each
 3. **summary**: the crossed bootstrap over the seed rows and the questions of the folds done for every
    seed. ``--out`` writes it as JSON; a markdown table is printed.
 
-``--max-minutes`` ends the run at a unit's boundary when the next unit would not fit (one unit is
-measured, the next is estimated from it). Two copies of one command (``--threads 1`` each, one per
+``--max-minutes`` ends the run at a piece's boundary when the next piece would not fit (estimated from
+the last such piece this process ran, else from the longest one recorded under ``ROOT/runs``). Two copies of one command (``--threads 1`` each, one per
 core) share the units: a unit being run is locked (``fold-F-seed-S.lock``, taken over when its process
 died). Variants: ``product`` and ``tdP-M`` (text dropout with probability P keeping the top M units,
 e.g. ``td0.5-1``). The held-out folds are scored for the
@@ -392,6 +392,34 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
     return saved["result"]
 
 
+def recorded_seconds(runs: Path, variant: str) -> dict[str, float]:
+    """The longest recorded duration of each kind of piece (``stage1``, ``train``, ``score``, ``generate``)
+    under ``runs``: the variant's own units when it has any, else every variant's. A process that has not
+    yet run a piece itself estimates it from these, so ``--max-minutes`` also stops it before its first
+    fit; a kind nothing has recorded yet has no estimate."""
+    seen: dict[str, dict[str, float]] = {}
+
+    def note(name: str, kind: str, seconds) -> None:
+        if isinstance(seconds, (int, float)):
+            seen.setdefault(name, {})[kind] = max(seen.get(name, {}).get(kind, 0.0), float(seconds))
+
+    for path in sorted(runs.glob("*/fold-*-seed-*.*.json")):
+        name, piece = path.parent.name, path.name.split(".")[1]
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if piece == "train":
+            note(name, "train", data.get("train_s"))
+            note(name, "stage1", (data.get("stage1") or {}).get("seconds"))
+        elif "score_s" in data:
+            note(name, "generate" if piece in ("val", *GENERATE, *(f"named-{c}" for c in GENERATE)) else "score",
+                 data["score_s"])
+    if variant in seen:
+        return seen[variant]
+    return {k: max(v[k] for v in seen.values() if k in v) for k in {k for v in seen.values() for k in v}}
+
+
 class OutOfTime(Exception):
     """The next piece of a unit would pass ``--max-minutes``: stop at this boundary (all pieces so far kept)."""
 
@@ -411,11 +439,15 @@ def unit_order(folds, variants, seeds) -> list[tuple]:
     return list(itertools.product(folds, variants, seeds))
 
 
+LOCK_WRITE_GRACE_S = 60.0
+
+
 def claim(lock: Path) -> bool:
     """Take ``lock`` for this process, or ``False`` when a live process holds it.
 
     Two copies of the same command (one per core) then share the units instead of running the same one
-    twice; a lock left by a process that died is taken over.
+    twice; a lock left by a process that died is taken over. A lock without a pid yet is one another copy
+    has just created and not yet written: it is held for :data:`LOCK_WRITE_GRACE_S`, not taken as stale.
     """
     for _ in range(2):
         try:
@@ -423,9 +455,14 @@ def claim(lock: Path) -> bool:
         except FileExistsError:
             try:
                 pid = int(lock.read_text().strip() or 0)
+                age = time.time() - lock.stat().st_mtime
+            except FileNotFoundError:  # its holder just let it go: try again
+                continue
             except (OSError, ValueError):
-                pid = 0
+                pid, age = 0, float("inf")
             if pid and pid != os.getpid() and _alive(pid):
+                return False
+            if not pid and age < LOCK_WRITE_GRACE_S:  # being written by the copy that created it
                 return False
             lock.unlink(missing_ok=True)  # stale: its process is gone
             continue
@@ -938,6 +975,8 @@ def main(argv=None) -> int:
         if unit_done(path, variant) or not claim(lock):  # done, or another process is running it now
             continue
         parts = fold_parts(folds, fold, args.folds, list(items))
+        for kind, seconds in recorded_seconds(out.parent, variant["name"]).items():
+            clock.setdefault(kind, seconds)  # a piece this process has not run yet: the recorded estimate
         try:
             result = run_unit(setting, variant, fold, seed, parts, items, args,
                               stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
