@@ -77,7 +77,7 @@ def _write_units(root, variant, folds=2, seeds=(0, 1), per_fold=4):
                     "named": _scores(qa, cats, {"own": base, "none": base},
                                      {"own": ["red"] * per_fold, "none": ["red car"] * per_fold}),
                     "val_nll_best": 2.0 + 0.1 * f, "val_f1": 0.3, "steps": 120, "steps_run": 40 + f, "train_s": 1.0,
-                    "score_s": 1.0, "graph_tokens": 11, "prompt_text_tokens": [100 + 10 * i for i in range(per_fold)],
+                    "score_s": 1.0, "num_graph_tokens": 11, "prompt_text_tokens": [100 + 10 * i for i in range(per_fold)],
                     "prompts_trimmed": f}
             (folder / f"fold-{f}-seed-{s}.json").write_text(json.dumps(unit))
     items = {f"q{i}": {"qa_id": f"q{i}", "graph": Data(x=torch.zeros(2, 3), edge_index=torch.tensor([[0], [1]]))}

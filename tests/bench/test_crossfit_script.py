@@ -76,7 +76,7 @@ def test_crossfit_scores_every_usable_question_once_and_resumes(tmp_path, capsys
     unit = json.loads(runs[0].read_text())
     assert unit["steps_run"] == unit["steps"] == 2 and [r["step"] for r in unit["train_curve"]] == [1, 2]
     assert [r["step"] for r in unit["val_history"]] == [1, 2] and 0 <= unit["val_f1"] <= 1
-    assert unit["graph_tokens"] == 5 and len(unit["prompt_text_tokens"]) == len(unit["scores"]["qa_id"])
+    assert unit["num_graph_tokens"] == 5 and len(unit["prompt_text_tokens"]) == len(unit["scores"]["qa_id"])
     assert set(unit["named"]["predictions"]) == {"own", "none"}  # today's default in the named-speaker form too
     assert s["text_units"] == s["graph_units"] == 10 and s["steps_run"] == {f"{f}-{x}": 2 for f in range(3) for x in (0, 1)}
     assert s["prompt_tokens"]["own"]["all"] == s["prompt_tokens"]["none"]["all"] + 5
@@ -212,7 +212,7 @@ def test_a_compact_variant_stops_early_scores_both_forms_and_joins_text10(tmp_pa
             "--variants", "product", "m3-answer", "--n-boot", "200", "--threads", "1", "--out", str(out)]
     assert script.main(argv) == 0
     unit = json.loads((root / "runs" / "m3-answer" / "fold-0-seed-0.json").read_text())
-    assert unit["text_units"] == 3 and unit["graph_tokens"] == 11 and 1 <= unit["steps_run"] <= 6
+    assert unit["text_units"] == 3 and unit["num_graph_tokens"] == 11 and 1 <= unit["steps_run"] <= 6
     assert unit["early_stop"] == {"val_check_interval": 1, "patience": 1, "max_steps": 6}
     assert [r["step"] for r in unit["val_history"]] == list(range(1, unit["steps_run"] + 1))  # a validation a step
     assert [r["step"] for r in unit["train_curve"]] == list(range(1, unit["steps_run"] + 1))
@@ -307,7 +307,7 @@ def test_a_deep_reader_unit_runs_with_its_stages_and_records_its_injection(tmp_p
             "--variants", "kv0-full", "--n-boot", "100", "--threads", "1", "--out", str(out)]
     assert script.main(argv) == 0
     unit = json.loads((root / "runs" / "kv0-full" / "fold-0-seed-0.json").read_text())
-    assert unit["injection"] == "kv_prefix" and unit["text_units"] == 0 and unit["graph_tokens"] == 11
+    assert unit["injection"] == "kv_prefix" and unit["text_units"] == 0 and unit["num_graph_tokens"] == 11
     assert unit["stage1"]["steps"] == 2 and unit["steps_run"] >= 1
     assert set(unit["scores"]["nll"]) == set(script.CONDITIONS)
     result = json.loads(out.read_text())

@@ -605,7 +605,7 @@ def run_unit(setting, variant, fold, seed, parts, items, args, stem: Path | None
     return {"variant": variant["name"], "fold": fold, "seed": seed, "scores": scores.to_dict(), "pairing": pairing,
             **({"named": named} if named is not None else {}), **meta,
             "val_f1": sum(val_f1) / max(1, len(val_f1)),
-            "text_units": variant["text_units"], "graph_tokens": int(module.hparams.num_graph_tokens),
+            "text_units": variant["text_units"], "num_graph_tokens": int(module.hparams.num_graph_tokens),
             "injection": str(module.hparams.get("injection", "input")),
             "prompt_text_tokens": [len(p.ids) for p in prompts],
             "prompts_trimmed": sum(p.memory_tokens_dropped > 0 for p in prompts),
@@ -724,7 +724,7 @@ def summary(root: Path, variant: dict[str, Any], seeds: list[int], folds: int, i
     first = [runs[(f, seeds[0])] for f in done]  # the seeds of a fold read the same prompts
     if all("prompt_text_tokens" in u for u in first):
         text = sum(sum(u["prompt_text_tokens"]) for u in first) / sum(len(u["prompt_text_tokens"]) for u in first)
-        graph = {c: 0 if c == "none" else first[0]["graph_tokens"] for c in CONDITIONS}
+        graph = {c: 0 if c == "none" else first[0]["num_graph_tokens"] for c in CONDITIONS}
         out["prompt_tokens"] = {c: {"text": text, "graph": graph[c], "all": text + graph[c]} for c in CONDITIONS}
         if out.get("text10_prompt_tokens") is not None:
             out["prompt_tokens"]["text10"] = {"text": out["text10_prompt_tokens"], "graph": 0,
