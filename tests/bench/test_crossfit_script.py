@@ -196,10 +196,18 @@ def test_a_process_estimates_its_first_pieces_from_the_recorded_units(tmp_path):
     (runs / "kv3-full" / "fold-0-seed-0.train.json").write_text(json.dumps({"train_s": 1800.0,
                                                                               "stage1": {"seconds": 525.0}}))
     (runs / "kv3-full" / "fold-0-seed-1.train.json").write_text("{not json")  # being written: skipped
-    assert recorded_seconds(runs, "kv3-full") == {"train": 1800.0, "stage1": 525.0}  # its own units
+    assert recorded_seconds(runs, "kv3-full") == {"train": 1800.0, "stage1": 525.0,  # its own units
+                                                  "generate": 383.0, "score": 91.0}  # the rest: every variant's
     # a variant with none of its own: the longest of every variant's
     assert recorded_seconds(runs, "kv0-full") == {"train": 2341.4, "stage1": 525.0, "generate": 383.0,
                                                   "score": 91.0}
+    # a process keeps one clock per variant: a fit it measured for one recipe does not stand for another's
+    unit_clock = load_bench_script("bench.studies.graph_token.crossfit").unit_clock
+    clocks = {}
+    unit_clock(clocks, runs, "kv3-full", 100.0)["train"] = 600.0  # measured in this process
+    assert unit_clock(clocks, runs, "kv3-full", 100.0)["train"] == 600.0
+    assert unit_clock(clocks, runs, "kv0-full", 100.0) == {"deadline": 100.0, "train": 2341.4, "stage1": 525.0,
+                                                           "generate": 383.0, "score": 91.0}
 
 
 @pytest.mark.skipif(not _has_readout("summary_units"), reason="the summary_units readout is not in the model yet")

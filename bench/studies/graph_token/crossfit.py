@@ -17,7 +17,8 @@ checkpoint selection; today's default construction and activation). Stages, each
    seed. ``--out`` writes it as JSON; a markdown table is printed.
 
 ``--max-minutes`` ends the run at a piece's boundary when the next piece would not fit (estimated from
-the last such piece this process ran, else from the longest one recorded under ``ROOT/runs``). Two copies of one command (``--threads 1`` each, one per
+the last such piece of the same variant this process ran, else from the longest one recorded under
+``ROOT/runs``, the variant's own if it has any). Two copies of one command (``--threads 1`` each, one per
 core) share the units: a unit being run is locked (``fold-F-seed-S.lock``, taken over when its process
 died). Variants: ``product`` and ``tdP-M`` (text dropout with probability P keeping the top M units,
 e.g. ``td0.5-1``). The held-out folds are scored for the
@@ -394,7 +395,7 @@ def reconstruction_piece(module, dm, path: Path | None, fits, clock: dict[str, A
 
 def recorded_seconds(runs: Path, variant: str) -> dict[str, float]:
     """The longest recorded duration of each kind of piece (``stage1``, ``train``, ``score``, ``generate``)
-    under ``runs``: the variant's own units when it has any, else every variant's. A process that has not
+    under ``runs``: the variant's own units for the kinds they recorded, else every variant's. A process that has not
     yet run a piece itself estimates it from these, so ``--max-minutes`` also stops it before its first
     fit; a kind nothing has recorded yet has no estimate."""
     seen: dict[str, dict[str, float]] = {}
@@ -415,9 +416,18 @@ def recorded_seconds(runs: Path, variant: str) -> dict[str, float]:
         elif "score_s" in data:
             note(name, "generate" if piece in ("val", *GENERATE, *(f"named-{c}" for c in GENERATE)) else "score",
                  data["score_s"])
-    if variant in seen:
-        return seen[variant]
-    return {k: max(v[k] for v in seen.values() if k in v) for k in {k for v in seen.values() for k in v}}
+    longest = {k: max(v[k] for v in seen.values() if k in v) for k in {k for v in seen.values() for k in v}}
+    return {**longest, **seen.get(variant, {})}
+
+
+def unit_clock(clocks: dict[str, dict[str, Any]], runs: Path, variant: str, deadline: float) -> dict[str, Any]:
+    """The clock a unit of ``variant`` runs on: the deadline and, per kind of piece, the duration this process
+    last measured for the same variant, else the recorded estimate (:func:`recorded_seconds`). Kept per
+    variant, since a fit of one recipe says little about another's."""
+    clock = clocks.setdefault(variant, {"deadline": deadline})
+    for kind, seconds in recorded_seconds(runs, variant).items():
+        clock.setdefault(kind, seconds)
+    return clock
 
 
 class OutOfTime(Exception):
@@ -965,7 +975,7 @@ def main(argv=None) -> int:
         return report_graph_sizes(items, scored, args)
     from qgmem.evaluation.crossfit import fold_parts
 
-    clock: dict[str, Any] = {"deadline": deadline}
+    clocks: dict[str, dict[str, Any]] = {}  # per variant: the deadline and its pieces' last durations
     folds_run = args.fold_list if args.fold_list is not None else range(args.folds)
     for fold, variant, seed in unit_order(folds_run, variants if not args.summary_only else [], args.seeds):
         out = Path(args.root) / "runs" / variant["name"]
@@ -975,8 +985,7 @@ def main(argv=None) -> int:
         if unit_done(path, variant) or not claim(lock):  # done, or another process is running it now
             continue
         parts = fold_parts(folds, fold, args.folds, list(items))
-        for kind, seconds in recorded_seconds(out.parent, variant["name"]).items():
-            clock.setdefault(kind, seconds)  # a piece this process has not run yet: the recorded estimate
+        clock = unit_clock(clocks, out.parent, variant["name"], deadline)
         try:
             result = run_unit(setting, variant, fold, seed, parts, items, args,
                               stem=out / f"fold-{fold}-seed-{seed}", clock=clock)
