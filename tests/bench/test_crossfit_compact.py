@@ -182,3 +182,34 @@ def test_the_deep_reader_variants_are_named_with_their_injection_and_budgets(tmp
         assert [s["class_path"].rsplit(".", 1)[1] for s in model["stages"]] == ["MemoryReconstruction", "Distillation"]
         assert model["stages"][1]["init_args"]["weight"] == 2.0, name
     assert X.variant_of("m3-full")["injection"] == X.variant_of("product")["injection"] == "input"
+
+
+def test_the_deep_readers_rule_reads_its_units_and_the_defaults(tmp_path, capsys):
+    units = {f"{f}-{s}": {"nll": 2.0, "f1": 0.20} for f in range(2) for s in range(2)}
+    default = tmp_path / "compact.json"
+    default.write_text(json.dumps({"summaries": {X.DEFAULT_VARIANT: {
+        "val_nll_best": {u: v["nll"] for u, v in units.items()}, "val_f1": {u: v["f1"] for u, v in units.items()}}}}))
+    assert X.default_unit_figures(default) == units
+    for f in range(2):
+        for s in range(2):
+            folder = tmp_path / "runs" / "kv3-full"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"fold-{f}-seed-{s}.json").write_text(json.dumps({"val_nll_best": 1.9, "val_f1": 0.2}))
+    held_out = {"kv3-full": {"sham_vs_ablated": {"ci95": [-0.002, +0.001]}, "own_vs_shuffled": {"ci95": [-0.01, -0.001]},
+                             "answers_own_vs_none": {"f1": {"diff": {"mean": 0.03}}},
+                             "answers_own_vs_none_named": {"f1": {"diff": {"mean": 0.01}}}}}
+    out = X.choose_deep_reader(tmp_path, ["kv3-full", "m3-full"], [0, 1], 2, held_out, default)
+    assert set(out["candidates"]) == {"kv3-full"}  # the input-level variants have the compact rule
+    r = out["candidates"]["kv3-full"]
+    assert r["validation_vs_default"]["nll_minus_default"] == pytest.approx(-0.1) and r["passes"] is False
+    assert out["outcome"] == "no variant shows evidence: kv_prefix stays a documented option"
+    printed = capsys.readouterr().out
+    assert "| kv3-full | 4 | [-0.002, +0.001] | [-0.010, -0.001] | -0.1000 | +0.0000 (4) | +0.0300 / +0.0100 | False |" in printed
+    assert X.choose_deep_reader(tmp_path, ["m3-full"], [0, 1], 2, held_out, default) is None
+    default.write_text(json.dumps({"summaries": {"product": {}}}))
+    with pytest.raises(SystemExit) as exit_:
+        X.default_unit_figures(default)
+    assert exit_.value.code == 2 and f"no per-unit validation figures of {X.DEFAULT_VARIANT}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        X.default_unit_figures(tmp_path / "missing.json")
+    assert exit_.value.code == 2 and "missing.json" in capsys.readouterr().err

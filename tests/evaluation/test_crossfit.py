@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from qgmem.data.records import QA, Case, Dialogue, Session, Turn
-from qgmem.evaluation.crossfit import (ANSWER_MODE_RULE, COMPACT_RULE, answer_contrasts, answer_mode, answer_scores,
-                                       compact_choice, validation_choice,
+from qgmem.evaluation.crossfit import (ANSWER_MODE_RULE, COMPACT_RULE, DEEP_READER_RULE, answer_contrasts, answer_mode, answer_scores,
+                                       compact_choice, deep_reader_choice, validation_choice,
                                        assign_folds, evidence_conversations,
                                        fold_parts, graph_sizes, leaks, same_size_removals, with_distractors)
 
@@ -232,3 +232,51 @@ def test_answer_contrasts_against_a_fixed_reference_per_question():
     assert f1["diff"]["mean"] == pytest.approx((0.5 + (2 / 3 - 1.0) + 0.0) / 3) and f1["diff"]["n"] == 3
     assert f1["diff"]["without_abstention"]["mean"] == pytest.approx(0.25)
     assert set(f1["diff"]["per_category"]) == {"x", "abstention_evidence"}
+
+
+def _held_out(sham_hi, shuffled_hi, plain, named):
+    """A held-out summary with the figures the deep reader's rule reads."""
+    return {"sham_vs_ablated": {"mean": sham_hi - 0.01, "ci95": [sham_hi - 0.02, sham_hi]},
+            "own_vs_shuffled": {"mean": shuffled_hi - 0.01, "ci95": [shuffled_hi - 0.02, shuffled_hi]},
+            "answers_own_vs_none": {"f1": {"diff": {"mean": plain}}},
+            "answers_own_vs_none_named": {"f1": {"diff": {"mean": named}}}}
+
+
+def test_the_deep_reader_ships_only_with_evidence_validation_and_answers():
+    default = _figures([2.0] * 4, [0.20] * 4)
+    good = _figures([1.9] * 4, [0.21] * 4)
+    out = deep_reader_choice(default, {"kv3-full": good, "kv3-answer": _figures([1.8] * 4, [0.22] * 4)},
+                             {"kv3-full": _held_out(-0.001, -0.002, 0.01, 0.0),
+                              "kv3-answer": _held_out(+0.004, -0.002, 0.05, 0.05)}, units=4)
+    assert out["rule"] == DEEP_READER_RULE and out["decided"]
+    # the lower validation NLL does not choose a variant without evidence (its sham − ablated crosses zero)
+    assert out["candidates"]["kv3-answer"]["evidence"]["shown"] is False and out["chosen"] == "kv3-full"
+    r = out["candidates"]["kv3-full"]
+    assert r["validation_vs_default"] == {"units": 4, "nll_minus_default": pytest.approx(-0.1),
+                                          "f1_minus_default": pytest.approx(0.01), "not_worse": True}
+    assert r["f1_own_minus_none"] == {"plain": 0.01, "named": 0.0, "not_below_zero": True} and r["passes"]
+    assert out["outcome"] == "kv3-full becomes the default"
+    # evidence, but the named-speaker form loses F1, or validation F1 is lower: not the default
+    named_worse = deep_reader_choice(default, {"kv3-full": good}, {"kv3-full": _held_out(-0.001, -0.002, 0.01, -0.001)},
+                                     units=4)
+    assert named_worse["chosen"] is None and named_worse["outcome"].startswith("a variant shows evidence")
+    lower_f1 = deep_reader_choice(default, {"kv3-full": _figures([1.9] * 4, [0.19] * 4)},
+                                  {"kv3-full": _held_out(-0.001, -0.002, 0.01, 0.0)}, units=4)
+    assert lower_f1["candidates"]["kv3-full"]["validation_vs_default"]["not_worse"] is False
+    assert lower_f1["chosen"] is None
+    none_shows = deep_reader_choice(default, {"kv3-full": good}, {"kv3-full": _held_out(-0.001, +0.001, 0.01, 0.0)},
+                                    units=4)
+    assert none_shows["outcome"] == "no variant shows evidence: kv_prefix stays a documented option"
+
+
+def test_the_deep_reader_rule_waits_for_every_unit():
+    default = _figures([2.0] * 4, [0.20] * 4)
+    partial = dict(list(_figures([1.5] * 4, [0.3] * 4).items())[:2])  # fold 0 only
+    out = deep_reader_choice(default, {"kv3-full": partial}, {"kv3-full": _held_out(-0.01, -0.01, 0.1, 0.1)}, units=4)
+    r = out["candidates"]["kv3-full"]
+    assert not out["decided"] and out["chosen"] is None and out["outcome"] == "not decided yet"
+    assert r["passes"] is None and r["complete"] is False and r["evidence"]["shown"] is True  # reported, not decided
+    assert r["validation_vs_default"]["units"] == 2
+    missing = deep_reader_choice(default, {"kv3-full": _figures([1.9] * 4, [0.3] * 4)}, {}, units=4)
+    assert missing["candidates"]["kv3-full"]["passes"] is None  # no held-out summary yet: nothing decided
+    assert not missing["decided"] and missing["outcome"] == "not decided yet"

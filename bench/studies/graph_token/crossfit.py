@@ -121,6 +121,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text10", default=None,
                    help="the headroom study's scores.jsonl: the frozen LM reading 10 units and no graph, per question "
                         "(own_vs_text10)")
+    p.add_argument("--default-units", default=str(REPO / "docs" / "results" / "crossfit_compact.json"),
+                   help=f"a summary JSON holding the default's units ({DEFAULT_VARIANT}: the compact prompt, whose "
+                        "per-unit validation figures the deep reader's rule compares with)")
     p.add_argument("--out", default=None, help="write the summary JSON here")
     p.add_argument("--n-boot", type=int, default=10_000)
     p.add_argument("--threads", type=int, default=2)
@@ -157,6 +160,8 @@ STAGE2 = {"class_path": "qgmem.training.stages.Distillation",
 #: the deep reader's training without stage 1: no word alignment (it fits input embeddings, not keys and values)
 KV = {"injection": "kv_prefix"}
 KV_ANSWER = {**KV, "stages": []}
+#: the default's variant (``configs/default.yaml``, the compact prompt): the deep reader's rule compares with it
+DEFAULT_VARIANT = "m3-full"
 #: the compact variants, named before any run: text budget m, graph budget k_graph, the training recipe
 #: (``m3-answer`` keeps the product's stages; the ``kv`` ones read the graph as keys and values at every
 #: layer, ``model.injection: kv_prefix``)
@@ -822,6 +827,50 @@ def choose_compact(root: Path, names: list[str], seeds: list[int], folds: int) -
     return out
 
 
+def default_unit_figures(path: Path, variant: str = DEFAULT_VARIANT) -> dict[str, dict[str, float]]:
+    """``"fold-seed" -> {"nll", "f1"}`` of the default's units from a summary JSON (``--default-units``)."""
+    try:
+        s = json.loads(Path(path).read_text())["summaries"][variant]
+        return {u: {"nll": float(s["val_nll_best"][u]), "f1": float(s["val_f1"][u])} for u in s["val_nll_best"]}
+    except OSError as e:
+        print(f"error: --default-units {path}: {e.strerror}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        print(f"error: --default-units {path}: no per-unit validation figures of {variant} "
+              f"(summaries.{variant}.val_nll_best and .val_f1)", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def choose_deep_reader(root: Path, names: list[str], seeds: list[int], folds: int, summaries: dict[str, Any],
+                       default_path: Path) -> dict[str, Any] | None:
+    """The deep reader's named rule (:func:`~qgmem.evaluation.crossfit.deep_reader_choice`) against the default."""
+    from qgmem.evaluation.crossfit import deep_reader_choice
+
+    kv = [n for n in names if n in COMPACT and "injection" in COMPACT[n]["model"]]
+    if not kv:
+        return None
+    out = deep_reader_choice(default_unit_figures(default_path), {n: unit_val_figures(root, n, seeds, folds) for n in kv},
+                             summaries, units=folds * len(seeds))
+
+    def interval(c):
+        return "-" if c is None else f"[{c[0]:+.3f}, {c[1]:+.3f}]"
+
+    def num(v):
+        return "-" if v is None else f"{v:+.4f}"
+
+    print(f"\ndeep reader: {out['rule']}")
+    print(f"| variant | units | sham vs ablated | own vs shuffled | val NLL − {DEFAULT_VARIANT} | val F1 − "
+          f"{DEFAULT_VARIANT} (paired units) | F1 own − none, plain / named | passes |\n| --- | --- | --- | --- | --- "
+          "| --- | --- | --- |")
+    for n, r in out["candidates"].items():
+        e, v, f = r["evidence"], r["validation_vs_default"], r["f1_own_minus_none"]
+        print(f"| {n} | {r['units']} | {interval(e['sham_vs_ablated'])} | {interval(e['own_vs_shuffled'])} | "
+              f"{num(v['nll_minus_default'])} | {num(v['f1_minus_default'])} ({v['units']}) | "
+              f"{num(f['plain'])} / {num(f['named'])} | {'-' if r['passes'] is None else r['passes']} |")
+    print(f"outcome: {out['outcome']}")
+    return out
+
+
 def choose_answer_mode(compact: dict[str, Any], summaries: dict[str, Any], folds: int) -> dict[str, Any]:
     """The rule on the answers users read (:func:`~qgmem.evaluation.crossfit.answer_mode`) for the default
     the compact prompt's rule gave: the chosen variant, or the product; its held-out F1 own − none in both
@@ -1009,8 +1058,11 @@ def main(argv=None) -> int:
     choice = choose_on_validation(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
     compact = choose_compact(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds)
     mode = choose_answer_mode(compact, summaries, args.folds) if compact else None
+    deep = choose_deep_reader(Path(args.root), [v["name"] for v in variants], args.seeds, args.folds, summaries,
+                              Path(args.default_units))
     final = {"summaries": summaries, **({"validation_choice": choice} if choice else {}),
              **({"compact_choice": compact} if compact else {}), **({"answer_mode": mode} if mode else {}),
+             **({"deep_reader_choice": deep} if deep else {}),
              "variant_settings": {v["name"]: {k: v[k] for k in ("data", "model", "early_stop", "text_units",
                                                                  "graph_units", "named_form", "injection")} for v in variants},
              **({"text10": str(args.text10)} if args.text10 else {}), "folds": args.folds,

@@ -372,5 +372,70 @@ def answer_mode(default: str | None, plain: float | None, named: float | None,
     return out
 
 
-__all__ = ["ANSWER_MODE_RULE", "COMPACT_RULE", "answer_mode", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
+DEEP_READER_RULE = ("Once every (fold, seed) unit of a kv_prefix variant is recorded, it becomes the default if "
+                    "(1) its graph carries evidence on the held-out folds: sham - ablated and own - shuffled answer NLL "
+                    "both have 95 % crossed intervals entirely below zero; (2) it is not worse than the default (the "
+                    "compact prompt) on the validation parts, paired by (fold, seed): its mean best validation answer "
+                    "NLL is not higher and its mean validation greedy F1 (own graph, best weights) not lower; and (3) "
+                    "its held-out greedy F1 own - none has a mean not below zero in ConvoMem's plain form and in its "
+                    "named-speaker form (the answer-mode rule, whose degenerate-reply shares eval-qa then measures on "
+                    "its export). Among several, the lowest mean validation answer NLL. If no variant shows evidence, "
+                    "kv_prefix stays a documented option.")
+
+
+def _below_zero(contrast: Mapping[str, Any] | None) -> bool | None:
+    ci = (contrast or {}).get("ci95")
+    return None if ci is None or ci[1] is None else bool(ci[1] < 0)
+
+
+def deep_reader_choice(default: dict[str, dict[str, float]], candidates: dict[str, dict[str, dict[str, float]]],
+                       summaries: Mapping[str, Mapping[str, Any]], units: int) -> dict[str, Any]:
+    """:data:`DEEP_READER_RULE` applied.
+
+    ``default`` (the compact prompt's units) and each candidate map a unit (``"fold-seed"``) to ``{"nll": best
+    validation answer NLL, "f1": validation greedy F1}``; ``summaries`` are the candidates' held-out summaries
+    (``sham_vs_ablated``, ``own_vs_shuffled``, ``answers_own_vs_none`` and ``…_named``); ``units`` is how many
+    units the study has. A candidate's ``passes`` is ``None`` until all its units are in; ``chosen`` is the
+    passing candidate with the lowest mean validation NLL once every candidate is complete (``decided``).
+    Figures over fewer units are reported as they stand and decide nothing."""
+    rows: dict[str, Any] = {}
+    for name, values in candidates.items():
+        s = summaries.get(name) or {}
+        shared = sorted(set(values) & set(default))
+        diff = {k: float(np.mean([values[u][k] - default[u][k] for u in shared])) if shared else None
+                for k in ("nll", "f1")}
+        f1 = {form: ((s.get(key) or {}).get("f1") or {}).get("diff", {}).get("mean")
+              for form, key in (("plain", "answers_own_vs_none"), ("named", "answers_own_vs_none_named"))}
+        evidence = {k: _below_zero(s.get(k)) for k in ("sham_vs_ablated", "own_vs_shuffled")}
+        complete = len(values) >= units and len(shared) >= units
+        row = {"units": len(values), "complete": complete,
+               "val_nll_mean": float(np.mean([v["nll"] for v in values.values()])) if values else None,
+               "evidence": {**{k: (s.get(k) or {}).get("ci95") for k in evidence},
+                            "shown": None if None in evidence.values() else all(evidence.values())},
+               "validation_vs_default": {"units": len(shared), "nll_minus_default": diff["nll"],
+                                         "f1_minus_default": diff["f1"],
+                                         "not_worse": None if None in diff.values()
+                                         else bool(diff["nll"] <= 0 and diff["f1"] >= 0)},
+               "f1_own_minus_none": {**f1, "not_below_zero": None if None in f1.values()
+                                     else bool(min(f1.values()) >= 0)}}
+        checks = (row["evidence"]["shown"], row["validation_vs_default"]["not_worse"],
+                  row["f1_own_minus_none"]["not_below_zero"])
+        row["passes"] = (all(checks) if None not in checks else None) if complete else None
+        rows[name] = row
+    decided = bool(rows) and all(r["passes"] is not None for r in rows.values())  # every unit and figure in
+    passing = [n for n, r in rows.items() if r["passes"]]
+    chosen = min(passing, key=lambda n: rows[n]["val_nll_mean"]) if decided and passing else None
+    if not decided:
+        outcome = "not decided yet"
+    elif chosen is not None:
+        outcome = f"{chosen} becomes the default"
+    elif not any(r["evidence"]["shown"] for r in rows.values()):
+        outcome = "no variant shows evidence: kv_prefix stays a documented option"
+    else:
+        outcome = "a variant shows evidence but fails another check: kv_prefix stays a documented option"
+    return {"rule": DEEP_READER_RULE, "units": units, "candidates": rows, "decided": decided, "chosen": chosen,
+            "outcome": outcome}
+
+
+__all__ = ["ANSWER_MODE_RULE", "COMPACT_RULE", "DEEP_READER_RULE", "deep_reader_choice", "answer_mode", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
            "compact_choice", "conversation_of", "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
