@@ -322,3 +322,32 @@ def test_a_deep_reader_unit_runs_with_its_stages_and_records_its_injection(tmp_p
     s = result["summaries"]["kv0-full"]
     assert (s["injection"], s["text_units"], s["graph_units"]) == ("kv_prefix", 0, 10)
     assert result["variant_settings"]["kv0-full"]["model"]["injection"] == "kv_prefix"
+
+
+# bench/studies/graph_token/kv_init.py: a fresh prefix scored at its initialisation, own graph against none,
+# on fold 0's validation part of the saved samples (a diagnostic of the deep reader)
+
+def test_kv_init_scores_a_fresh_prefix_against_none_on_the_saved_samples(tmp_path, monkeypatch, capsys):
+    config, crossfit = _staged_script(tmp_path, monkeypatch, stage1_steps=1)
+    root = tmp_path / "root"
+    kv_init = load_bench_script("bench.studies.graph_token.kv_init")
+    argv = ["--config", str(config), "--root", str(root), "--folds", "3", "--variants", "kv0-full", "kv3-answer"]
+    # the cross-fit's samples do not exist yet: one line naming their folder, exit 2
+    assert kv_init.main(argv) == 2 and "--samples-only" in capsys.readouterr().err
+    assert crossfit.main(["--config", str(config), "--root", str(root), "--folds", "3", "--samples-only",
+                          "--threads", "1"]) == 0
+    capsys.readouterr()
+    assert kv_init.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["variants"]) == {"kv0-full", "kv3-answer"} and out["val_questions"] > 0
+    for r in out["variants"].values():
+        assert r["own_minus_none"] == pytest.approx(r["own"] - r["none"], abs=1e-6)
+        assert r["own"] != r["none"]  # the fresh prefix changes the answer's NLL
+        assert 0.0 <= r["own_worse_share"] <= 1.0
+
+
+def test_kv_init_reads_only_kv_variants(capsys):
+    kv_init = load_bench_script("bench.studies.graph_token.kv_init")
+    with pytest.raises(SystemExit) as exit_:
+        kv_init.parse_args(["--variants", "m3-full"])
+    assert exit_.value.code == 2 and "not a kv_prefix variant" in capsys.readouterr().err
