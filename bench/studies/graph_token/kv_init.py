@@ -64,11 +64,11 @@ def main(argv=None) -> int:
     scored_qa = {it["qa_id"] for cid in scored if cid in items for it in items[cid]}
     parts = fold_parts(folds, args.fold, base.folds, list(items))
     val = [it for cid in parts["val"] for it in items[cid] if it["qa_id"] in scored_qa]
+    train = [it for cid in parts["train"] for it in items[cid]]
     out = {"fold": args.fold, "seed": args.seed, "val_questions": len(val), "variants": {}}
     for name in args.variants:
         run = X.unit_settings(setting, X.variant_of(name), Path(args.root))
         seed_everything(args.seed, verbose=False)
-        train = [it for cid in parts["train"] for it in items[cid]]
         dm = InMemoryStudyDataModule(train, val, val, order_seed=args.seed, **run["data"])
         module = QGMemModule(**{**run["model"], "feature_dim": dm.feature_dim})
         dm.setup("fit")

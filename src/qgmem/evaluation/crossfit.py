@@ -300,6 +300,13 @@ COMPACT_RULE = ("Validation parts only. Among the compact variants with every (f
                 "paired by (fold, seed). Otherwise it ships as a preset.")
 
 
+def _paired_difference(values: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Mean ``values − baseline`` of validation NLL and F1 over the units (``"fold-seed"``) both hold."""
+    shared = sorted(set(values) & set(baseline))
+    return {"units": len(shared), **{k: float(np.mean([values[u][k] - baseline[u][k] for u in shared]))
+                                     if shared else None for k in ("nll", "f1")}}
+
+
 def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, dict[str, dict[str, float]]],
                    units: int) -> dict[str, Any]:
     """:data:`COMPACT_RULE` applied to per-unit validation figures.
@@ -313,13 +320,12 @@ def compact_choice(baseline: dict[str, dict[str, float]], candidates: dict[str, 
     """
     rows: dict[str, Any] = {}
     for name, values in candidates.items():
-        shared = sorted(set(values) & set(baseline))  # a diagnostic while units are missing: chooses nothing
+        paired = _paired_difference(values, baseline)  # a diagnostic while units are missing: chooses nothing
         rows[name] = {"units": len(values), "complete": len(values) >= units,
                       "val_nll_mean": float(np.mean([v["nll"] for v in values.values()])) if values else None,
                       "val_f1_mean": float(np.mean([v["f1"] for v in values.values()])) if values else None,
-                      "paired_with_product": {"units": len(shared), **{
-                          f"{k}_minus_product": float(np.mean([values[u][k] - baseline[u][k] for u in shared]))
-                          if shared else None for k in ("nll", "f1")}}}
+                      "paired_with_product": {"units": paired["units"], "nll_minus_product": paired["nll"],
+                                              "f1_minus_product": paired["f1"]}}
     complete = [n for n, r in rows.items() if r["complete"]]
     chosen = min(complete, key=lambda n: rows[n]["val_nll_mean"]) if complete else None
     out: dict[str, Any] = {"rule": COMPACT_RULE, "units": units, "candidates": rows, "chosen": chosen,
@@ -351,6 +357,12 @@ ANSWER_MODE_RULE = ("Held-out answers, once the default is chosen. Its graph tok
                     "default answer mode is the text prompt at the default's budget (data.graph_mode: none).")
 
 
+def f1_not_below_zero(plain: float | None, named: float | None) -> bool | None:
+    """The answer check both rules share: held-out greedy F1 own − none is not below zero in ConvoMem's plain
+    form and in its named-speaker form (``None`` while either is missing)."""
+    return None if plain is None or named is None else bool(plain >= 0 and named >= 0)
+
+
 def answer_mode(default: str | None, plain: float | None, named: float | None,
                 degenerate: dict[str, dict[str, float | None]] | None = None) -> dict[str, Any]:
     """:data:`ANSWER_MODE_RULE` applied: ``graph_mode`` is ``"token"`` or ``"none"`` once the default
@@ -363,7 +375,7 @@ def answer_mode(default: str | None, plain: float | None, named: float | None,
                            "graph_mode": None}
     if default is None or plain is None or named is None:
         return out
-    if plain < 0 or named < 0:
+    if not f1_not_below_zero(plain, named):
         out["graph_mode"] = "none"
         return out
     complete = bool(shares) and all(s.get("token") is not None and s.get("none") is not None for s in shares.values())
@@ -401,23 +413,20 @@ def deep_reader_choice(default: dict[str, dict[str, float]], candidates: dict[st
     rows: dict[str, Any] = {}
     for name, values in candidates.items():
         s = summaries.get(name) or {}
-        shared = sorted(set(values) & set(default))
-        diff = {k: float(np.mean([values[u][k] - default[u][k] for u in shared])) if shared else None
-                for k in ("nll", "f1")}
+        diff = _paired_difference(values, default)
         f1 = {form: ((s.get(key) or {}).get("f1") or {}).get("diff", {}).get("mean")
               for form, key in (("plain", "answers_own_vs_none"), ("named", "answers_own_vs_none_named"))}
         evidence = {k: _below_zero(s.get(k)) for k in ("sham_vs_ablated", "own_vs_shuffled")}
-        complete = len(values) >= units and len(shared) >= units
+        complete = len(values) >= units and diff["units"] >= units
         row = {"units": len(values), "complete": complete,
                "val_nll_mean": float(np.mean([v["nll"] for v in values.values()])) if values else None,
                "evidence": {**{k: (s.get(k) or {}).get("ci95") for k in evidence},
                             "shown": None if None in evidence.values() else all(evidence.values())},
-               "validation_vs_default": {"units": len(shared), "nll_minus_default": diff["nll"],
+               "validation_vs_default": {"units": diff["units"], "nll_minus_default": diff["nll"],
                                          "f1_minus_default": diff["f1"],
-                                         "not_worse": None if None in diff.values()
+                                         "not_worse": None if diff["nll"] is None
                                          else bool(diff["nll"] <= 0 and diff["f1"] >= 0)},
-               "f1_own_minus_none": {**f1, "not_below_zero": None if None in f1.values()
-                                     else bool(min(f1.values()) >= 0)}}
+               "f1_own_minus_none": {**f1, "not_below_zero": f1_not_below_zero(f1["plain"], f1["named"])}}
         checks = (row["evidence"]["shown"], row["validation_vs_default"]["not_worse"],
                   row["f1_own_minus_none"]["not_below_zero"])
         row["passes"] = (all(checks) if None not in checks else None) if complete else None
@@ -437,5 +446,5 @@ def deep_reader_choice(default: dict[str, dict[str, float]], candidates: dict[st
             "outcome": outcome}
 
 
-__all__ = ["ANSWER_MODE_RULE", "COMPACT_RULE", "DEEP_READER_RULE", "deep_reader_choice", "answer_mode", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
+__all__ = ["ANSWER_MODE_RULE", "COMPACT_RULE", "DEEP_READER_RULE", "deep_reader_choice", "f1_not_below_zero", "answer_mode", "validation_choice", "answer_contrasts", "answer_scores", "assign_folds",
            "compact_choice", "conversation_of", "evidence_conversations", "fold_parts", "graph_sizes", "leaks", "same_size_removals", "with_distractors"]
